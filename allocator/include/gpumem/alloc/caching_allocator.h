@@ -1,0 +1,131 @@
+// CachingAllocator: the caching engine of one device.
+//
+// Requests are rounded (512 bytes, or roundup_power2_divisions), sent to the small (<= 1 MiB) or
+// large pool, and served best-fit from free blocks cached on the same stream. When nothing cached
+// fits, the engine grows: in expandable mode (the default) it maps physical pieces into the
+// stream's region of the pool, recycling wholly free pieces from elsewhere before creating new
+// ones (Note [Physical page recycling] in docs/notes/); in classic mode it creates a segment the
+// way PyTorch's native allocator does. When the source refuses or the cap is reached it frees
+// cached memory and retries; if that fails the result carries an OomInfo. Nothing throws.
+//
+// Thread-safety: every member function may be called from any thread. One mutex per engine
+// guards the block structures; observers and slow source calls are never called with it held
+// except where a function's name says so. Lock order: engine mutex -> source's own lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpumem/alloc/config.h"
+#include "gpumem/alloc/events.h"
+#include "gpumem/alloc/introspection.h"
+#include "gpumem/alloc/memory_source.h"
+#include "gpumem/alloc/stream_events.h"
+
+namespace gpumem::alloc {
+
+// The facts of a failed request.
+struct OomInfo {
+  std::size_t requested_bytes = 0;
+  std::size_t rounded_bytes = 0;
+  std::size_t allocated_bytes = 0;
+  std::size_t reserved_bytes = 0;
+  std::size_t cached_free_bytes = 0;
+  std::size_t largest_free_extent_bytes = 0;
+  std::size_t cap_bytes = kNoLimit;
+  ProviderMemInfo provider;               // the provider's free/total at the time
+  SourceStatus cause = SourceStatus::out_of_memory;  // why growing failed
+  bool cap_reached = false;               // the cap, not the provider, refused the growth
+  StreamId stream = 0;
+  PoolKind pool = PoolKind::large;
+  std::string detail;                     // the source's last_error(), if any
+};
+
+std::string describe(const OomInfo& oom);
+
+struct AllocResult {
+  void* ptr = nullptr;           // null iff the request failed (or size 0)
+  std::size_t size_bytes = 0;    // rounded size of the block
+  std::optional<OomInfo> oom;    // set iff the request failed
+  bool ok() const noexcept { return !oom.has_value(); }
+};
+
+enum class FreeStatus : std::uint8_t {
+  ok,
+  null_pointer,      // free(nullptr): nothing to do (not an error)
+  double_free,       // the pointer starts a block that is already free
+  interior_pointer,  // the pointer lies inside an allocated block but is not its start
+  foreign_pointer,   // the pointer is not in memory this engine manages
+};
+
+// One sentence naming the problem and the fix.
+const char* describe(FreeStatus status) noexcept;
+
+struct BlockLookup {
+  std::uintptr_t block_addr = 0;
+  std::size_t block_size_bytes = 0;
+  std::size_t requested_bytes = 0;
+  std::uintptr_t segment_base = 0;       // classic segment start / expandable region start
+  std::size_t segment_size_bytes = 0;
+  StreamId stream = 0;
+  bool expandable = false;
+};
+
+struct ExpandableRegionSize {
+  StreamId stream = 0;
+  bool is_small_pool = false;
+  std::size_t mapped_bytes = 0;
+};
+
+class CachingAllocator {
+ public:
+  // source and events must outlive the engine. device is reported in events and views.
+  CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device = 0);
+  ~CachingAllocator();  // releases everything it reserved (blocks still allocated are leaked to
+                        // the user; their memory is returned to the source regardless)
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  AllocResult allocate(std::size_t size_bytes, StreamId stream);
+  FreeStatus free(void* ptr);
+  // The block ptr starts is also used on stream; its reuse waits for work queued there now.
+  FreeStatus record_stream(void* ptr, StreamId stream);
+  // Releases all cached physical memory back to the source (after pending frees complete).
+  void empty_cache();
+
+  // Caps reserved bytes at fraction x provider total (1.0 = no fraction cap).
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  // Caps reserved bytes at an absolute number (0 = no absolute cap).
+  void set_memory_limit(std::size_t bytes);
+
+  void attach_observer(std::shared_ptr<AllocObserver> observer);
+  void detach_observer(const AllocObserver* observer);
+
+  EngineSnapshot snapshot();  // also emits a snapshot event
+  EngineTotals totals() const;
+  std::optional<BlockLookup> lookup(const void* ptr) const;
+  std::vector<ExpandableRegionSize> expandable_region_sizes() const;
+  std::size_t largest_free_block_bytes() const;
+
+  // Aborts with a description if any invariant of the engine's structures is broken.
+  void check_invariants() const;
+
+  const Config& config() const noexcept;
+  MemorySource& source() noexcept;
+  int device() const noexcept;
+
+  // The rounded size a request of size_bytes gets (exposed for tests and replay).
+  std::size_t round_size(std::size_t size_bytes) const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpumem::alloc

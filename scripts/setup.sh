@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs what gpumem needs and is missing, then configures and builds. Idempotent: a second run
+# installs nothing and rebuilds only what changed.
+#
+#   scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+#
+# Debian packages come from apt-get; libtorch comes from the PyPI wheel torch==2.11.0, installed
+# into a virtual environment that later runs reuse ($GPUMEM_DEPS, default ~/.cache/gpumem).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$root/build}
+shift || true
+deps=${GPUMEM_DEPS:-$HOME/.cache/gpumem}
+venv=$deps/venv
+torch_version=2.11.0
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# ---- Debian packages ----
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+for pkg in build-essential cmake ninja-build pkg-config libfmt-dev libboost-dev catch2 zlib1g-dev \
+           libncurses-dev tmux python3 python3-venv; do
+  have_pkg "$pkg" || need+=("$pkg")
+done
+# python3-venv is only needed when the system python lacks venv (pyenv builds ship it).
+if [ ${#need[@]} -gt 0 ] && printf '%s\n' "${need[@]}" | grep -qx python3-venv \
+   && python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  need=("${need[@]/python3-venv}")
+fi
+need=($(printf '%s\n' "${need[@]}" | grep -v '^$' || true))
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# ---- libtorch from the torch wheel ----
+if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ]; then
+  if ! "$venv/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+    log "installing torch==$torch_version into $venv (a few GB, once)"
+    mkdir -p "$deps"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    if ! "$venv/bin/python" -m pip install -q "torch==$torch_version" numpy; then
+      log "ERROR: could not install torch==$torch_version from PyPI; building without libtorch."
+      log "       Torch-dependent targets (allocator/torch, checkpointing, examples) are left out."
+      export GPUMEM_WITH_TORCH=OFF
+    fi
+  fi
+fi
+
+cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${GPUMEM_BUILD_TYPE:-RelWithDebInfo})
+if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ]; then
+  torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_prefix" -DGPUMEM_WITH_TORCH=ON
+               -DGPUMEM_PYTHON="$venv/bin/python")
+else
+  cmake_args+=(-DGPUMEM_WITH_TORCH=OFF)
+fi
+[ -d /usr/local/cuda ] && cmake_args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
+
+log "configuring $build"
+cmake "${cmake_args[@]}" "$@" >/dev/null
+log "building $build"
+cmake --build "$build" --parallel "${GPUMEM_JOBS:-$(nproc)}"
