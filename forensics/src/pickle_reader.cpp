@@ -191,8 +191,12 @@ class Unpickler {
   }
 
   void push_global(std::string module, std::string name) {
+    if (module == "__builtin__") module = "builtins";  // protocol 2's name for it
     const std::string full = module + "." + name;
-    if (module != "torch.jit._pickle") {
+    const bool plain_data_constructor =
+        full == "builtins.set" || full == "builtins.frozenset" || full == "builtins.bytes" ||
+        full == "builtins.bytearray" || full == "_codecs.encode";
+    if (module != "torch.jit._pickle" && !plain_data_constructor) {
       fail(fmt::format("the pickle refers to the Python class or function '{}'; a PyTorch memory "
                        "snapshot holds plain data only (dict, list, str, int, float, bool, None)",
                        full));
@@ -200,11 +204,55 @@ class Unpickler {
     stack_.push_back(Slot{PickleValue(), full});
   }
 
+  // Latin-1 bytes of a UTF-8 string (how protocol 2 carries bytes: _codecs.encode(s, 'latin1')).
+  std::string latin1_of(const std::string& utf8) const {
+    std::string out;
+    for (std::size_t i = 0; i < utf8.size(); ++i) {
+      const auto c = static_cast<unsigned char>(utf8[i]);
+      if (c < 0x80) {
+        out += static_cast<char>(c);
+      } else if ((c & 0xe0) == 0xc0 && i + 1 < utf8.size() && c <= 0xc3) {
+        out += static_cast<char>(((c & 0x1f) << 6) | (static_cast<unsigned char>(utf8[++i]) & 0x3f));
+      } else {
+        fail("_codecs.encode of a character outside Latin-1: the pickle is corrupt");
+      }
+    }
+    return out;
+  }
+
   void reduce() {
     PickleValue args = pop();
     Slot callable = pop_slot();
     if (callable.global.empty()) fail("REDUCE on a value that is not a callable: the pickle is corrupt");
-    if (!args.is_tuple() || args.items().empty()) {
+    if (!args.is_tuple()) fail(fmt::format("REDUCE of '{}' without an argument tuple: the pickle is corrupt", callable.global));
+    const std::string& c = callable.global;
+    if (c == "builtins.set" || c == "builtins.frozenset") {
+      push(PickleValue::set(args.items().empty() ? PickleItems{} : args.items()[0].items()));
+      return;
+    }
+    if (c == "builtins.bytes" || c == "builtins.bytearray") {
+      if (args.items().empty()) {
+        push(PickleValue::bytes(""));
+        return;
+      }
+      if (args.items()[0].is_sequence()) {  // bytes([1, 2, 3])
+        std::string out;
+        for (const auto& b : args.items()[0].items()) out += static_cast<char>(b.as_int());
+        push(PickleValue::bytes(std::move(out)));
+        return;
+      }
+      if (args.items()[0].is_string()) {
+        push(PickleValue::bytes(args.items()[0].as_string()));
+        return;
+      }
+      fail(fmt::format("REDUCE of '{}' with unexpected arguments: the pickle is corrupt", c));
+    }
+    if (c == "_codecs.encode") {
+      if (args.items().empty() || !args.items()[0].is_string()) fail("_codecs.encode without a string: the pickle is corrupt");
+      push(PickleValue::bytes(latin1_of(args.items()[0].as_string())));
+      return;
+    }
+    if (args.items().empty()) {
       fail(fmt::format("REDUCE of '{}' without arguments: the pickle is corrupt", callable.global));
     }
     const std::string& g = callable.global;
