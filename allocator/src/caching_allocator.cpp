@@ -393,6 +393,7 @@ struct CachingAllocator::Impl {
     Region* region = nullptr;
     std::uintptr_t addr = 0;
     std::size_t need = 0;  // unmapped slots in [addr, addr + size)
+    std::size_t hole = 0;  // size of the run of free and unmapped blocks it lies in
   };
 
   static std::size_t unmapped_slots_in(const Region& r, std::uintptr_t addr, std::size_t size) {
@@ -424,11 +425,13 @@ struct CachingAllocator::Impl {
         last_hole_end = hi->end();
         const std::size_t hole = hi->end() - lo->addr;
         if (hole < size) continue;
-        const std::uintptr_t candidates[2] = {lo->addr, (hi->end() - size) & ~(policy::kMinBlockBytes - 1)};
+        const std::uintptr_t candidates[1] = {lo->addr};
         for (std::uintptr_t addr : candidates) {
           if (addr < lo->addr) continue;
           const std::size_t need = unmapped_slots_in(r, addr, size);
-          if (!best.region || need < best.need || (need == best.need && addr < best.addr)) best = {&r, addr, need};
+          if (!best.region || need < best.need ||
+              (need == best.need && (hole < best.hole || (hole == best.hole && addr < best.addr))))
+            best = {&r, addr, need, hole};
         }
       }
     }
@@ -549,7 +552,7 @@ struct CachingAllocator::Impl {
       }
       Region* r = new_region(pool, stream, true, region_va_bytes[static_cast<int>(pool)], batch, fail);
       if (!r) return nullptr;
-      p = {r, r->va.base, round_up(rounded, piece) / piece};
+      p = {r, r->va.base, round_up(rounded, piece) / piece, r->va.size_bytes};
     }
     const std::uintptr_t ex_lo = p.addr, ex_hi = p.addr + rounded;
     policy::GrowthInputs in;
