@@ -425,7 +425,7 @@ struct CachingAllocator::Impl {
         last_hole_end = hi->end();
         const std::size_t hole = hi->end() - lo->addr;
         if (hole < size) continue;
-        const std::uintptr_t candidates[1] = {lo->addr};
+        const std::uintptr_t candidates[2] = {lo->addr, (hi->end() - size) & ~(policy::kMinBlockBytes - 1)};
         for (std::uintptr_t addr : candidates) {
           if (addr < lo->addr) continue;
           const std::size_t need = unmapped_slots_in(r, addr, size);
