@@ -118,6 +118,7 @@ SourceResult<VaRange> HostVmmSource::reserve(std::size_t size_bytes, std::size_t
 
   const VaRange range{base, size_bytes};
   ledger_->add_range(range);
+  ledger_->debug_check_invariants();
   ++counters_.reserves;
   return {SourceStatus::ok, range};
 }
@@ -133,6 +134,7 @@ SourceStatus HostVmmSource::release(VaRange range) {
                        fmt::format("release: munmap([{:#x}, +{})) failed: {}", range.base, range.size_bytes,
                                    errno_words(errno)));
   ledger_->remove_range(range);
+  ledger_->debug_check_invariants();
   ++counters_.releases;
   return SourceStatus::ok;
 }
@@ -173,6 +175,7 @@ SourceResult<PhysHandle> HostVmmSource::create(std::size_t size_bytes) {
   }
   const PhysHandle handle = next_handle_++;
   ledger_->add_piece(handle, size_bytes, static_cast<std::uint64_t>(fd));
+  ledger_->debug_check_invariants();
   ++counters_.creates;
   return {SourceStatus::ok, handle};
 }
@@ -187,6 +190,7 @@ SourceStatus HostVmmSource::destroy(PhysHandle handle) {
   // (Linux releases it before reporting), so the piece is destroyed either way.
   ::close(static_cast<int>(ledger_->piece(handle).native));
   ledger_->remove_piece(handle);
+  ledger_->debug_check_invariants();
   ++counters_.destroys;
   return SourceStatus::ok;
 }
@@ -217,6 +221,7 @@ SourceStatus HostVmmSource::map(std::uintptr_t va, std::size_t size_bytes, PhysH
                        fmt::format("map: mmap(MAP_FIXED) placed handle {:#x} at {} instead of {:#x}", handle, p, va));
   }
   ledger_->add_mapping(va, handle);
+  ledger_->debug_check_invariants();
   ++counters_.maps;
   return SourceStatus::ok;
 }
@@ -232,6 +237,7 @@ SourceStatus HostVmmSource::unmap(std::uintptr_t va, std::size_t size_bytes) {
                        fmt::format("unmap: mmap(MAP_FIXED, PROT_NONE) over [{:#x}, +{}) failed: {}", va, size_bytes,
                                    errno_words(errno)));
   ledger_->remove_mapping(va);
+  ledger_->debug_check_invariants();
   ++counters_.unmaps;
   return SourceStatus::ok;
 }

@@ -65,6 +65,13 @@ class SourceLedger {
 
   // Aborts with a message if an invariant above does not hold (O(n log n)).
   void check_invariants() const;
+  // check_invariants() in debug builds (no NDEBUG), nothing otherwise. Sources call it after each
+  // mutation.
+  void debug_check_invariants() const {
+#ifndef NDEBUG
+    check_invariants();
+#endif
+  }
 
  private:
   std::size_t granularity_bytes_;

@@ -173,6 +173,7 @@ SourceResult<VaRange> CudaVmmSource::reserve(std::size_t size_bytes, std::size_t
     return {s.fail_cu(r, fmt::format("cuMemAddressReserve(size={}, alignment={})", size_bytes, align)), {}};
   const VaRange range{static_cast<std::uintptr_t>(base), size_bytes};
   s.ledger.add_range(range);
+  s.ledger.debug_check_invariants();
   return {SourceStatus::ok, range};
 }
 
@@ -187,6 +188,7 @@ SourceStatus CudaVmmSource::release(VaRange range) {
   if (r != CUDA_SUCCESS)
     return s.fail_cu(r, fmt::format("cuMemAddressFree({:#x}, size={})", range.base, range.size_bytes));
   s.ledger.remove_range(range);
+  s.ledger.debug_check_invariants();
   return SourceStatus::ok;
 }
 
@@ -202,6 +204,7 @@ SourceResult<PhysHandle> CudaVmmSource::create(std::size_t size_bytes) {
   const CUresult r = s.timed(s.times.create, [&] { return s.driver->mem_create(&handle, size_bytes, &s.prop, 0); });
   if (r != CUDA_SUCCESS) return {s.fail_cu(r, fmt::format("cuMemCreate(size={})", size_bytes)), 0};
   s.ledger.add_piece(handle, size_bytes, handle);
+  s.ledger.debug_check_invariants();
   return {SourceStatus::ok, handle};
 }
 
@@ -215,6 +218,7 @@ SourceStatus CudaVmmSource::destroy(PhysHandle handle) {
   const CUresult r = s.timed(s.times.release, [&] { return s.driver->mem_release(handle); });
   if (r != CUDA_SUCCESS) return s.fail_cu(r, fmt::format("cuMemRelease(handle {:#x})", handle));
   s.ledger.remove_piece(handle);
+  s.ledger.debug_check_invariants();
   return SourceStatus::ok;
 }
 
@@ -241,6 +245,7 @@ SourceStatus CudaVmmSource::map(std::uintptr_t va, std::size_t size_bytes, PhysH
     return status;
   }
   s.ledger.add_mapping(va, handle);
+  s.ledger.debug_check_invariants();
   return SourceStatus::ok;
 }
 
@@ -255,6 +260,7 @@ SourceStatus CudaVmmSource::unmap(std::uintptr_t va, std::size_t size_bytes) {
   const CUresult r = s.timed(s.times.unmap, [&] { return s.driver->mem_unmap(va, size_bytes); });
   if (r != CUDA_SUCCESS) return s.fail_cu(r, fmt::format("cuMemUnmap(va={:#x}, size={})", va, size_bytes));
   s.ledger.remove_mapping(va);
+  s.ledger.debug_check_invariants();
   return SourceStatus::ok;
 }
 
