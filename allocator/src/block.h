@@ -16,12 +16,14 @@
 //     start and end on slot boundaries and every slot they cover is unmapped;
 //   * no two neighbouring blocks are both free, nor both unmapped (they are merged);
 //   * a free block is in exactly one FreeIndex; an unmapped block is in its region's unmapped set;
-//     allocated and pending_free blocks are in the live-block table; nothing else is in those;
+//     allocated, pending_free and cached blocks are in the live-block table; nothing else is in
+//     those; a cached block is in exactly one ThreadCache bin;
 //   * region.mapped_bytes == (mapped slots) x piece_bytes, or size_bytes for a classic segment.
 #pragma once
 
 #include <boost/intrusive/set.hpp>
 #include <boost/intrusive/unordered_set.hpp>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,6 +49,23 @@ struct StreamUses {
   std::vector<EventToken> markers;
 };
 
+// A block's state is read by the engine under its lock while a thread-cache fast path on another
+// thread may switch a neighbouring block between allocated and cached (never to or from free or
+// unmapped, the states the engine acts on). Relaxed atomics make that well-defined at the cost of
+// plain loads and stores.
+class AtomicState {
+ public:
+  AtomicState(BlockState s = BlockState::free) noexcept : v_(s) {}
+  AtomicState& operator=(BlockState s) noexcept {
+    v_.store(s, std::memory_order_relaxed);
+    return *this;
+  }
+  operator BlockState() const noexcept { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<BlockState> v_;
+};
+
 struct Block {
   std::uintptr_t addr = 0;
   std::size_t size_bytes = 0;
@@ -58,7 +77,7 @@ struct Block {
   std::uint64_t alloc_seq = 0;      // seq of the alloc event (allocated/pending_free)
   std::uint64_t free_seq = 0;       // seq when it last became free (classic GC ages)
   std::unique_ptr<StreamUses> uses; // non-null only after record_stream on another stream
-  BlockState state = BlockState::free;
+  AtomicState state;
   SetHook set_hook;                 // FreeIndex (free) or Region::unmapped (unmapped)
   HashHook hash_hook;               // LiveTable (allocated, pending_free)
 

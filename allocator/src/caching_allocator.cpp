@@ -19,6 +19,8 @@
 #include "free_index.h"
 #include "growth_policy.h"
 #include "live_table.h"
+#include "spin_lock.h"
+#include "thread_cache.h"
 
 namespace gpumem::alloc {
 
@@ -26,7 +28,8 @@ using detail::Block;
 using detail::BlockArena;
 using detail::EventBatch;
 using detail::FreeIndex;
-using detail::LiveTable;
+using detail::ShardedLiveTable;
+using detail::ThreadCache;
 using detail::PieceSlot;
 using detail::Region;
 
@@ -52,6 +55,7 @@ const char* to_string(BlockState state) noexcept {
     case BlockState::pending_free: return "pending_free";
     case BlockState::free: return "free";
     case BlockState::unmapped: return "unmapped";
+    case BlockState::cached: return "cached";
   }
   return "unknown";
 }
@@ -112,6 +116,45 @@ struct GrowFailure {
   std::string detail;
 };
 
+std::uint64_t next_engine_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Live engines by id, so that a thread that exits can hand its caches back to engines that still
+// exist. Never destroyed: threads may exit after static destructors ran.
+struct EngineRegistry {
+  std::mutex mutex;
+  std::unordered_map<std::uint64_t, CachingAllocator::Impl*> engines;
+};
+EngineRegistry& registry() {
+  static auto* r = new EngineRegistry();
+  return *r;
+}
+
+void retire_thread_cache(CachingAllocator::Impl* engine, ThreadCache* cache);
+
+// A thread's caches, one per engine it allocated through (up to kSlots engines at once).
+struct ThreadCaches {
+  static constexpr int kSlots = 8;
+  struct Slot {
+    std::uint64_t engine_id = 0;
+    ThreadCache* cache = nullptr;
+  };
+  Slot slots[kSlots];
+  ~ThreadCaches() {
+    EngineRegistry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    for (Slot& s : slots) {
+      if (s.engine_id == 0) continue;
+      auto it = reg.engines.find(s.engine_id);
+      if (it != reg.engines.end()) retire_thread_cache(it->second, s.cache);
+      s = Slot{};
+    }
+  }
+};
+thread_local ThreadCaches t_caches;
+
 }  // namespace
 
 struct CachingAllocator::Impl {
@@ -144,7 +187,7 @@ struct CachingAllocator::Impl {
   mutable std::mutex mutex;
   BlockArena arena;
   FreeIndex free_index[2];  // by PoolKind
-  LiveTable live;
+  ShardedLiveTable live;
   std::map<std::uintptr_t, std::unique_ptr<Region>> regions;  // by base address
   std::vector<Block*> pending;                               // pending_free blocks
 
@@ -157,19 +200,52 @@ struct CachingAllocator::Impl {
   double fraction = 1.0;
   std::size_t limit_bytes = 0;
   std::size_t cap = kNoLimit;
-  std::uint64_t seq = 0;
+  std::uint64_t tick = 0;                   // engine order of changes (under the lock)
+  std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
 
-  // Observers: copy-on-write list; has_observers is the one branch taken when there are none.
+  // Observers: copy-on-write lists, never freed before the engine (a fast path may still be
+  // publishing to an older one); has_observers is the one branch taken when there are none.
+  using ObserverList = std::vector<std::shared_ptr<AllocObserver>>;
   std::atomic<bool> has_observers{false};
-  std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>> observers =
-      std::make_shared<std::vector<std::shared_ptr<AllocObserver>>>();
+  std::vector<std::unique_ptr<ObserverList>> observer_lists{};
+  std::atomic<const ObserverList*> observers{nullptr};
+
+  // Thread caches of recently freed blocks (see thread_cache.h), owned here, one per thread
+  // that allocated through this engine; `id` tells this engine apart in threads' lookup slots.
+  const std::uint64_t id = next_engine_id();
+  const bool thread_cache = config.thread_cache;
+  // Thread caches turn on the first time a thread finds the engine's lock taken: a program that
+  // never allocates from two threads at once keeps the engine's exact best-fit choices.
+  std::atomic<bool> caches_active{false};
+
+  // Takes the engine lock, noting contention.
+  std::unique_lock<std::mutex> lock_noting_contention() {
+    std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      lock.lock();
+      // Set under the lock: every later holder of the lock sees it and locks live-table shards,
+      // and no fast path can run before that.
+      if (thread_cache) caches_active.store(true, std::memory_order_relaxed);
+    }
+    return lock;
+  }
+  bool use_caches() const noexcept { return thread_cache && caches_active.load(std::memory_order_relaxed); }
+  std::vector<std::unique_ptr<ThreadCache>> caches;
 
   // ---------------------------------------------------------------- events
 
-  void emit(EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr, std::size_t size,
-            std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
-    ++seq;
-    if (!batch.recording()) return;
+  // Under the engine lock: advances the engine's tick and records the event. Returns the event's
+  // seq (0 when nothing is recording).
+  std::uint64_t emit(EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr, std::size_t size,
+                     std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
+    ++tick;
+    return record(batch, kind, pool, addr, size, requested, stream, pieces);
+  }
+
+  // Records an event without the engine lock (thread-cache fast paths).
+  std::uint64_t record(EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr, std::size_t size,
+                       std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
+    if (!batch.recording()) return 0;
     AllocEvent e;
     e.kind = kind;
     e.pool = pool;
@@ -179,19 +255,19 @@ struct CachingAllocator::Impl {
     e.size_bytes = size;
     e.requested_bytes = requested;
     e.stream = stream;
-    e.seq = seq;
+    e.seq = event_seq.fetch_add(1, std::memory_order_relaxed) + 1;
     e.t_ns = now_ns();
     batch.push(e);
+    return e.seq;
   }
 
-  // Called with the lock held; returns the observers to publish to after unlocking.
-  std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>> observers_locked(const EventBatch& batch) {
+  // Returns the observers to publish to after unlocking (null if the batch is empty).
+  const ObserverList* observers_for(const EventBatch& batch) const {
     if (batch.empty()) return nullptr;
-    return observers;
+    return observers.load(std::memory_order_acquire);
   }
 
-  static void publish(const std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>>& obs,
-                      const EventBatch& batch) {
+  static void publish(const ObserverList* obs, const EventBatch& batch) {
     if (!obs) return;
     for (const auto& o : *obs) o->on_events(batch.view());
   }
@@ -207,7 +283,7 @@ struct CachingAllocator::Impl {
     rest->size_bytes = b->end() - at;
     rest->stream = b->stream;
     rest->region = b->region;
-    rest->state = b->state;
+    rest->state = BlockState(b->state);
     rest->prev = b;
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
@@ -240,7 +316,7 @@ struct CachingAllocator::Impl {
       idx.erase(*b->next);
       absorb_next(b);
     }
-    b->free_seq = seq;
+    b->free_seq = tick;
     idx.insert(*b);
     return b;
   }
@@ -268,13 +344,13 @@ struct CachingAllocator::Impl {
     FreeIndex& idx = free_index[static_cast<int>(b->region->pool)];
     if (addr > b->addr) {
       Block* mid = split_at(b, addr);
-      b->free_seq = seq;
+      b->free_seq = tick;
       idx.insert(*b);
       b = mid;
     }
     if (b->size_bytes > size) {
       Block* rest = split_at(b, b->addr + size);
-      rest->free_seq = seq;
+      rest->free_seq = tick;
       idx.insert(*rest);
     }
     return b;
@@ -319,7 +395,7 @@ struct CachingAllocator::Impl {
     r->pool = pool;
     r->stream = stream;
     r->expandable = expandable_region;
-    r->created_seq = seq + 1;
+    r->created_seq = tick + 1;
     Block* b = arena.make();
     b->addr = r->va.base;
     b->size_bytes = r->va.size_bytes;
@@ -493,12 +569,12 @@ struct CachingAllocator::Impl {
     Block* mid = b;
     if (sa > b->addr) {
       mid = split_at(b, sa);
-      b->free_seq = seq;
+      b->free_seq = tick;
       idx.insert(*b);
     }
     if (mid->end() > sa + r.piece_bytes) {
       Block* rest = split_at(mid, sa + r.piece_bytes);
-      rest->free_seq = seq;
+      rest->free_seq = tick;
       idx.insert(*rest);
     }
     mid->state = BlockState::unmapped;
@@ -653,7 +729,7 @@ struct CachingAllocator::Impl {
   // ---------------------------------------------------------------- freeing and releasing
 
   void complete_free(Block* b, EventBatch& batch) {
-    live.erase(*b);
+    live.erase(*b, use_caches());
     b->uses.reset();
     b->state = BlockState::free;
     emit(batch, EventKind::free_completed, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
@@ -688,6 +764,10 @@ struct CachingAllocator::Impl {
   // Releases all cached physical memory: unmaps and destroys every wholly free piece, frees every
   // wholly free classic segment and every region left without mapped memory. Returns bytes released.
   std::size_t release_cached(EventBatch& batch) {
+    {
+      WorldStop stop(*this);
+      stop.drain();
+    }
     process_pending(batch, true);
     const std::size_t before = reserved_bytes;
     std::vector<StreamId> synced;
@@ -741,6 +821,25 @@ struct CachingAllocator::Impl {
 
   // ---------------------------------------------------------------- queries
 
+  // Why addr is not a pointer this engine can free (engine lock held).
+  FreeStatus classify_bad_pointer_locked(std::uintptr_t addr) {
+    if (const Block* b = live.find(addr, use_caches())) {
+      (void)b;  // pending_free or cached: freed already
+      return FreeStatus::double_free;
+    }
+    auto it = regions.upper_bound(addr);
+    if (it == regions.begin()) return FreeStatus::foreign_pointer;
+    --it;
+    const Region& r = *it->second;
+    if (!r.va.contains(addr)) return FreeStatus::foreign_pointer;
+    for (const Block* x = r.first; x; x = x->next) {
+      if (addr < x->addr || addr >= x->end()) continue;
+      if (x->state == BlockState::allocated || x->state == BlockState::pending_free) return FreeStatus::interior_pointer;
+      return x->addr == addr ? FreeStatus::double_free : FreeStatus::foreign_pointer;
+    }
+    return FreeStatus::foreign_pointer;
+  }
+
   std::size_t largest_free_locked() const {
     std::size_t m = 0;
     for (int pool = 0; pool < 2; ++pool)
@@ -769,7 +868,7 @@ struct CachingAllocator::Impl {
   // ---------------------------------------------------------------- invariants
 
   void check_locked() const {
-    std::size_t live_count = 0, reserved = 0, alloc = 0, free_count[2] = {0, 0};
+    std::size_t live_count = 0, reserved = 0, alloc = 0, free_count[2] = {0, 0}, cached_count = 0;
     std::size_t va = 0;
     for (const auto& [base, rp] : regions) {
       const Region& r = *rp;
@@ -818,9 +917,14 @@ struct CachingAllocator::Impl {
             break;
           case BlockState::allocated:
           case BlockState::pending_free:
-            if (live.find(b->addr) != b) invariant_failed(fmt::format("live block {:#x} missing from the live table", b->addr));
+            if (live.find_unlocked(b->addr) != b) invariant_failed(fmt::format("live block {:#x} missing from the live table", b->addr));
             ++live_count;
             if (b->state == BlockState::allocated) alloc += b->size_bytes;
+            break;
+          case BlockState::cached:
+            if (live.find_unlocked(b->addr) != b) invariant_failed(fmt::format("cached block {:#x} missing from the live table", b->addr));
+            ++live_count;
+            ++cached_count;
             break;
         }
         at = b->end();
@@ -828,11 +932,28 @@ struct CachingAllocator::Impl {
       if (at != r.va.end()) invariant_failed(fmt::format("region {:#x}: blocks end at {:#x}, not {:#x}", base, at, r.va.end()));
       if (unmapped_blocks != r.unmapped.size()) invariant_failed(fmt::format("region {:#x}: unmapped set size", base));
     }
-    if (live_count != live.size()) invariant_failed("live table holds blocks that are not live");
+    if (live_count != live.size_unlocked()) invariant_failed("live table holds blocks that are not live");
+    std::size_t in_bins = 0;
+    std::int64_t alloc_delta = 0;
+    for (const auto& tc : caches) {
+      std::size_t bytes = 0;
+      for (const auto& bin : tc->bins)
+        for (int i = 0; i < bin.count; ++i) {
+          const Block* b = bin.blocks[i];
+          if (b->state != BlockState::cached || b->stream != bin.stream || b->size_bytes != bin.size_bytes)
+            invariant_failed(fmt::format("thread cache holds block {:#x} that does not belong there", b->addr));
+          bytes += b->size_bytes;
+          ++in_bins;
+        }
+      if (bytes != tc->cached_bytes) invariant_failed("thread cache cached_bytes out of step");
+      alloc_delta += tc->allocated_delta;
+    }
+    if (in_bins != cached_count) invariant_failed("cached blocks and thread-cache bins disagree");
     for (int pool = 0; pool < 2; ++pool)
       if (free_count[pool] != free_index[pool].size()) invariant_failed("free index holds blocks that are not free");
     if (reserved != reserved_bytes) invariant_failed(fmt::format("reserved_bytes {} != mapped {}", reserved_bytes, reserved));
-    if (alloc != allocated_bytes) invariant_failed(fmt::format("allocated_bytes {} != {}", allocated_bytes, alloc));
+    if (alloc != allocated_bytes + static_cast<std::size_t>(alloc_delta))
+      invariant_failed(fmt::format("allocated_bytes {} + thread-cache deltas {} != {}", allocated_bytes, alloc_delta, alloc));
     if (va != va_bytes) invariant_failed("va_bytes out of step");
     std::size_t pend = 0;
     for (const Block* b : pending) {
@@ -842,9 +963,86 @@ struct CachingAllocator::Impl {
     if (pend != pending_bytes) invariant_failed("pending_bytes out of step");
   }
 
-  void maybe_check() const {
-    if (config.check_invariants) check_locked();
+  void maybe_check() {
+    if (!config.check_invariants) return;
+    WorldStop stop(*this);
+    check_locked();
   }
+
+  // ---------------------------------------------------------------- thread caches
+
+  // This thread's cache for this engine; creates it (under the engine's lock) if `create`.
+  ThreadCache* cache_for_this_thread(bool create) {
+    ThreadCaches::Slot* free_slot = nullptr;
+    for (auto& slot : t_caches.slots) {
+      if (slot.engine_id == id) return slot.cache;
+      if (slot.engine_id == 0 && !free_slot) free_slot = &slot;
+    }
+    if (!create) return nullptr;
+    if (!free_slot) {
+      // Reuse a slot of an engine that no longer exists.
+      EngineRegistry& reg = registry();
+      std::lock_guard lock(reg.mutex);
+      for (auto& slot : t_caches.slots)
+        if (!reg.engines.count(slot.engine_id)) {
+          free_slot = &slot;
+          break;
+        }
+      if (!free_slot) return nullptr;
+    }
+    auto tc = std::make_unique<ThreadCache>();
+    ThreadCache* raw = tc.get();
+    {
+      std::lock_guard lock(mutex);
+      caches.push_back(std::move(tc));
+    }
+    *free_slot = {id, raw};
+    return raw;
+  }
+
+  // Returns a cache's blocks to the engine and folds its counters in. Engine lock and the
+  // cache's lock held.
+  void drain_locked(ThreadCache& tc) {
+    allocated_bytes += static_cast<std::size_t>(tc.allocated_delta);
+    requested_bytes += static_cast<std::size_t>(tc.requested_delta);
+    tc.allocated_delta = tc.requested_delta = 0;
+    if (tc.cached_bytes == 0) return;
+    for (auto& bin : tc.bins) {
+      for (int i = 0; i < bin.count; ++i) {
+        Block* b = bin.blocks[i];
+        live.erase(*b, true);
+        b->state = BlockState::free;
+        b->requested_bytes = 0;
+        insert_free_merged(b);
+      }
+      bin.count = 0;
+    }
+    tc.cached_bytes = 0;
+  }
+
+  // Drains the calling thread's cache (engine lock held). Returns whether it held blocks.
+  bool drain_own_cache_locked() {
+    ThreadCache* tc = use_caches() ? cache_for_this_thread(false) : nullptr;
+    if (!tc) return false;
+    std::lock_guard lock(tc->lock);
+    const bool had = tc->cached_bytes > 0;
+    drain_locked(*tc);
+    return had;
+  }
+
+  // Holds every thread cache's lock (engine lock held), so no fast path runs; drain() empties them.
+  struct WorldStop {
+    explicit WorldStop(Impl& m) : m(m) {
+      for (auto& tc : m.caches) tc->lock.lock();
+    }
+    ~WorldStop() {
+      for (auto& tc : m.caches) tc->lock.unlock();
+    }
+    void drain() {
+      for (auto& tc : m.caches) m.drain_locked(*tc);
+    }
+    Impl& m;
+  };
 
   // ---------------------------------------------------------------- teardown
 
@@ -861,7 +1059,7 @@ struct CachingAllocator::Impl {
       source.release(r.va);
     }
     for (int pool = 0; pool < 2; ++pool) free_index[pool].blocks().clear();
-    live.blocks().clear();
+    live.clear_unlocked();
     for (auto& [base, rp] : regions) {
       for (Block* b = rp->first; b;) {
         Block* n = b->next;
@@ -873,13 +1071,38 @@ struct CachingAllocator::Impl {
   }
 };
 
+namespace {
+
+void retire_thread_cache(CachingAllocator::Impl* engine, ThreadCache* cache) {
+  std::lock_guard lock(engine->mutex);
+  {
+    std::lock_guard cl(cache->lock);
+    engine->drain_locked(*cache);
+  }
+  auto& v = engine->caches;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == cache; }), v.end());
+}
+
+}  // namespace
+
 // ==================================================================== public interface
 
 CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device)
-    : impl_(std::make_unique<Impl>(source, events, std::move(config), device)) {}
+    : impl_(std::make_unique<Impl>(source, events, std::move(config), device)) {
+  EngineRegistry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  reg.engines.emplace(impl_->id, impl_.get());
+}
 
 CachingAllocator::~CachingAllocator() {
+  {
+    // After this, exiting threads no longer hand caches back to this engine.
+    EngineRegistry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    reg.engines.erase(impl_->id);
+  }
   std::lock_guard lock(impl_->mutex);
+  Impl::WorldStop stop(*impl_);
   for (Block* b : impl_->pending)
     for (EventToken t : b->uses->markers) impl_->events.release(t);
   impl_->pending.clear();
@@ -895,12 +1118,41 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   AllocResult result;
   if (size_bytes == 0) return result;
   EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
-  std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>> obs;
+  const Impl::ObserverList* obs = nullptr;
   const bool too_large = size_bytes >= policy::kMaxRequestBytes;
   const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
   const PoolKind pool = policy::pool_for(rounded);
+
+  // Fast path: a block of this size this thread freed recently. No engine lock.
+  if (m.use_caches() && !too_large) {
+    if (ThreadCache* tc = m.cache_for_this_thread(true)) {
+      Block* b = nullptr;
+      {
+        std::lock_guard cl(tc->lock);
+        tc->note_recent(stream, rounded);
+        b = tc->pop(stream, rounded);
+        if (b) {
+          m.live.with_shard(b->addr, [&](auto&) {
+            b->state = BlockState::allocated;
+            b->requested_bytes = size_bytes;
+          });
+          tc->cached_bytes -= b->size_bytes;
+          tc->allocated_delta += static_cast<std::int64_t>(b->size_bytes);
+          tc->requested_delta += static_cast<std::int64_t>(size_bytes);
+          b->alloc_seq = m.record(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size_bytes, stream);
+        }
+      }
+      if (b) {
+        Impl::publish(m.observers_for(batch), batch);
+        result.ptr = reinterpret_cast<void*>(b->addr);
+        result.size_bytes = b->size_bytes;
+        return result;
+      }
+    }
+  }
+
   {
-    std::lock_guard lock(m.mutex);
+    auto lock = m.lock_noting_contention();
     if (!m.pending.empty()) m.process_pending(batch, false);
     Block* b = nullptr;
     GrowFailure fail;
@@ -908,6 +1160,9 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       fail.status = SourceStatus::out_of_memory;
       fail.detail = "requests of 1 EiB or more are refused";
     } else {
+      // The engine's choices see all of this thread's free memory: what its cache holds goes back
+      // first (the cache only ever serves exact repeats between two visits to the engine).
+      m.drain_own_cache_locked();
       b = m.take_cached(pool, stream, rounded);
       if (!b && policy::should_collect_garbage(m.config.garbage_collection_threshold, m.reserved_bytes, m.cap))
         m.collect_garbage(batch);
@@ -923,19 +1178,18 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       result.oom = m.make_oom(size_bytes, rounded, stream, pool, fail);
       m.emit(batch, EventKind::oom, pool, 0, rounded, size_bytes, stream);
       m.maybe_check();
-      obs = m.observers_locked(batch);
+      obs = m.observers_for(batch);
     } else {
       b->state = BlockState::allocated;
       b->requested_bytes = size_bytes;
-      m.live.insert(*b);
+      m.live.insert(*b, m.use_caches());
       m.allocated_bytes += b->size_bytes;
       m.requested_bytes += size_bytes;
-      m.emit(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size_bytes, stream);
-      b->alloc_seq = m.seq;
+      b->alloc_seq = m.emit(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size_bytes, stream);
       result.ptr = reinterpret_cast<void*>(b->addr);
       result.size_bytes = b->size_bytes;
       m.maybe_check();
-      obs = m.observers_locked(batch);
+      obs = m.observers_for(batch);
     }
   }
   Impl::publish(obs, batch);
@@ -947,26 +1201,47 @@ FreeStatus CachingAllocator::free(void* ptr) {
   if (ptr == nullptr) return FreeStatus::null_pointer;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
-  std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>> obs;
-  {
-    std::lock_guard lock(m.mutex);
-    Block* b = m.live.find(addr);
-    if (b == nullptr || b->state != BlockState::allocated) {
-      if (b) return FreeStatus::double_free;  // pending_free: freed already
-      // Classify: which block of which region holds addr?
-      auto it = m.regions.upper_bound(addr);
-      if (it == m.regions.begin()) return FreeStatus::foreign_pointer;
-      --it;
-      const Region& r = *it->second;
-      if (!r.va.contains(addr)) return FreeStatus::foreign_pointer;
-      for (const Block* x = r.first; x; x = x->next) {
-        if (addr < x->addr || addr >= x->end()) continue;
-        if (x->state == BlockState::allocated || x->state == BlockState::pending_free)
-          return FreeStatus::interior_pointer;
-        return x->addr == addr ? FreeStatus::double_free : FreeStatus::foreign_pointer;
+  const Impl::ObserverList* obs = nullptr;
+
+  // Fast path: keep the block in this thread's cache if this thread allocates its size often.
+  if (m.use_caches()) {
+    if (ThreadCache* tc = m.cache_for_this_thread(false)) {
+      bool cached = false;
+      {
+        std::lock_guard cl(tc->lock);
+        Block* b = m.live.with_shard(addr, [&](auto& table) -> Block* {
+          Block* x = table.find(addr);
+          if (!x || x->state != BlockState::allocated || x->uses || x->size_bytes > ThreadCache::kMaxBlockBytes ||
+              tc->cached_bytes + x->size_bytes > ThreadCache::kMaxCachedBytes ||
+              !tc->is_recent(x->stream, x->size_bytes))
+            return nullptr;
+          ThreadCache::Bin* bin = tc->bin_for_push(x->stream, x->size_bytes);
+          if (!bin) return nullptr;
+          x->state = BlockState::cached;
+          bin->blocks[bin->count++] = x;
+          return x;
+        });
+        if (b) {
+          cached = true;
+          tc->cached_bytes += b->size_bytes;
+          tc->allocated_delta -= static_cast<std::int64_t>(b->size_bytes);
+          tc->requested_delta -= static_cast<std::int64_t>(b->requested_bytes);
+          const PoolKind pool = b->region->pool;
+          m.record(batch, EventKind::free_requested, pool, addr, b->size_bytes, b->requested_bytes, b->stream);
+          m.record(batch, EventKind::free_completed, pool, addr, b->size_bytes, b->requested_bytes, b->stream);
+        }
       }
-      return FreeStatus::foreign_pointer;
+      if (cached) {
+        Impl::publish(m.observers_for(batch), batch);
+        return FreeStatus::ok;
+      }
     }
+  }
+
+  {
+    auto lock = m.lock_noting_contention();
+    Block* b = m.live.find(addr, m.use_caches());
+    if (b == nullptr || b->state != BlockState::allocated) return m.classify_bad_pointer_locked(addr);
     m.allocated_bytes -= b->size_bytes;
     m.requested_bytes -= b->requested_bytes;
     m.emit(batch, EventKind::free_requested, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
@@ -979,7 +1254,7 @@ FreeStatus CachingAllocator::free(void* ptr) {
       m.complete_free(b, batch);
     }
     m.maybe_check();
-    obs = m.observers_locked(batch);
+    obs = m.observers_for(batch);
   }
   Impl::publish(obs, batch);
   return FreeStatus::ok;
@@ -989,9 +1264,9 @@ FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
   Impl& m = *impl_;
   if (ptr == nullptr) return FreeStatus::null_pointer;
   std::lock_guard lock(m.mutex);
-  Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (b == nullptr) return FreeStatus::foreign_pointer;
-  if (b->state != BlockState::allocated) return FreeStatus::double_free;
+  Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr), m.use_caches());
+  if (b == nullptr || b->state != BlockState::allocated)
+    return m.classify_bad_pointer_locked(reinterpret_cast<std::uintptr_t>(ptr));
   if (stream == b->stream) return FreeStatus::ok;
   if (!b->uses) b->uses = std::make_unique<detail::StreamUses>();
   auto& s = b->uses->streams;
@@ -1002,13 +1277,13 @@ FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
 void CachingAllocator::empty_cache() {
   Impl& m = *impl_;
   EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
-  std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>> obs;
+  const Impl::ObserverList* obs = nullptr;
   {
     std::lock_guard lock(m.mutex);
     const std::size_t released = m.release_cached(batch);
     m.emit(batch, EventKind::empty_cache, PoolKind::large, 0, released, 0, 0);
     m.maybe_check();
-    obs = m.observers_locked(batch);
+    obs = m.observers_for(batch);
   }
   Impl::publish(obs, batch);
 }
@@ -1031,31 +1306,46 @@ void CachingAllocator::set_memory_limit(std::size_t bytes) {
 }
 
 void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) {
-  std::lock_guard lock(impl_->mutex);
-  auto next = std::make_shared<std::vector<std::shared_ptr<AllocObserver>>>(*impl_->observers);
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
+  auto next = now ? std::make_unique<Impl::ObserverList>(*now) : std::make_unique<Impl::ObserverList>();
   next->push_back(std::move(observer));
-  impl_->observers = std::move(next);
-  impl_->has_observers.store(true, std::memory_order_relaxed);
+  m.observers.store(next.get(), std::memory_order_release);
+  m.observer_lists.push_back(std::move(next));
+  m.has_observers.store(true, std::memory_order_relaxed);
 }
 
 void CachingAllocator::detach_observer(const AllocObserver* observer) {
-  std::lock_guard lock(impl_->mutex);
-  auto next = std::make_shared<std::vector<std::shared_ptr<AllocObserver>>>();
-  for (const auto& o : *impl_->observers)
-    if (o.get() != observer) next->push_back(o);
-  impl_->has_observers.store(!next->empty(), std::memory_order_relaxed);
-  impl_->observers = std::move(next);
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
+  auto next = std::make_unique<Impl::ObserverList>();
+  if (now)
+    for (const auto& o : *now)
+      if (o.get() != observer) next->push_back(o);
+  m.has_observers.store(!next->empty(), std::memory_order_relaxed);
+  m.observers.store(next.get(), std::memory_order_release);
+  m.observer_lists.push_back(std::move(next));
 }
 
 EngineTotals CachingAllocator::totals() const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
+  Impl::WorldStop stop(m);
+  std::int64_t alloc_delta = 0, req_delta = 0;
+  std::size_t in_caches = 0;
+  for (const auto& tc : m.caches) {
+    alloc_delta += tc->allocated_delta;
+    req_delta += tc->requested_delta;
+    in_caches += tc->cached_bytes;
+  }
   EngineTotals t;
-  t.allocated_bytes = m.allocated_bytes;
-  t.requested_bytes = m.requested_bytes;
-  t.active_bytes = m.allocated_bytes + m.pending_bytes;
+  t.allocated_bytes = m.allocated_bytes + static_cast<std::size_t>(alloc_delta);
+  t.requested_bytes = m.requested_bytes + static_cast<std::size_t>(req_delta);
+  t.active_bytes = t.allocated_bytes + m.pending_bytes;
   t.reserved_bytes = m.reserved_bytes;
-  t.cached_free_bytes = m.free_index[0].bytes() + m.free_index[1].bytes();
+  t.cached_free_bytes = m.free_index[0].bytes() + m.free_index[1].bytes() + in_caches;
   t.largest_free_extent_bytes = m.largest_free_locked();
   t.va_reserved_bytes = m.va_bytes;
   t.cap_bytes = m.cap;
@@ -1070,9 +1360,15 @@ EngineSnapshot CachingAllocator::snapshot() {
   EngineSnapshot snap;
   snap.device = m.device;
   snap.settings = to_string(m.config);
+  {
+    // Views show cached blocks as the free memory they are: hand them back first.
+    std::lock_guard lock(m.mutex);
+    Impl::WorldStop stop(m);
+    stop.drain();
+  }
   snap.totals = totals();
   EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
-  std::shared_ptr<const std::vector<std::shared_ptr<AllocObserver>>> obs;
+  const Impl::ObserverList* obs = nullptr;
   {
     std::lock_guard lock(m.mutex);
     snap.segments.reserve(m.regions.size());
@@ -1088,24 +1384,26 @@ EngineSnapshot CachingAllocator::snapshot() {
       sv.expandable = r.expandable;
       sv.created_seq = r.created_seq;
       for (const Block* b = r.first; b; b = b->next)
-        sv.blocks.push_back(BlockView{b->addr, b->size_bytes, b->requested_bytes, b->state, b->alloc_seq});
+        sv.blocks.push_back(BlockView{b->addr, b->size_bytes, b->requested_bytes,
+                                      b->state == BlockState::cached ? BlockState::free : BlockState(b->state),
+                                      b->alloc_seq});
       if (r.expandable)
         for (std::size_t s = 0; s < r.slots.size(); ++s)
           if (r.slots[s].mapped) sv.pieces.push_back(PieceView{r.slot_addr(s), r.piece_bytes, true});
       snap.segments.push_back(std::move(sv));
     }
     m.emit(batch, EventKind::snapshot, PoolKind::large, 0, snap.totals.active_bytes, 0, 0);
-    obs = m.observers_locked(batch);
+    obs = m.observers_for(batch);
   }
   Impl::publish(obs, batch);
   return snap;
 }
 
 std::optional<BlockLookup> CachingAllocator::lookup(const void* ptr) const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
-  const Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (!b) return std::nullopt;
+  const Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr), m.use_caches());
+  if (!b || b->state != BlockState::allocated) return std::nullopt;
   BlockLookup l;
   l.block_addr = b->addr;
   l.block_size_bytes = b->size_bytes;
@@ -1128,11 +1426,16 @@ std::vector<ExpandableRegionSize> CachingAllocator::expandable_region_sizes() co
 
 std::size_t CachingAllocator::largest_free_block_bytes() const {
   std::lock_guard lock(impl_->mutex);
+  {
+    Impl::WorldStop stop(*impl_);
+    stop.drain();
+  }
   return impl_->largest_free_locked();
 }
 
 void CachingAllocator::check_invariants() const {
   std::lock_guard lock(impl_->mutex);
+  Impl::WorldStop stop(*impl_);
   impl_->check_locked();
 }
 

@@ -1,11 +1,15 @@
-// LiveTable: allocated and pending_free blocks by address, for free() and lookup(). An intrusive
-// hash set over Block::hash_hook with a power-of-two bucket array that doubles when the load factor
-// passes 1. Not thread-safe: used under the engine's lock.
+// LiveTable: allocated, pending_free and cached blocks by address, for free() and lookup(). An
+// intrusive hash set over Block::hash_hook with a power-of-two bucket array that doubles when the
+// load factor passes 1. Not thread-safe. ShardedLiveTable splits it in 64 shards, each behind a
+// SpinLock, so that thread-cache fast paths can find blocks without the engine's lock.
 #pragma once
 
 #include <boost/intrusive/unordered_set.hpp>
 #include <functional>
+#include <array>
 #include <memory>
+
+#include "spin_lock.h"
 
 #include "block.h"
 
@@ -57,7 +61,7 @@ class LiveTable {
   const Set& blocks() const noexcept { return set_; }
 
  private:
-  static constexpr std::size_t kInitialBuckets = 1024;
+  static constexpr std::size_t kInitialBuckets = 64;
   void grow() {
     const std::size_t n = set_.bucket_count() * 2;
     std::unique_ptr<Set::bucket_type[]> next(new Set::bucket_type[n]);
@@ -67,6 +71,59 @@ class LiveTable {
 
   std::unique_ptr<Set::bucket_type[]> buckets_;
   Set set_;
+};
+
+// Every member locks the shard it touches; with_shard runs fn(table) with the shard of addr locked.
+// Lock order: engine mutex -> thread cache -> shard.
+class ShardedLiveTable {
+ public:
+  static constexpr std::size_t kShards = 64;
+
+  // `locked`: take the shard's lock (needed once thread caches are active; before that every
+  // access happens under the engine's lock).
+  void insert(Block& b, bool locked) {
+    Shard& s = shard(b.addr);
+    if (!locked) return s.table.insert(b);
+    std::lock_guard lock(s.lock);
+    s.table.insert(b);
+  }
+  void erase(Block& b, bool locked) noexcept {
+    Shard& s = shard(b.addr);
+    if (!locked) return s.table.erase(b);
+    std::lock_guard lock(s.lock);
+    s.table.erase(b);
+  }
+  Block* find(std::uintptr_t addr, bool locked) noexcept {
+    Shard& s = shard(addr);
+    if (!locked) return s.table.find(addr);
+    std::lock_guard lock(s.lock);
+    return s.table.find(addr);
+  }
+  template <class Fn>
+  decltype(auto) with_shard(std::uintptr_t addr, Fn&& fn) {
+    Shard& s = shard(addr);
+    std::lock_guard lock(s.lock);
+    return fn(s.table);
+  }
+  // Callers must have stopped every other user (engine lock held and thread caches locked).
+  std::size_t size_unlocked() const noexcept {
+    std::size_t n = 0;
+    for (const Shard& s : shards_) n += s.table.size();
+    return n;
+  }
+  const Block* find_unlocked(std::uintptr_t addr) const noexcept { return shard_c(addr).table.find(addr); }
+  void clear_unlocked() noexcept {
+    for (Shard& s : shards_) s.table.blocks().clear();
+  }
+
+ private:
+  struct alignas(64) Shard {
+    SpinLock lock;
+    LiveTable table;
+  };
+  Shard& shard(std::uintptr_t addr) noexcept { return shards_[(BlockAddrHash::mix(addr) >> 7) % kShards]; }
+  const Shard& shard_c(std::uintptr_t addr) const noexcept { return shards_[(BlockAddrHash::mix(addr) >> 7) % kShards]; }
+  std::array<Shard, kShards> shards_;
 };
 
 }  // namespace gpumem::alloc::detail
