@@ -106,7 +106,14 @@ ReplayScript compile_replay(const Trace& trace) {
         step.entry = entry;
         step.site = e.site;
         step.kind = StepKind::oom_probe;
-        if (e.size_bytes > 0) s.steps.push_back(step);
+        if (e.size_bytes > 0) {
+          s.steps.push_back(step);
+          // The failed request was live for its moment: a policy that serves it needs the room.
+          if (requested + e.size_bytes > s.peak_requested_bytes) {
+            s.peak_requested_bytes = requested + e.size_bytes;
+            s.peak_requested_step = s.steps.size() - 1;
+          }
+        }
         break;
       }
       case TraceAction::snapshot: break;

@@ -117,6 +117,7 @@ TEST_CASE("oom entries are probes: would the policy have served the request?", "
   });
   const fx::ReplayScript s = fx::compile_replay(t);
   CHECK(s.trace_ooms == 1);
+  CHECK(s.peak_requested_bytes == 80 * MiB);  // 30 MiB live + the 50 MiB the program asked for
   fx::ReplayEnvironment env;
   env.memory_limit_bytes = 80 * MiB;
   // PyTorch: 40 MiB cached + 30 MiB... the 30 MiB request is served by the cached 40 MiB block

@@ -54,7 +54,8 @@ struct ReplayScript {
   std::size_t skipped_frees = 0;            // free_requested/free_completed of unknown addresses
   std::size_t skipped_allocs = 0;           // allocs over a live address
   std::size_t trace_ooms = 0;               // oom entries in the trace
-  std::size_t peak_requested_bytes = 0;     // peak of live requested bytes
+  std::size_t peak_requested_bytes = 0;     // peak of live requested bytes (an oom probe counts
+                                            // as live at its moment)
   std::size_t peak_requested_step = 0;
   std::size_t trace_reserved_peak_bytes = 0;  // what the trace's segment_* entries add up to
   std::int64_t duration_us = 0;
