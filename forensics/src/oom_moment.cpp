@@ -56,6 +56,7 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
   if (out.oom_entry) {
     for (std::size_t i = trace.size(); i-- > *out.oom_entry + 1;) {
       const auto& e = trace[i];
+      if (e.action == TraceAction::snapshot || e.action == TraceAction::oom) continue;  // change nothing
       ++out.rolled_back_entries;
       switch (e.action) {
         case TraceAction::free_completed:
