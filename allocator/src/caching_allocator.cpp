@@ -29,6 +29,7 @@ using detail::BlockArena;
 using detail::EventBatch;
 using detail::FreeIndex;
 using detail::ShardedLiveTable;
+using detail::SpinLock;
 using detail::ThreadCache;
 using detail::PieceSlot;
 using detail::Region;
@@ -184,7 +185,7 @@ struct CachingAllocator::Impl {
   std::size_t region_va_bytes[2] = {};
   std::size_t provider_total = 0;
 
-  mutable std::mutex mutex;
+  mutable SpinLock mutex;  // see spin_lock.h: no futex round trip when contended briefly
   BlockArena arena;
   FreeIndex free_index[2];  // by PoolKind
   ShardedLiveTable live;
@@ -219,8 +220,8 @@ struct CachingAllocator::Impl {
   std::atomic<bool> caches_active{false};
 
   // Takes the engine lock, noting contention.
-  std::unique_lock<std::mutex> lock_noting_contention() {
-    std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+  std::unique_lock<SpinLock> lock_noting_contention() {
+    std::unique_lock<SpinLock> lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) {
       lock.lock();
       // Set under the lock: every later holder of the lock sees it and locks live-table shards,
