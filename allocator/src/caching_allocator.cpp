@@ -215,6 +215,8 @@ struct CachingAllocator::Impl {
   // that allocated through this engine; `id` tells this engine apart in threads' lookup slots.
   const std::uint64_t id = next_engine_id();
   const bool thread_cache = config.thread_cache;
+  const bool any_divisions = std::any_of(config.roundup_power2_divisions.begin(),
+                                         config.roundup_power2_divisions.end(), [](auto d) { return d > 1; });
   // Thread caches turn on the first time a thread finds the engine's lock taken: a program that
   // never allocates from two threads at once keeps the engine's exact best-fit choices.
   std::atomic<bool> caches_active{false};
@@ -987,7 +989,9 @@ struct CachingAllocator::Impl {
   }
 
   void maybe_check() {
-    if (!config.check_invariants) return;
+    if (config.check_invariants) [[unlikely]] check_now();
+  }
+  [[gnu::noinline]] void check_now() {
     WorldStop stop(*this);
     check_locked();
   }
@@ -1133,7 +1137,7 @@ CachingAllocator::~CachingAllocator() {
 }
 
 std::size_t CachingAllocator::round_size(std::size_t size_bytes) const noexcept {
-  return policy::round_size(size_bytes, impl_->config.roundup_power2_divisions);
+  return policy::round_size(size_bytes, impl_->config.roundup_power2_divisions, impl_->any_divisions);
 }
 
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
