@@ -1,0 +1,90 @@
+#include "device_engine.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "gpumem/alloc/host_vmm_source.h"
+#if defined(GPUMEM_HAVE_CUDA)
+#include "gpumem/alloc/cuda_sources.h"
+#endif
+
+namespace gpumem::torch::detail {
+namespace {
+
+std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::unique_ptr<alloc::MemorySource> source,
+                                     std::unique_ptr<alloc::StreamEvents> events, PointerRegistry& registry) {
+  de->source = std::make_unique<RegisteringSource>(std::move(source), registry, de->host ? -2 : de->device);
+  de->events = std::move(events);
+  de->engine = std::make_unique<alloc::CachingAllocator>(*de->source, *de->events, de->config, de->device);
+  de->stats = std::make_shared<alloc::StatsObserver>(de->config);
+  de->trace = std::make_shared<TraceRing>();
+  de->trace->configure(trace_settings_from(de->config), /*clear=*/true);
+  de->engine->attach_observer(de->stats);
+  de->engine->attach_observer(de->trace);
+  return de;
+}
+
+}  // namespace
+
+PointerRegistry& pointer_registry() {
+  static auto* registry = new PointerRegistry();  // never destroyed: deleters may run during exit
+  return *registry;
+}
+
+TraceSettings trace_settings_from(const alloc::Config& config) {
+  TraceSettings settings;
+  settings.capacity = config.trace_entries;
+  return settings;
+}
+
+std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int device, PointerRegistry& registry,
+                                               std::string* error) {
+#if defined(GPUMEM_HAVE_CUDA)
+  if (config.source != alloc::SourceKind::cuda_vmm && config.source != alloc::SourceKind::cuda_malloc) {
+    *error = fmt::format(
+        "gpumem: source:{} cannot serve CUDA tensors; use source:cuda_vmm (the default) or source:cuda_malloc",
+        alloc::to_string(config.source));
+    return nullptr;
+  }
+  const bool vmm = config.source == alloc::SourceKind::cuda_vmm;
+  auto source = alloc::make_cuda_source(vmm, device);
+  alloc::SourceStatus status = alloc::SourceStatus::ok;
+  if (auto* s = dynamic_cast<alloc::CudaVmmSource*>(source.get())) status = s->init_status();
+  if (auto* s = dynamic_cast<alloc::CudaMallocSource*>(source.get())) status = s->init_status();
+  if (status != alloc::SourceStatus::ok) {
+    *error = fmt::format("gpumem: cannot use CUDA device {} through {}: {}{}", device,
+                         vmm ? "the driver's virtual memory API (source:cuda_vmm)" : "cudaMalloc (source:cuda_malloc)",
+                         source->last_error(),
+                         vmm ? ". If the driver lacks virtual memory support, set source:cuda_malloc in GPUMEM_ALLOC_CONF"
+                             : "");
+    return nullptr;
+  }
+  auto de = std::make_unique<DeviceEngine>();
+  de->device = device;
+  de->config = config;
+  return finish(std::move(de), std::move(source), std::make_unique<alloc::CudaStreamEvents>(device), registry);
+#else
+  (void)config;
+  (void)registry;
+  *error = fmt::format("gpumem: CUDA device {} requested, but gpumem was built without the CUDA toolkit", device);
+  return nullptr;
+#endif
+}
+
+std::unique_ptr<DeviceEngine> make_host_engine(const alloc::Config& config, PointerRegistry& registry,
+                                               std::string* error) {
+  auto source = std::make_unique<alloc::HostVmmSource>();
+  if (source->init_status() != alloc::SourceStatus::ok) {
+    *error = fmt::format("gpumem: host memory source unavailable: {}", source->last_error());
+    return nullptr;
+  }
+  auto de = std::make_unique<DeviceEngine>();
+  de->device = 0;
+  de->host = true;
+  de->config = config;
+  de->config.source = alloc::SourceKind::host_vmm;
+  return finish(std::move(de), std::move(source), alloc::make_immediate_events(), registry);
+}
+
+}  // namespace gpumem::torch::detail
