@@ -743,7 +743,7 @@ GpumemCudaAllocator& instance(const alloc::Config* config) {
     return *existing;
   }
   std::lock_guard lock(install_mutex());
-  if (GpumemCudaAllocator* existing = g_allocator.load(std::memory_order_acquire)) return instance(config);
+  if (g_allocator.load(std::memory_order_acquire) != nullptr) return instance(config);
   alloc::Config chosen;
   if (config) {
     chosen = *config;
