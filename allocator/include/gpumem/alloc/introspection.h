@@ -18,6 +18,8 @@ enum class BlockState : std::uint8_t {
   pending_free,  // freed by the user, waiting for markers on other streams (record_stream)
   free,          // cached: mapped and reusable on its stream
   unmapped,      // address space with no physical memory behind it (expandable regions only)
+  cached,        // freed into a thread's cache of recently freed blocks (engine-internal: views
+                 // are taken after the caches are drained, so they never show it)
 };
 
 const char* to_string(BlockState state) noexcept;
