@@ -1,7 +1,6 @@
 #include "device_engine.h"
 
-#include <fmt/format.h>
-
+#include <string>
 #include <utility>
 
 #include "gpumem/alloc/host_vmm_source.h"
@@ -42,9 +41,8 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int 
                                                std::string* error) {
 #if defined(GPUMEM_HAVE_CUDA)
   if (config.source != alloc::SourceKind::cuda_vmm && config.source != alloc::SourceKind::cuda_malloc) {
-    *error = fmt::format(
-        "gpumem: source:{} cannot serve CUDA tensors; use source:cuda_vmm (the default) or source:cuda_malloc",
-        alloc::to_string(config.source));
+    *error = std::string("gpumem: source:") + alloc::to_string(config.source) +
+             " cannot serve CUDA tensors; use source:cuda_vmm (the default) or source:cuda_malloc";
     return nullptr;
   }
   const bool vmm = config.source == alloc::SourceKind::cuda_vmm;
@@ -53,11 +51,10 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int 
   if (auto* s = dynamic_cast<alloc::CudaVmmSource*>(source.get())) status = s->init_status();
   if (auto* s = dynamic_cast<alloc::CudaMallocSource*>(source.get())) status = s->init_status();
   if (status != alloc::SourceStatus::ok) {
-    *error = fmt::format("gpumem: cannot use CUDA device {} through {}: {}{}", device,
-                         vmm ? "the driver's virtual memory API (source:cuda_vmm)" : "cudaMalloc (source:cuda_malloc)",
-                         source->last_error(),
-                         vmm ? ". If the driver lacks virtual memory support, set source:cuda_malloc in GPUMEM_ALLOC_CONF"
-                             : "");
+    *error = "gpumem: cannot use CUDA device " + std::to_string(device) + " through " +
+             (vmm ? "the driver's virtual memory API (source:cuda_vmm)" : "cudaMalloc (source:cuda_malloc)") + ": " +
+             source->last_error() +
+             (vmm ? ". If the driver lacks virtual memory support, set source:cuda_malloc in GPUMEM_ALLOC_CONF" : "");
     return nullptr;
   }
   auto de = std::make_unique<DeviceEngine>();
@@ -67,7 +64,8 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int 
 #else
   (void)config;
   (void)registry;
-  *error = fmt::format("gpumem: CUDA device {} requested, but gpumem was built without the CUDA toolkit", device);
+  *error = "gpumem: CUDA device " + std::to_string(device) +
+           " requested, but gpumem was built without the CUDA toolkit";
   return nullptr;
 #endif
 }
@@ -76,7 +74,7 @@ std::unique_ptr<DeviceEngine> make_host_engine(const alloc::Config& config, Poin
                                                std::string* error) {
   auto source = std::make_unique<alloc::HostVmmSource>();
   if (source->init_status() != alloc::SourceStatus::ok) {
-    *error = fmt::format("gpumem: host memory source unavailable: {}", source->last_error());
+    *error = "gpumem: host memory source unavailable: " + source->last_error();
     return nullptr;
   }
   auto de = std::make_unique<DeviceEngine>();
