@@ -22,6 +22,12 @@ endif()
 # CMAKE_PREFIX_PATH. Torch-dependent targets are separate so the core builds fast.
 set(GPUMEM_HAVE_TORCH OFF)
 if(GPUMEM_WITH_TORCH)
+  # libtorch's CMake config builds and runs a CUDA program to detect GPU architectures unless told
+  # which to target; that fails on machines without a GPU (and with CMake 3.25's nvcc flags).
+  # gpumem compiles no CUDA code, so any valid list will do.
+  if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+    set(TORCH_CUDA_ARCH_LIST "9.0")
+  endif()
   find_package(Torch QUIET)
   if(Torch_FOUND)
     set(GPUMEM_HAVE_TORCH ON)
