@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -140,6 +141,14 @@ struct DeviceSlot {
   std::unordered_map<std::uintptr_t, std::shared_ptr<c10::GatheredContext>> contexts;  // live blocks
 };
 
+// Makes the slot's device current for the scope (nothing for a simulated device).
+struct SlotDeviceGuard {
+  std::optional<c10::cuda::CUDAGuard> guard;
+  explicit SlotDeviceGuard(const DeviceSlot& slot) {
+    if (!slot.de->simulated) guard.emplace(static_cast<c10::DeviceIndex>(slot.de->device));
+  }
+};
+
 class GpumemCudaAllocator final : public cca::CUDAAllocator {
  public:
   explicit GpumemCudaAllocator(alloc::Config config) : config_(std::move(config)) {}
@@ -172,7 +181,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   void emptyCache(c10::MempoolId_t mempool_id) override {
     if (mempool_id != c10::MempoolId_t{0, 0}) unsupported(kGraphPools, "emptyCache(mempool_id)");
     for_each_slot([](DeviceSlot& slot) {
-      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(slot.de->device));
+      SlotDeviceGuard guard(slot);
       slot.de->engine->empty_cache();
     });
   }
@@ -257,9 +266,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     if (guess == 0) {
       // PyTorch's meaning: with no hint, the device's free memory is the first guess (it is
       // what growing could still get).
-      c10::cuda::CUDAGuard guard(device);
-      size_t total = 0;
-      C10_CUDA_CHECK(cudaMemGetInfo(&guess, &total));
+      guess = slot.de->source->mem_info().free_bytes;
       const alloc::EngineTotals totals = slot.de->engine->totals();
       if (totals.cap_bytes != alloc::kNoLimit)
         guess = std::min(guess, totals.cap_bytes > totals.reserved_bytes ? totals.cap_bytes - totals.reserved_bytes : 0);
@@ -324,7 +331,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
     if (!record_history_.load()) return;
     Annotation annotation;
-    annotation.device = c10::cuda::current_device();
+    annotation.device = c10::cuda::device_count() > 0 ? c10::cuda::current_device() : 0;
     annotation.t_ns = steady_now_ns();
     annotation.metadata = md;
     std::lock_guard lock(hooks_mutex_);
@@ -583,7 +590,7 @@ void GpumemCudaAllocator::free(void* ptr) {
   alloc::FreeStatus status;
   if (C10_UNLIKELY(only_slot_.load(std::memory_order_relaxed) == nullptr)) {
     // Several devices: the engine may record events on this device's streams.
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(slot->de->device));
+    SlotDeviceGuard guard(*slot);
     status = slot->de->engine->free(ptr);
   } else {
     status = slot->de->engine->free(ptr);
@@ -752,9 +759,9 @@ GpumemCudaAllocator& instance(const alloc::Config* config) {
     if (auto* error = std::get_if<alloc::ConfigError>(&parsed)) TORCH_CHECK(false, error->message);
     chosen = std::get<alloc::Config>(std::move(parsed));
   }
-  TORCH_CHECK(chosen.source == alloc::SourceKind::cuda_vmm || chosen.source == alloc::SourceKind::cuda_malloc,
-              "gpumem: source:", alloc::to_string(chosen.source),
-              " cannot serve CUDA tensors; use source:cuda_vmm (the default) or source:cuda_malloc");
+  // (source:sim is accepted here and checked when a device's engine is made: see make_cuda_engine.)
+  TORCH_CHECK(chosen.source != alloc::SourceKind::host_vmm, "gpumem: source:host_vmm cannot serve CUDA tensors; use "
+              "source:cuda_vmm (the default) or source:cuda_malloc (host memory is for install_cpu)");
   auto* created = new GpumemCudaAllocator(std::move(chosen));  // lives until the process ends
   g_allocator.store(created, std::memory_order_release);
   return *created;

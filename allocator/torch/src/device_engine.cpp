@@ -1,9 +1,11 @@
 #include "device_engine.h"
 
+#include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "gpumem/alloc/host_vmm_source.h"
+#include "gpumem/alloc/sim_source.h"
 #if defined(GPUMEM_HAVE_CUDA)
 #include "gpumem/alloc/cuda_sources.h"
 #endif
@@ -37,8 +39,33 @@ TraceSettings trace_settings_from(const alloc::Config& config) {
   return settings;
 }
 
+bool sim_allowed() {
+  const char* allow = std::getenv("GPUMEM_ALLOW_SIM");
+  return allow != nullptr && std::string(allow) == "1";
+}
+
 std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int device, PointerRegistry& registry,
                                                std::string* error) {
+  if (config.source == alloc::SourceKind::sim) {
+    // A simulated device: accounting only, fake addresses. Lets the adapter's bookkeeping
+    // (statistics, snapshots, traces, OOM) be tested on machines without a GPU.
+    if (!sim_allowed()) {
+      *error = "gpumem: source:sim gives CUDA tensors fake addresses that no kernel can use; it exists to test "
+               "gpumem without a GPU. Use source:cuda_vmm (the default) or source:cuda_malloc, or set "
+               "GPUMEM_ALLOW_SIM=1 if you only need the bookkeeping";
+      return nullptr;
+    }
+    alloc::SimSourceOptions options;
+    if (config.memory_limit_bytes != 0) options.capacity_bytes = config.memory_limit_bytes;
+    // Distinct fake address space per device, far from real mappings.
+    options.base_address = std::uintptr_t{0x7e0000000000} - static_cast<std::uintptr_t>(device) * (std::uintptr_t{1} << 40);
+    auto de = std::make_unique<DeviceEngine>();
+    de->device = device;
+    de->simulated = true;
+    de->config = config;
+    return finish(std::move(de), std::make_unique<alloc::SimSource>(options), alloc::make_immediate_events(),
+                  registry);
+  }
 #if defined(GPUMEM_HAVE_CUDA)
   if (config.source != alloc::SourceKind::cuda_vmm && config.source != alloc::SourceKind::cuda_malloc) {
     *error = std::string("gpumem: source:") + alloc::to_string(config.source) +

@@ -26,6 +26,7 @@ namespace gpumem::torch::detail {
 struct DeviceEngine {
   int device = 0;  // CUDA device index; 0 for the host engine
   bool host = false;
+  bool simulated = false;  // SimSource: fake addresses, no device calls (tests without a GPU)
   alloc::Config config;
   std::unique_ptr<RegisteringSource> source;
   std::unique_ptr<alloc::StreamEvents> events;
@@ -37,6 +38,8 @@ struct DeviceEngine {
 // The engine for CUDA device `device` on CudaVmmSource (config.source == cuda_vmm) or
 // CudaMallocSource (cuda_malloc). On failure returns null and sets *error to one sentence naming
 // the problem and the fix (no driver, no device, no virtual memory support, wrong source kind).
+// source:sim gives a simulated device (SimSource, fake addresses; capacity = memory_limit_mb),
+// only when the environment has GPUMEM_ALLOW_SIM=1: it tests the adapter without a GPU.
 std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int device, PointerRegistry& registry,
                                                std::string* error);
 
