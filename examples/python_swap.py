@@ -12,6 +12,9 @@ Modes (each runs in a fresh process, since an allocator must be chosen before CU
                 torch.ops.gpumem.memory_stats (torch.cuda.memory_stats raises for pluggable
                 allocators).
   cpu           torch.ops.gpumem.install_cpu(""): gpumem serves CPU tensors (needs no GPU).
+  sim           load_library with source:sim (GPUMEM_ALLOW_SIM=1): gpumem's CUDA allocator on a
+                simulated device (fake addresses, driven through gpumem_malloc/gpumem_free with
+                ctypes); checks torch's statistics and snapshot APIs and memory_viz on any machine.
   all           every mode that this machine can run (the default).
 
 Each mode trains a small transformer with a sequence length that changes every step, checks
@@ -55,8 +58,11 @@ def print_stats(title, stats):
             log(f"    {k:32s} {stats[k]:>16,d}")
 
 
-def check_snapshot(snap):
-    """What PyTorch's memory_viz needs (see ../shared/design/torch-2.11-allocator.md 6.4)."""
+def check_snapshot(snap, complete_trace=False):
+    """What PyTorch's memory_viz needs (see ../shared/design/torch-2.11-allocator.md 6.4).
+
+    complete_trace: the trace holds every event since the allocator started, so every free must
+    follow its alloc and every allocation still live must be an active block."""
     check("segments" in snap and "device_traces" in snap, "snapshot has segments and device_traces")
     states = {"active_allocated", "active_pending_free", "inactive"}
     mapped = []
@@ -88,13 +94,47 @@ def check_snapshot(snap):
                 return
         fail(f"trace: range [{lo:#x},{hi:#x}) was not mapped when the trace says it became mapped")
 
+    def coalesce():
+        mapped.sort()
+        merged = []
+        for a, b in mapped:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        mapped[:] = merged
+
     def add(lo, hi):
         for a, b in mapped:
             if lo < b and a < hi:
                 fail(f"trace: range [{lo:#x},{hi:#x}) overlaps mapped memory when the trace says it was unmapped")
         mapped.append((lo, hi))
+        coalesce()
 
+    coalesce()
+
+    active = {}
+    for seg in snap["segments"]:
+        addr = seg["address"]
+        for b in seg["blocks"]:
+            if b["state"] != "inactive":
+                active[addr] = b
+            addr += b["size"]
     for dev, entries in enumerate(snap["device_traces"]):
+        if complete_trace:
+            live = {}
+            for e in entries:
+                if e["action"] == "alloc":
+                    if e["addr"] in live:
+                        fail(f"trace: alloc at {e['addr']:#x} while a block is live there")
+                    live[e["addr"]] = e["size"]
+                elif e["action"] == "free_completed":
+                    if live.pop(e["addr"], None) is None:
+                        fail(f"trace: free_completed at {e['addr']:#x} without an alloc")
+            for addr, size in live.items():
+                if addr not in active or active[addr]["size"] != size:
+                    fail(f"trace: block {addr:#x} allocated in the trace but not active in the segments")
+            log(f"ok: device {dev}: allocs and frees pair up; {len(live)} live blocks match the segments")
         for e in reversed(entries):
             act, lo = e["action"], e.get("addr", 0)
             hi = lo + e["size"]
@@ -278,6 +318,79 @@ def mode_cpu(lib, out):
     check(after["requested_bytes.all.current"] == before["requested_bytes.all.current"], "all freed again")
 
 
+def mode_sim(lib, out):
+    import ctypes
+    import random
+
+    import torch
+    from torch.cuda import _memory_viz
+
+    torch.ops.load_library(lib)
+    check(torch.ops.gpumem.load_error() == "", "gpumem installed itself on load (simulated device)")
+    check(torch.cuda.get_allocator_backend() == "gpumem", "torch.cuda.get_allocator_backend() == 'gpumem'")
+    so = ctypes.CDLL(lib)
+    so.gpumem_malloc.restype = ctypes.c_void_p
+    so.gpumem_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    so.gpumem_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    so.gpumem_empty_cache.argtypes = []
+
+    def stats():  # torch.cuda.memory_stats() answers {} until CUDA is initialized; ask torch's C API
+        out = {}
+
+        def flatten(prefix, v):
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    flatten(f"{prefix}.{k}" if prefix else k, x)
+            else:
+                out[prefix] = v
+        flatten("", torch._C._cuda_memoryStats(0))
+        return out
+
+    # A window of 256 live allocations, log-uniform 512 B..32 MiB, a random slot replaced per step.
+    rng = random.Random(5)
+    sizes = lambda: int(2 ** rng.uniform(9, 25))
+    live = {}
+    for _ in range(256):
+        n = sizes()
+        live[so.gpumem_malloc(n, 0, None)] = n
+    for step in range(3000):
+        p = rng.choice(list(live))
+        so.gpumem_free(p, live.pop(p), 0, None)
+        n = sizes()
+        live[so.gpumem_malloc(n, 0, None)] = n
+    s = stats()
+    print_stats("torch._C._cuda_memoryStats(0), flattened", s)
+    ours = dict(torch.ops.gpumem.memory_stats(torch.device("cuda", 0)))
+    check(all(ours[k] == v for k, v in s.items() if k in ours), "torch's and gpumem's statistics agree")
+    check(s["allocation.all.current"] == len(live), "allocation.all.current == live allocations")
+    check(s["requested_bytes.all.current"] == sum(live.values()), "requested_bytes.all.current == bytes requested")
+    check(s["reserved_bytes.all.current"] >= s["allocated_bytes.all.current"] >= s["requested_bytes.all.current"],
+          "reserved >= allocated >= requested")
+
+    snap = torch.cuda.memory._snapshot()
+    check_snapshot(snap, complete_trace=True)
+    check(sum(len(t) for t in snap["device_traces"]) > 6000, "the trace holds the run")
+    text = _memory_viz.segsum(snap)
+    check("total_reserved" in text, "torch.cuda._memory_viz.segsum reads the snapshot")
+    _memory_viz.trace(snap)
+    check(len(_memory_viz.trace_plot(snap)) > 1000, "torch.cuda._memory_viz.trace_plot renders it")
+    check(len(_memory_viz.segment_plot(snap)) > 1000, "torch.cuda._memory_viz.segment_plot renders it")
+
+    for p, n in list(live.items()):
+        so.gpumem_free(p, n, 0, None)
+    live.clear()
+    before = stats()["reserved_bytes.all.current"]
+    so.gpumem_empty_cache()
+    after = stats()
+    check(after["reserved_bytes.all.current"] < before and after["allocated_bytes.all.current"] == 0,
+          f"empty_cache released {before - after['reserved_bytes.all.current']} bytes")
+    snap = torch.cuda.memory._snapshot()
+    check_snapshot(snap, complete_trace=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(os.path.join(out, "snapshot_sim.pickle"))
+
+
 def run_child(mode, lib, out, extra_env):
     env = dict(os.environ)
     env.pop("GPUMEM_ALLOC_CONF", None)
@@ -295,7 +408,7 @@ def run_child(mode, lib, out, extra_env):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", required=True, help="path to libgpumem_torch.so")
-    p.add_argument("--mode", default="all", choices=["all", "load_library", "preload", "pluggable", "cpu"])
+    p.add_argument("--mode", default="all", choices=["all", "load_library", "preload", "pluggable", "cpu", "sim"])
     p.add_argument("--out", default=None, help="directory for snapshots (pickle + html)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -303,10 +416,10 @@ def main():
     if not os.path.exists(lib):
         fail(f"--lib {lib} does not exist; build the gpumem_torch target first")
 
-    if a.mode == "all" or (not a.child and a.mode in ("load_library", "preload")):
+    if a.mode == "all" or (not a.child and a.mode in ("load_library", "preload", "sim")):
         import torch  # only to ask whether there is a GPU; children choose allocators
 
-        modes = ["load_library", "preload", "pluggable", "cpu"] if torch.cuda.is_available() else ["cpu"]
+        modes = ["load_library", "preload", "pluggable", "cpu", "sim"] if torch.cuda.is_available() else ["cpu", "sim"]
         if a.mode != "all":
             modes = [a.mode]
         envs = {
@@ -314,6 +427,8 @@ def main():
             "preload": {"GPUMEM_ALLOC_CONF": "expandable_segments:True", "LD_PRELOAD": lib},
             "pluggable": {},
             "cpu": {},
+            "sim": {"GPUMEM_ALLOC_CONF": "source:sim,memory_limit_mb:65536,trace_entries:1000000",
+                    "GPUMEM_ALLOW_SIM": "1"},
         }
         failed = [m for m in modes if run_child(m, lib, a.out, envs[m]) != 0]
         log(f"python_swap: {len(modes) - len(failed)} passed, {len(failed)} failed")
@@ -327,6 +442,8 @@ def main():
         mode_pluggable(lib, a.out)
     elif a.mode == "cpu":
         mode_cpu(lib, a.out)
+    elif a.mode == "sim":
+        mode_sim(lib, a.out)
     log(f"{a.mode}: all checks passed")
 
 
