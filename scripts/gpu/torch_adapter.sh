@@ -38,7 +38,7 @@ t0=$SECONDS
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_PYTHON="$py" -DTORCH_CUDA_ARCH_LIST=9.0 &&
   cmake --build "$build" -j "$(nproc)" --target gpumem_torch torch_adapter_parts torch_cpu_training \
-    torch_cuda_allocator train_transformer torch_alloc_pairs
+    torch_cuda_allocator torch_cuda_sim train_transformer torch_alloc_pairs
 } >"$LOGS/build.log" 2>&1
 if [ $? -ne 0 ]; then
   tail -40 "$LOGS/build.log"
@@ -49,7 +49,7 @@ note "build: ok in $((SECONDS - t0)) s"
 lib=$(find "$build/allocator/torch" -maxdepth 1 -name 'libgpumem_torch.so' | head -1)
 
 step "C++ tests"
-for t in torch_cuda_allocator torch_adapter_parts torch_cpu_training; do
+for t in torch_cuda_allocator torch_cuda_sim torch_adapter_parts torch_cpu_training; do
   bin=$(find "$build/tests" -name "$t" -type f -perm -u+x | head -1)
   if (cd "$root" && GPUMEM_SOURCE_DIR="$root" GPUMEM_SHARED_DIR="$root/../shared" timeout 300 "$bin" --order lex \
         >"$LOGS/$t.log" 2>&1); then

@@ -4,7 +4,9 @@
 // snapshot taken mid-run agrees with the statistics; and everything is freed at the end.
 //
 // Test cases run in name order (--order lex); "cpu 9" checks the state the others leave.
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -266,6 +268,31 @@ TEST_CASE("cpu 4: a snapshot taken mid-training agrees with the statistics") {
     checked = true;
   });
   CHECK(checked);
+}
+
+TEST_CASE("cpu 5: a forked child goes back to c10's allocator; the parent keeps gpumem") {
+  ensure_installed();
+  auto parent_tensor = torch::full({1000}, 3.0f);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // The child: no Catch2 here, only an exit status.
+    int code = 0;
+    if (gpumem::torch::cpu_installed()) code |= 1;
+    auto t = torch::ones({4096});
+    if (gpumem::torch::engine(kCpu)->lookup(t.data_ptr()).has_value()) code |= 2;
+    if (parent_tensor.sum().item<float>() != 3000.0f) code |= 4;
+    parent_tensor.reset();  // frees into the child's copy of the engine
+    _exit(code);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(gpumem::torch::cpu_installed());
+  auto t = torch::ones({4096});
+  CHECK(gpumem::torch::engine(kCpu)->lookup(t.data_ptr()).has_value());
+  CHECK(parent_tensor.sum().item<float>() == 3000.0f);
 }
 
 TEST_CASE("cpu 9: everything is freed at the end, and empty_cache returns the memory") {

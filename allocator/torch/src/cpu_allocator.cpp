@@ -9,6 +9,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -94,6 +96,18 @@ std::mutex& cpu_install_mutex() {
 
 void cpu_delete_fn(void* ptr) { g_cpu.load(std::memory_order_acquire)->free(ptr); }
 
+// Host memory from HostVmmSource is a shared mapping of memfds, so a forked child (a DataLoader
+// worker, say) that allocated from its copy of the engine would write into pages the parent uses.
+// The child therefore goes back to the allocator install_cpu replaced; tensors it inherited still
+// free into its copy of the engine, which only drops the child's own mappings. (Inherited tensors
+// themselves stay shared with the parent, unlike copy-on-write heap memory.)
+void restore_previous_in_child() {
+  if (g_cpu_installed.load() && g_previous_cpu != nullptr) {
+    c10::SetCPUAllocator(g_previous_cpu, kCpuAllocatorPriority);  // the child has one thread
+    g_cpu_installed.store(false);
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -118,6 +132,7 @@ void install_cpu(const alloc::Config& config) {
     TORCH_CHECK(de != nullptr, error);
     ours = new GpumemCpuAllocator(std::move(de));  // lives until the process ends
     g_cpu.store(ours, std::memory_order_release);
+    pthread_atfork(nullptr, nullptr, &restore_previous_in_child);
   }
   if (g_cpu_installed.load()) return;
   c10::Allocator* current = c10::GetCPUAllocator();

@@ -42,6 +42,8 @@ bool installed() noexcept;
 // with a priority above the default allocator's). Allocations are 512-byte aligned (c10 needs 64).
 // config.source is ignored (the CPU engine always uses host memory). Throws c10::Error if the CPU
 // allocator is already gpumem's with a different configuration; equal configuration is a no-op.
+// fork(): the child goes back to the previous CPU allocator (HostVmmSource memory is a shared
+// mapping, so tensors made before the fork are shared with the child rather than copied on write).
 void install_cpu(const alloc::Config& config = {});
 
 // Puts back the CPU allocator install_cpu replaced. Tensors gpumem allocated keep working and are
