@@ -127,9 +127,8 @@ TEST_CASE("gpu 2: record_stream keeps blocks from early reuse under stress", "[g
   }
   CHECK(bad == 0);
   results.clear();
-  // Nothing of ours stays active once the streams are idle and the engine has seen it.
-  auto probe = torch::empty({1}, opts);
-  probe.reset();
+  // Nothing stays pending once the streams are idle: empty_cache completes pending frees.
+  cca::emptyCache();
   const auto stats = cca::getDeviceStats(0);
   CHECK(stats.active[0].current == stats.allocation[0].current);
 }
@@ -211,6 +210,8 @@ TEST_CASE("gpu 5: snapshots with history: segments tile, traces pair up, the pic
     live.push_back(torch::empty({(i + 1) * 100000}, torch::dtype(torch::kFloat).device(torch::kCUDA)));
   for (int i = 0; i < 20; i += 2) live[i].reset();
   const cca::SnapshotInfo snap = cca::snapshot();
+  std::unordered_set<std::uintptr_t> ours;
+  for (int i = 1; i < 20; i += 2) ours.insert(reinterpret_cast<std::uintptr_t>(live[i].data_ptr()));
   std::unordered_set<std::uintptr_t> allocated;
   std::uintptr_t previous_end = 0;
   for (const auto& segment : snap.segments) {
@@ -221,7 +222,8 @@ TEST_CASE("gpu 5: snapshots with history: segments tile, traces pair up, the pic
     for (const auto& block : segment.blocks) {
       if (block.allocated) {
         allocated.insert(addr);
-        CHECK(block.context_when_allocated != nullptr);
+        // Blocks allocated while history records contexts carry their stack.
+        if (ours.count(addr)) CHECK(block.context_when_allocated != nullptr);
       }
       addr += block.size;
       sum += block.size;
