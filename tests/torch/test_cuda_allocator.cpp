@@ -263,3 +263,24 @@ TEST_CASE("gpu 6: unsupported features raise one clear error naming them", "[gpu
   const auto checkpoint = message_of([] { cca::getCheckpointState(0, {1, 0}); });
   CHECK(checkpoint.find("checkpoint state") != std::string::npos);
 }
+
+TEST_CASE("gpu 7: with caching disabled, allocations go straight to cudaMalloc and back", "[gpu]") {
+  GPUMEM_REQUIRE_GPU();
+  auto* engine = gpumem::torch::engine(c10::Device(c10::DeviceType::CUDA, 0));
+  REQUIRE(engine != nullptr);
+  auto cached = torch::full({1000}, 2.0f, torch::kCUDA);  // made while caching is on
+  cca::get()->enable(false);
+  CHECK_FALSE(cca::isEnabled());
+  {
+    auto direct = torch::full({1 << 20}, 5.0f, torch::kCUDA);
+    CHECK_FALSE(engine->lookup(direct.data_ptr()).has_value());
+    CHECK(direct.sum().item<float>() == 5.0f * (1 << 20));
+    void* raw = cca::raw_alloc(4096);
+    CHECK_FALSE(engine->lookup(raw).has_value());
+    cca::raw_delete(raw);
+  }
+  cached.reset();  // freed into gpumem even while caching is off
+  cca::get()->enable(true);
+  auto again = torch::empty({1000}, torch::kCUDA);
+  CHECK(engine->lookup(again.data_ptr()).has_value());
+}

@@ -277,7 +277,7 @@ TEST_CASE("sim 5: empty_cache, expandable sizes, base allocations, cacheInfo, re
   void* base = a.getBaseAllocation(p, &base_size);  // PyTorch passes a storage's data pointer
   CHECK(reinterpret_cast<std::uintptr_t>(base) <= reinterpret_cast<std::uintptr_t>(p));
   CHECK(reinterpret_cast<std::uintptr_t>(base) + base_size >= reinterpret_cast<std::uintptr_t>(p) + 30 * kMiB);
-  CHECK(error_of([&] { a.getBaseAllocation(reinterpret_cast<void*>(0x10), nullptr); }).find("not inside memory gpumem") !=
+  CHECK(error_of([&] { a.getBaseAllocation(reinterpret_cast<void*>(0x10), nullptr); }).find("not the start of a live gpumem allocation") !=
         std::string::npos);
   gpumem_record_stream(p, reinterpret_cast<cudaStream_t>(0x1234));
   live.free(p);     // pending until the marker on stream 0x1234 completes (at once here)...

@@ -218,7 +218,8 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   }
 
   void raw_delete(void* ptr) override {
-    if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed)) && slot_of(ptr) == nullptr) {
+    // While caching is disabled, pointers no engine owns came from cudaMalloc (uncached_allocate).
+    if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed)) && detail::pointer_registry().owner_of(ptr) < 0) {
       uncached_delete_fn(ptr);
       return;
     }
@@ -279,7 +280,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     std::optional<alloc::BlockLookup> found;
     if (slot) found = slot->de->engine->lookup(ptr);
     TORCH_CHECK(found.has_value(), "gpumem: getBaseAllocation: ", ptr,
-                " is not inside memory gpumem allocated (was the tensor made by another allocator?)");
+                " is not the start of a live gpumem allocation (was the tensor made by another allocator?)");
     if (size) *size = found->segment_size_bytes;
     return reinterpret_cast<void*>(found->segment_base);
   }
