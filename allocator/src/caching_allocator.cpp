@@ -722,6 +722,15 @@ struct CachingAllocator::Impl {
         return nullptr;
       }
     }
+    if (!merged) {
+      // Nothing needed mapping (the fast path normally finds such a range): find its block.
+      for (Block* x = r.first; x; x = x->next)
+        if (x->addr <= ex_lo && ex_hi <= x->end()) {
+          merged = x;
+          break;
+        }
+      if (!merged || merged->state != BlockState::free) invariant_failed("growth placement is not free memory");
+    }
     // Every slot of [ex_lo, ex_hi) is mapped and free now: one free block holds the range.
     FreeIndex& idx = free_index[static_cast<int>(pool)];
     idx.erase(*merged);
@@ -1373,6 +1382,8 @@ EngineTotals CachingAllocator::totals() const {
   t.active_bytes = t.allocated_bytes + m.pending_bytes;
   t.reserved_bytes = m.reserved_bytes;
   t.cached_free_bytes = m.free_index[0].bytes() + m.free_index[1].bytes() + in_caches;
+  t.thread_caches = m.use_caches() ? m.caches.size() : 0;
+  t.thread_cached_bytes = in_caches;
   t.largest_free_extent_bytes = m.largest_free_locked();
   t.va_reserved_bytes = m.va_bytes;
   t.cap_bytes = m.cap;
