@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -407,7 +408,10 @@ struct CachingAllocator::Impl {
 
   Region* new_region(PoolKind pool, StreamId stream, bool expandable_region, std::size_t size,
                      EventBatch& batch, GrowFailure& fail) {
-    auto reserved = source.reserve(size, expandable_region ? piece_bytes[static_cast<int>(pool)] : 0);
+    // Expandable regions are aligned to a power of two at least a piece (sources take only powers
+    // of two); slots are counted from the region's base, so any alignment would be correct.
+    auto reserved =
+        source.reserve(size, expandable_region ? std::bit_ceil(piece_bytes[static_cast<int>(pool)]) : 0);
     if (!reserved.ok()) {
       fail.status = reserved.status;
       fail.detail = source.last_error();
