@@ -8,7 +8,12 @@
 
 #include "catch.h"
 #include "forensics_test_support.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/sim_source.h"
+#include "gpumem/forensics/engine_snapshot.h"
 #include "gpumem/forensics/error.h"
+#include "gpumem/forensics/op_attribution.h"
+#include "gpumem/forensics/trace_ring.h"
 #include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_reader.h"
 #include "gpumem/forensics/snapshot_writer.h"
@@ -142,6 +147,34 @@ Snapshot handmade() {
   return s;
 }
 
+// A gpumem engine's snapshot (expandable regions, ops on blocks and entries, shared op frames).
+Snapshot engine_snapshot() {
+  using namespace gpumem;
+  alloc::SimSource source;
+  auto events = alloc::make_immediate_events();
+  alloc::Config config;
+  alloc::CachingAllocator engine(source, *events, config);
+  auto ring = std::make_shared<TraceRing>(10000, true);
+  engine.attach_observer(ring);
+  std::vector<void*> live;
+  const char* ops[] = {"aten::mm", "aten::gelu", "aten::empty"};
+  for (int i = 0; i < 300; ++i) {
+    ScopedOp op(ops[i % 3]);
+    if (i % 4 == 3) {
+      engine.free(live[static_cast<std::size_t>(i) % live.size()]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(i) % live.size()));
+    } else {
+      live.push_back(engine.allocate(static_cast<std::size_t>(1 + i % 7) << (i % 2 ? 12 : 20), 0).ptr);
+    }
+  }
+  const auto view = engine.snapshot();
+  const auto records = ring->records();
+  Snapshot s = snapshot_from_engine(view, records);
+  for (void* p : live) engine.free(p);
+  engine.detach_observer(ring.get());
+  return s;
+}
+
 // Walks a pickle's opcodes (with their argument lengths) and returns the set used; fails on any
 // opcode outside the list MemoryViz.js accepts.
 std::set<unsigned> opcodes_of(const std::string& p) {
@@ -212,6 +245,16 @@ TEST_CASE("PyTorch's OOM snapshot survives our pickle and JSON writers", "[write
   CHECK(back.allocator_settings.find("roundup_power2_divisions") != nullptr);
 }
 
+TEST_CASE("an engine's snapshot survives the round trip and uses only the viewer's opcodes", "[writer][engine]") {
+  const Snapshot s = engine_snapshot();
+  REQUIRE(!s.segments.empty());
+  REQUIRE(s.device_traces.at(0).size() > 300);
+  const std::string pickle = snapshot_to_pickle(s);
+  opcodes_of(pickle);
+  check_snapshots_equal(s, parse_snapshot(pickle, "engine"));
+  check_snapshots_equal(s, parse_snapshot(snapshot_to_json(s), "engine json"));
+}
+
 TEST_CASE("write_snapshot picks the format from the name and names an unwritable path", "[writer]") {
   TempDir dir;
   const Snapshot s = handmade();
@@ -252,6 +295,8 @@ TEST_CASE("torch.cuda._memory_viz renders our pickles", "[writer][python]") {
     write_snapshot(load_snapshot(oom_pickle_path()), dir.file("oom.pickle"));
     files.push_back(dir.file("oom.pickle"));
   }
+  write_snapshot(engine_snapshot(), dir.file("engine.pickle"));
+  files.push_back(dir.file("engine.pickle"));
   for (const auto& f : files) {
     for (const char* view : {"trace_plot", "segment_plot"}) {
       const std::string out = f + "." + view + ".html";
