@@ -17,5 +17,7 @@ struct Command {
 };
 
 Command replay_command();
+Command report_command();
+Command diff_command();
 
 }  // namespace gpumem::cli
