@@ -17,5 +17,6 @@ struct Command {
 };
 
 Command replay_command();
+Command view_command();
 
 }  // namespace gpumem::cli

@@ -1,0 +1,157 @@
+#include "gpumem/view/viewer_model.h"
+
+#include <cstdio>
+#include <fstream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "gpumem/forensics/csv_trace_reader.h"
+#include "gpumem/forensics/error.h"
+#include "gpumem/forensics/snapshot_reader.h"
+
+namespace gpumem::view {
+namespace {
+
+using forensics::TraceAction;
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What the file holds, from its first bytes (gzip: from its name).
+enum class Kind { csv, snapshot };
+
+Kind sniff(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw forensics::ForensicsError(fmt::format(
+        "{}: cannot open the file; give the path of a PyTorch snapshot (.pickle) or a CSV trace "
+        "(.csv / .csv.gz)",
+        path));
+  }
+  char head[2] = {0, 0};
+  in.read(head, 2);
+  const auto b0 = static_cast<unsigned char>(head[0]);
+  const auto b1 = static_cast<unsigned char>(head[1]);
+  if (b0 == 0x1f && b1 == 0x8b) return ends_with(path, ".csv.gz") ? Kind::csv : Kind::snapshot;
+  if (b0 == 0x80 || b0 == '}' || b0 == '(') return Kind::snapshot;
+  return Kind::csv;
+}
+
+MemoryState final_state_of(const forensics::Snapshot& snap, int device, forensics::Trace& trace,
+                           SnapshotTotals& totals) {
+  MemoryState state;
+  for (const auto& seg : snap.segments) {
+    if (seg.device != device) continue;
+    ++totals.segment_count;
+    totals.reserved_bytes += seg.total_size_bytes;
+    totals.allocated_bytes += seg.allocated_size_bytes;
+    state.add_segment(seg.address, seg.total_size_bytes, SegmentInfo{seg.total_size_bytes, seg.stream, seg.is_expandable});
+    for (const auto& b : seg.blocks) {
+      ++totals.block_count;
+      if (b.state == "inactive") {
+        totals.largest_inactive_bytes = std::max(totals.largest_inactive_bytes, b.size_bytes);
+        continue;
+      }
+      state.add_block(b.address, BlockInfo{b.size_bytes, b.requested_bytes,
+                                           trace.intern_site(forensics::call_site(b.frames)), 0, 0});
+    }
+  }
+  return state;
+}
+
+}  // namespace
+
+ViewerModel ViewerModel::open(const std::string& path, std::optional<int> device) {
+  if (sniff(path) == Kind::csv) {
+    if (device && *device != 0) {
+      throw forensics::ForensicsError(fmt::format(
+          "{}: a CSV trace holds one device's history; --device {} does not apply (leave it out)", path, *device));
+    }
+    return from(forensics::read_csv_trace(path));
+  }
+  forensics::Snapshot snap = forensics::read_snapshot(path);
+  const int d = device.value_or(forensics::first_traced_device(snap));
+  forensics::Trace trace = snap.device_traces.empty() && d == 0 ? forensics::Trace{}
+                                                                 : forensics::trace_from_snapshot(snap, d);
+  trace.source = path;
+  // Keep the oom entry's device_free before the per-entry frames go.
+  std::optional<std::uint64_t> device_free;
+  if (static_cast<std::size_t>(d) < snap.device_traces.size()) {
+    for (const auto& e : snap.device_traces[static_cast<std::size_t>(d)]) {
+      if (e.action == TraceAction::oom) device_free = e.device_free_bytes;
+    }
+  }
+  snap.device_traces.clear();
+  for (auto& seg : snap.segments) {
+    if (seg.device != d) seg.blocks.clear();
+  }
+  ViewerModel m = from(std::move(trace), std::move(snap), d);
+  m.oom_device_free_ = device_free;
+  return m;
+}
+
+ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device) {
+  ViewerModel m;
+  m.trace_ = std::move(trace);
+  const auto& entries = m.trace_.entries;
+  const std::size_t n = entries.size();
+
+  MemoryState state;
+  if (snapshot) {
+    SnapshotTotals totals;
+    state = final_state_of(*snapshot, device, m.trace_, totals);
+    m.snapshot_totals_ = totals;
+    m.expandable_ = snapshot->expandable_segments;
+    // Allocations whose address and request match a block live in the snapshot get that
+    // block's exact size (PyTorch may hand out more than the rounded request).
+    std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> live;  // addr -> requested, size
+    for (const auto& seg : snapshot->segments) {
+      for (const auto& b : seg.blocks) {
+        if (b.state != "inactive") live[b.address] = {b.requested_bytes, b.size_bytes};
+      }
+    }
+    m.block_bytes_.assign(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (entries[i].action != TraceAction::alloc) continue;
+      auto it = live.find(entries[i].addr);
+      if (it != live.end() && it->second.first == entries[i].size_bytes) m.block_bytes_[i] = it->second.second;
+    }
+    for (std::size_t i = n; i-- > 0;) state.undo(entries[i]);
+  }
+  m.allocated_.resize(n + 1);
+  m.reserved_.resize(n + 1);
+  m.checkpoints_.reserve(n / kCheckpointEvery + 1);
+  m.allocated_[0] = state.allocated_bytes;
+  m.reserved_[0] = state.reserved_bytes;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % kCheckpointEvery == 0) m.checkpoints_.push_back(state);
+    const auto& e = entries[i];
+    state.apply(e, i, m.block_bytes_of(i));
+    if (e.action == TraceAction::oom) m.oom_ = i + 1;
+    if (e.action == TraceAction::segment_map) m.expandable_ = true;
+    m.allocated_[i + 1] = state.allocated_bytes;
+    m.reserved_[i + 1] = state.reserved_bytes;
+    if (state.reserved_bytes > m.reserved_[m.peak_reserved_]) m.peak_reserved_ = i + 1;
+    if (state.allocated_bytes > m.allocated_[m.peak_allocated_]) m.peak_allocated_ = i + 1;
+  }
+  if (n % kCheckpointEvery == 0) m.checkpoints_.push_back(std::move(state));
+  return m;
+}
+
+std::int64_t ViewerModel::time_us_at(std::size_t applied) const {
+  if (trace_.entries.empty()) return 0;
+  if (applied == 0) return trace_.entries.front().time_us;
+  return trace_.entries[std::min(applied, entry_count()) - 1].time_us;
+}
+
+MemoryState ViewerModel::state_at(std::size_t applied) const {
+  applied = std::min(applied, entry_count());
+  const std::size_t c = std::min(applied / kCheckpointEvery, checkpoints_.size() - 1);
+  MemoryState state = checkpoints_[c];
+  for (std::size_t i = c * kCheckpointEvery; i < applied; ++i) state.apply(trace_.entries[i], i, block_bytes_of(i));
+  return state;
+}
+
+}  // namespace gpumem::view
