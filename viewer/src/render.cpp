@@ -58,7 +58,7 @@ void draw_frame(CellGrid& g, const ViewState& s, const ViewerModel& model) {
   g.fill_row(0, U' ', Style::title);
   const std::string& src = model.source();
   const auto slash = src.find_last_of('/');
-  std::string title = fmt::format(" gpumem view  {}  │ entry {}/{} │ t +{} │ allocated {} │ reserved {}",
+  std::string title = fmt::format(" gpumem │ {} │ entry {}/{} │ +{} │ alloc {} │ reserved {}",
                                   slash == std::string::npos ? src : src.substr(slash + 1), s.cursor, model.entry_count(),
                                   format_us(model.time_us_at(s.cursor) - model.time_us_at(0)),
                                   format_bytes(model.allocated_at(s.cursor)), format_bytes(model.reserved_at(s.cursor)));
@@ -387,10 +387,10 @@ void draw_live(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
     shown_bytes += gr.bytes;
     shown_count += gr.count;
   }
-  g.put(1, a.top, fmt::format("{} live blocks, {} at entry {} │ grouped by {} │ sorted by {}{}", shown_count, format_bytes(shown_bytes),
-                              s.cursor, s.group_by == GroupBy::call_site ? "call site" : "function",
+  g.put(1, a.top, fmt::format("{} live blocks, {} │ by {} │ sorted by {}{}", shown_count, format_bytes(shown_bytes),
+                              s.group_by == GroupBy::call_site ? "call site" : "function",
                               s.sort_by == SortBy::bytes ? "bytes" : "count",
-                              s.search.empty() ? std::string() : fmt::format(" │ matching '{}'", s.search)));
+                              s.search.empty() ? std::string() : fmt::format(" │ /{}", s.search)));
   g.put(1, a.top + 1, fmt::format("{:>12}  {:>7}  {:>6}  {}", "bytes", "count", "share", s.group_by == GroupBy::call_site ? "call site" : "function"),
         Style::dim);
   const int rows = a.rows - 2;
@@ -415,7 +415,7 @@ void draw_pins(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   const auto pins = pinned_segments(state);
   std::uint64_t held = 0;
   for (const auto& p : pins) held += p.held_free_bytes;
-  g.put(1, a.top, fmt::format("{} segments pinned by live blocks hold {} free; releasable (no live block): {}", pins.size(), format_bytes(held),
+  g.put(1, a.top, fmt::format("{} segments pinned by live blocks hold {} free; {} releasable", pins.size(), format_bytes(held),
                               state.segments.size() - pins.size()));
   if (pins.empty()) {
     g.put(2, a.top + 2, "no segment holds a live block at this point", Style::dim);
@@ -467,8 +467,9 @@ void draw_diff(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
     sb = &state;
   } else {
     g.put(2, a.top, "Nothing to compare yet.", Style::dim);
-    g.put(2, a.top + 1, "Press m to mark the cursor, move it (, . [ ] p a o), and this view shows what changed;", Style::dim);
-    g.put(2, a.top + 2, "or open two files: gpumem view A --diff B.", Style::dim);
+    g.put(2, a.top + 1, "Press m to mark the cursor, then move it (, . [ ] p a o):", Style::dim);
+    g.put(2, a.top + 2, "this view shows what changed between the mark and the cursor.", Style::dim);
+    g.put(2, a.top + 3, "Or compare two files: gpumem view A --diff B", Style::dim);
     return;
   }
   g.put(1, a.top, a_name + "   vs   " + b_name, Style::title);
