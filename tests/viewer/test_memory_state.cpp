@@ -87,3 +87,18 @@ TEST_CASE("frees of unknown addresses are ignored", "[viewer][state]") {
   CHECK(s.blocks.empty());
   CHECK(s.allocated_bytes == 0);
 }
+
+TEST_CASE("unmapped ranges of an expandable segment stay in its address range", "[viewer][state]") {
+  MemoryState s;
+  Trace t;
+  add(t, TraceAction::segment_map, kSeg1, 6 * kMiB, 1);
+  add(t, TraceAction::segment_unmap, kSeg1 + 2 * kMiB, 2 * kMiB, 2);
+  for (std::size_t i = 0; i < 2; ++i) s.apply(t.entries[i], i);
+  REQUIRE(s.check_invariants());
+  REQUIRE(s.expandable_va.size() == 1);
+  CHECK(s.expandable_va.at(kSeg1) == kSeg1 + 6 * kMiB);
+  CHECK(s.reserved_bytes == 4 * kMiB);
+  s.reset_expandable_va();
+  CHECK(s.expandable_va.size() == 2);
+  CHECK(s.check_invariants());
+}

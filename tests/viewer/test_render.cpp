@@ -10,6 +10,8 @@ namespace {
 
 constexpr Size kScreen{80, 24};
 
+std::string U8(const char* s) { return s; }
+
 CellGrid frame(View v, void (*tweak)(ViewState&) = nullptr) {
   static const ViewerModel model = ViewerModel::from(handmade_trace());
   ViewState s = initial_state(model, kScreen);
@@ -94,4 +96,23 @@ TEST_CASE("the grid clips and decodes UTF-8", "[viewer][render]") {
   CHECK(g.put(3, 0, "█▒░xyz") == 5);
   CHECK(g.row_text(0) == "   █▒");
   CHECK(decode_utf8("a\xff") == U"a\uFFFD");
+}
+
+TEST_CASE("golden: an expandable segment with an unmapped hole and a partly used granule", "[viewer][render]") {
+  Trace t;
+  t.source = "expandable.csv";
+  add(t, TraceAction::segment_map, kSeg1, 8 * kMiB, 1);
+  add(t, TraceAction::alloc, kSeg1, 3 * kMiB, 2, "a.py:1:f");        // granule 2 half used
+  add(t, TraceAction::alloc, kSeg1 + 6 * kMiB, 2 * kMiB, 3, "a.py:2:g");
+  add(t, TraceAction::segment_unmap, kSeg1 + 4 * kMiB, 2 * kMiB, 4);  // the fully free granule 3
+  const auto model = ViewerModel::from(t);
+  ViewState s = initial_state(model, kScreen);
+  s.view = View::segments;
+  const auto g = render(s, model, kScreen);
+  check_golden("segments_expandable", g.to_text());
+  std::string text;  // the map rows, without the legend
+  for (int y = 4; y < g.height() - 1; ++y) text += g.row_text(y);
+  CHECK(text.find(U8("▓")) != std::string::npos);
+  CHECK(text.find(U8("·")) != std::string::npos);
+  CHECK(text.find(U8("░")) == std::string::npos);  // nothing free is wholly unused and mapped
 }

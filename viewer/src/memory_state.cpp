@@ -12,6 +12,16 @@ void MemoryState::add_segment(std::uint64_t addr, std::uint64_t size_bytes, Segm
   info.size_bytes = size_bytes;
   reserved_bytes += size_bytes;
   if (info.expandable) {
+    // Grow the ever-mapped address ranges, merging neighbours that touch or overlap.
+    std::uint64_t lo = addr, hi = addr + size_bytes;
+    auto v = expandable_va.upper_bound(lo);
+    if (v != expandable_va.begin() && std::prev(v)->second >= lo) --v;
+    while (v != expandable_va.end() && v->first <= hi) {
+      lo = std::min(lo, v->first);
+      hi = std::max(hi, v->second);
+      v = expandable_va.erase(v);
+    }
+    expandable_va.emplace(lo, hi);
     // Merge with an adjacent expandable range on either side.
     auto next = segments.find(addr + size_bytes);
     if (next != segments.end() && next->second.expandable) {
@@ -132,11 +142,27 @@ std::map<std::uint64_t, SegmentInfo>::const_iterator MemoryState::segment_of(std
   return addr < it->first + it->second.size_bytes ? it : segments.end();
 }
 
+void MemoryState::reset_expandable_va() {
+  expandable_va.clear();
+  for (const auto& [addr, seg] : segments) {
+    if (!seg.expandable) continue;
+    if (!expandable_va.empty() && std::prev(expandable_va.end())->second == addr) {
+      std::prev(expandable_va.end())->second = addr + seg.size_bytes;
+    } else {
+      expandable_va.emplace(addr, addr + seg.size_bytes);
+    }
+  }
+}
+
 bool MemoryState::check_invariants() const {
   std::uint64_t reserved = 0;
   std::uint64_t prev_end = 0;
   for (const auto& [addr, seg] : segments) {
     if (seg.size_bytes == 0 || addr < prev_end) return false;
+    if (seg.expandable) {
+      auto v = expandable_va.upper_bound(addr);
+      if (v == expandable_va.begin() || std::prev(v)->second < addr + seg.size_bytes) return false;
+    }
     prev_end = addr + seg.size_bytes;
     reserved += seg.size_bytes;
   }

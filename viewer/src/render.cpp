@@ -25,6 +25,7 @@ constexpr std::string_view kHelpKeys =
     "\n"
     "Segments:  Left / Right block by block   Up / Down segment   + - zoom   0 fit\n"
     "  █ allocated  ▓ free in a partly used 2 MiB granule  ▒ inactive split  ░ cached free\n"
+    "  · reserved address space of an expandable segment, unmapped\n"
     "Live:      Up / Down select   s sort by bytes / count   g group by call site / function\n"
     "           / search (Enter keeps, Esc clears)\n"
     "Pins:      Up / Down select a segment; its live blocks are what keeps it reserved\n"
@@ -171,19 +172,56 @@ void draw_summary(CellGrid& g, const Area& a, const ViewState& s, const ViewerMo
 
 // ---- segment map ----
 
-struct Placed {
-  std::uint64_t addr;
-  SegmentInfo seg;
-  std::size_t first_cell;  // flow position of the segment's first cell
-  std::size_t cells;
-  std::size_t first_extent;
+// One run of the map: a segment, or (unmapped) reserved address space of an expandable segment
+// with nothing mapped. `joined` pieces continue the previous one without a separating blank cell.
+struct Piece {
+  std::uint64_t addr = 0;
+  std::uint64_t size_bytes = 0;
+  const SegmentInfo* seg = nullptr;  // null: unmapped
+  bool joined = false;
 };
 
-std::uint64_t fit_bytes_per_cell(const MemoryState& state, std::size_t capacity) {
+std::vector<Piece> map_pieces(const MemoryState& state) {
+  std::vector<Piece> out;
+  out.reserve(state.segments.size() + state.expandable_va.size() * 2);
+  for (const auto& [addr, seg] : state.segments) {
+    if (!seg.expandable) out.push_back(Piece{addr, seg.size_bytes, &seg, false});
+  }
+  for (const auto& [lo, hi] : state.expandable_va) {
+    std::uint64_t at = lo;
+    bool first = true;
+    for (auto it = state.segments.lower_bound(lo); it != state.segments.end() && it->first < hi; ++it) {
+      if (it->first > at) {
+        out.push_back(Piece{at, it->first - at, nullptr, !first});
+        first = false;
+      }
+      out.push_back(Piece{it->first, it->second.size_bytes, &it->second, !first});
+      first = false;
+      at = it->first + it->second.size_bytes;
+    }
+    if (at < hi) out.push_back(Piece{at, hi - at, nullptr, !first});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Piece& a, const Piece& b) { return a.addr < b.addr; });
+  return out;
+}
+
+struct Placed {
+  Piece piece;
+  std::size_t first_cell;  // flow position of the piece's first cell
+  std::size_t cells;
+  std::size_t first_extent;
+  std::size_t extents_at;  // index into the extents vector
+};
+
+std::size_t cells_for(std::uint64_t bytes, std::uint64_t bpc) {
+  return static_cast<std::size_t>(std::max<std::uint64_t>(1, (bytes + bpc - 1) / bpc));
+}
+
+std::uint64_t fit_bytes_per_cell(const std::vector<Piece>& pieces, std::size_t capacity) {
   for (int k = 9; k < 62; ++k) {
     const std::uint64_t bpc = std::uint64_t{1} << k;
     std::size_t need = 0;
-    for (const auto& [addr, seg] : state.segments) need += std::max<std::uint64_t>(1, (seg.size_bytes + bpc - 1) / bpc) + 1;
+    for (const auto& p : pieces) need += cells_for(p.size_bytes, bpc) + (p.joined ? 0 : 1);
     if (need <= capacity) return bpc;
   }
   return std::uint64_t{1} << 62;
@@ -191,12 +229,13 @@ std::uint64_t fit_bytes_per_cell(const MemoryState& state, std::size_t capacity)
 
 constexpr std::uint64_t kGranuleBytes = 2u << 20;
 
-enum Cat { c_alloc, c_partly, c_split, c_cached, c_count };
+enum Cat { c_alloc, c_partly, c_split, c_cached, c_unmapped, c_count };
 
 void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel& model, const MemoryState& state) {
   const int w = a.width;
-  const int map_rows = std::max(1, a.rows - 3);
-  const std::uint64_t fit = fit_bytes_per_cell(state, static_cast<std::size_t>(w) * static_cast<std::size_t>(map_rows));
+  const int map_rows = std::max(1, a.rows - 2);
+  const std::vector<Piece> pieces = map_pieces(state);
+  const std::uint64_t fit = fit_bytes_per_cell(pieces, static_cast<std::size_t>(w) * static_cast<std::size_t>(map_rows));
   std::uint64_t bpc = fit;
   if (s.zoom_in > 0) bpc = std::max<std::uint64_t>(512, fit >> std::min(s.zoom_in, 50));
   if (s.zoom_in < 0) bpc = fit << std::min(-s.zoom_in, 20);
@@ -209,38 +248,51 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
   x = g.put(x + 1, a.top, "inactive split ");
   x = g.put(x, a.top, "░", Style::cached_free);
   x = g.put(x + 1, a.top, "cached free ");
+  x = g.put(x, a.top, "·", Style::unmapped);
+  x = g.put(x + 1, a.top, "unmapped ");
   g.put(x + 1, a.top, fmt::format("│ 1 cell = {} │ {} segments", format_bytes(bpc), state.segments.size()), Style::dim);
 
-  // Place segments in a flow, one blank cell between them; find the selected extent.
+  // Place the pieces in a flow; find the selected extent.
   std::vector<Placed> placed;
-  placed.reserve(state.segments.size());
-  std::size_t pos = 0, ext = 0;
   std::vector<std::vector<Extent>> extents;
+  placed.reserve(pieces.size());
   extents.reserve(state.segments.size());
-  for (const auto& [addr, seg] : state.segments) {
-    const std::size_t cells = static_cast<std::size_t>(std::max<std::uint64_t>(1, (seg.size_bytes + bpc - 1) / bpc));
-    extents.push_back(extents_of(state, addr, seg));
-    placed.push_back(Placed{addr, seg, pos, cells, ext});
-    ext += extents.back().size();
-    pos += cells + 1;
+  std::size_t pos = 0, ext = 0;
+  for (const auto& p : pieces) {
+    if (!p.joined && pos > 0) ++pos;  // a blank cell between segments
+    const std::size_t cells = cells_for(p.size_bytes, bpc);
+    std::size_t at = SIZE_MAX;
+    std::size_t count = 0;
+    if (p.seg) {
+      extents.push_back(extents_of(state, p.addr, *p.seg));
+      at = extents.size() - 1;
+      count = extents.back().size();
+    }
+    placed.push_back(Placed{p, pos, cells, ext, at});
+    ext += count;
+    pos += cells;
   }
   const std::size_t total_extents = ext;
   const int info_y = a.top + 1;
-  if (placed.empty()) {
-    g.put(2, info_y, "no segments are reserved at this point of the trace", Style::dim);
+  if (total_extents == 0) {
+    g.put(2, info_y, "no segments are mapped at this point of the trace", Style::dim);
     return;
   }
   const std::size_t sel = std::min(s.extent_index, total_extents - 1);
-  // Which segment holds the selection, and where it is.
-  std::size_t sel_seg = 0;
-  while (sel_seg + 1 < placed.size() && placed[sel_seg + 1].first_extent <= sel) ++sel_seg;
-  const Placed& ps = placed[sel_seg];
-  const Extent& sx = extents[sel_seg][sel - ps.first_extent];
-  const std::size_t sel_cell = ps.first_cell + static_cast<std::size_t>((sx.addr - ps.addr) / bpc);
+  // Which piece holds the selection, and where it is.
+  std::size_t sel_piece = 0;
+  while (!(placed[sel_piece].piece.seg && placed[sel_piece].first_extent <= sel &&
+           sel < placed[sel_piece].first_extent + extents[placed[sel_piece].extents_at].size())) {
+    ++sel_piece;
+  }
+  const Placed& ps = placed[sel_piece];
+  const auto& sel_extents = extents[ps.extents_at];
+  const Extent& sx = sel_extents[sel - ps.first_extent];
+  const std::size_t sel_cell = ps.first_cell + static_cast<std::size_t>((sx.addr - ps.piece.addr) / bpc);
 
   // Info line about the selected extent.
   std::string info;
-  const bool seg_has_live = std::any_of(extents[sel_seg].begin(), extents[sel_seg].end(), [](const Extent& e) { return e.live; });
+  const bool seg_has_live = std::any_of(sel_extents.begin(), sel_extents.end(), [](const Extent& e) { return e.live; });
   if (sx.live) {
     const BlockInfo& b = *sx.block;
     const std::string site = model.site(b.site).empty() ? "(no call site)" : model.site(b.site);
@@ -250,8 +302,8 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
                        format_bytes(b.requested_bytes), site, age);
   } else {
     info = fmt::format("free {} {} │ {} │ segment {} of {}{}", hex(sx.addr), format_bytes(sx.size_bytes),
-                       seg_has_live ? "inactive split" : "cached free", hex(ps.addr), format_bytes(ps.seg.size_bytes),
-                       ps.seg.expandable ? " (expandable)" : "");
+                       seg_has_live ? "inactive split" : "cached free", hex(ps.piece.addr), format_bytes(ps.piece.size_bytes),
+                       ps.piece.seg->expandable ? " (expandable)" : "");
   }
   g.put(1, info_y, fmt::format("[{}/{}] {}", sel + 1, total_extents, info), sx.live ? Style::emphasis : Style::normal);
 
@@ -263,22 +315,30 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
   const std::size_t last_pos = first_pos + uw * static_cast<std::size_t>(map_rows);
   const int map_top = a.top + 2;
 
-  static constexpr char32_t kGlyph[c_count] = {U'█', U'▓', U'▒', U'░'};
-  static constexpr Style kStyle[c_count] = {Style::allocated, Style::partly_used, Style::inactive_split, Style::cached_free};
-  for (std::size_t si = 0; si < placed.size(); ++si) {
-    const Placed& p = placed[si];
+  static constexpr char32_t kGlyph[c_count] = {U'█', U'▓', U'▒', U'░', U'·'};
+  static constexpr Style kStyle[c_count] = {Style::allocated, Style::partly_used, Style::inactive_split, Style::cached_free,
+                                            Style::unmapped};
+  for (const Placed& p : placed) {
     if (p.first_cell + p.cells <= first_pos) continue;
     if (p.first_cell >= last_pos) break;
-    const auto& xs = extents[si];
+    static const std::vector<Extent> kNone;
+    const auto& xs = p.piece.seg ? extents[p.extents_at] : kNone;
     const bool has_live = std::any_of(xs.begin(), xs.end(), [](const Extent& e) { return e.live; });
+    const bool expandable = p.piece.seg && p.piece.seg->expandable;
     std::size_t xi = 0;
     for (std::size_t c = 0; c < p.cells; ++c) {
       const std::size_t fpos = p.first_cell + c;
       if (fpos < first_pos) continue;
       if (fpos >= last_pos) break;
-      const std::uint64_t lo = p.addr + c * bpc;
-      const std::uint64_t hi = std::min(p.addr + p.seg.size_bytes, lo + bpc);
-      std::uint64_t bytes[c_count] = {0, 0, 0, 0};
+      const int cx = static_cast<int>(fpos % uw);
+      const int cy = map_top + static_cast<int>((fpos - first_pos) / uw);
+      if (!p.piece.seg) {
+        g.set(cx, cy, Cell{kGlyph[c_unmapped], kStyle[c_unmapped]});
+        continue;
+      }
+      const std::uint64_t lo = p.piece.addr + c * bpc;
+      const std::uint64_t hi = std::min(p.piece.addr + p.piece.size_bytes, lo + bpc);
+      std::uint64_t bytes[c_count] = {0, 0, 0, 0, 0};
       while (xi < xs.size() && xs[xi].addr + xs[xi].size_bytes <= lo) ++xi;
       for (std::size_t k = xi; k < xs.size() && xs[k].addr < hi; ++k) {
         const Extent& e = xs[k];
@@ -286,7 +346,7 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
         if (ohi <= olo) continue;
         if (e.live) {
           bytes[c_alloc] += ohi - olo;
-        } else if (p.seg.expandable) {
+        } else if (expandable) {
           // Free bytes in a granule that also holds live bytes cannot be unmapped.
           const bool prev_live = k > 0 && xs[k - 1].live;
           const bool next_live = k + 1 < xs.size() && xs[k + 1].live;
@@ -306,13 +366,11 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
       for (int k = 0; k < c_count; ++k) {
         if (bytes[k] > bytes[best]) best = k;
       }
-      const int cx = static_cast<int>(fpos % uw);
-      const int cy = map_top + static_cast<int>((fpos - first_pos) / uw);
       g.set(cx, cy, Cell{kGlyph[best], kStyle[best]});
     }
   }
   // The selection: every cell the selected extent covers.
-  const std::size_t sel_last = ps.first_cell + static_cast<std::size_t>((sx.addr + sx.size_bytes - 1 - ps.addr) / bpc);
+  const std::size_t sel_last = ps.first_cell + static_cast<std::size_t>((sx.addr + sx.size_bytes - 1 - ps.piece.addr) / bpc);
   for (std::size_t fpos = sel_cell; fpos <= sel_last; ++fpos) {
     if (fpos < first_pos || fpos >= last_pos) continue;
     g.restyle(static_cast<int>(fpos % uw), map_top + static_cast<int>((fpos - first_pos) / uw), 1, Style::selected);

@@ -119,6 +119,7 @@ ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::S
       if (it != live.end() && it->second.first == entries[i].size_bytes) m.block_bytes_[i] = it->second.second;
     }
     for (std::size_t i = n; i-- > 0;) state.undo(entries[i]);
+    state.reset_expandable_va();  // undone mappings must not show as unmapped before they happen
   }
   m.allocated_.resize(n + 1);
   m.reserved_.resize(n + 1);

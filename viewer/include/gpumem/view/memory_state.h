@@ -9,8 +9,13 @@
 // complete on every stream. Frees of addresses the state does not hold (a trace whose recorder
 // ring wrapped) are ignored.
 //
-// Invariants: segments do not overlap; allocated_bytes is the sum of live block extents and
-// reserved_bytes the sum of segment sizes (check_invariants verifies both).
+// Expandable segments live in a virtual address reservation that the trace does not record;
+// `expandable_va` approximates it by the ranges ever mapped so far (merged), so a range that was
+// mapped and then unmapped shows as reserved-but-unmapped address space.
+//
+// Invariants: segments do not overlap; every expandable segment lies inside expandable_va;
+// allocated_bytes is the sum of live block extents and reserved_bytes the sum of segment sizes
+// (check_invariants verifies them).
 // Thread-safety: a plain value.
 #pragma once
 
@@ -45,6 +50,7 @@ constexpr std::uint64_t block_bytes_for(std::uint64_t requested) noexcept {
 struct MemoryState {
   std::map<std::uint64_t, SegmentInfo> segments;  // by start address
   std::map<std::uint64_t, BlockInfo> blocks;      // live blocks by address
+  std::map<std::uint64_t, std::uint64_t> expandable_va;  // start -> end of ranges ever mapped
   std::uint64_t allocated_bytes = 0;
   std::uint64_t reserved_bytes = 0;
 
@@ -62,6 +68,9 @@ struct MemoryState {
 
   // The segment holding addr, or segments.end().
   std::map<std::uint64_t, SegmentInfo>::const_iterator segment_of(std::uint64_t addr) const;
+
+  // Resets expandable_va to the expandable segments mapped now.
+  void reset_expandable_va();
 
   bool check_invariants() const;
 };
