@@ -240,17 +240,18 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
   if (s.zoom_in > 0) bpc = std::max<std::uint64_t>(512, fit >> std::min(s.zoom_in, 50));
   if (s.zoom_in < 0) bpc = fit << std::min(-s.zoom_in, 20);
 
-  g.put(1, a.top, "█", Style::allocated);
-  int x = g.put(3, a.top, "allocated ");
-  x = g.put(x, a.top, "▓", Style::partly_used);
-  x = g.put(x + 1, a.top, "partly used granule ");
-  x = g.put(x, a.top, "▒", Style::inactive_split);
-  x = g.put(x + 1, a.top, "inactive split ");
-  x = g.put(x, a.top, "░", Style::cached_free);
-  x = g.put(x + 1, a.top, "cached free ");
-  x = g.put(x, a.top, "·", Style::unmapped);
-  x = g.put(x + 1, a.top, "unmapped ");
-  g.put(x + 1, a.top, fmt::format("│ 1 cell = {} │ {} segments", format_bytes(bpc), state.segments.size()), Style::dim);
+  int x = g.put(1, a.top, fmt::format("1 cell = {} │ {} segments │ ", format_bytes(bpc), state.segments.size()), Style::dim);
+  const struct {
+    const char* glyph;
+    Style style;
+    const char* name;
+  } legend[] = {{"█", Style::allocated, "allocated"},     {"▓", Style::partly_used, "partly used granule"},
+                {"▒", Style::inactive_split, "inactive split"}, {"░", Style::cached_free, "cached free"},
+                {"·", Style::unmapped, "unmapped"}};
+  for (const auto& l : legend) {
+    x = g.put(x, a.top, l.glyph, l.style);
+    x = g.put(x + 1, a.top, l.name) + 2;
+  }
 
   // Place the pieces in a flow; find the selected extent.
   std::vector<Placed> placed;
