@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <regex>
+#include <sstream>
+#include <vector>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -35,7 +38,7 @@ std::string run(const std::string& cmd, int* status = nullptr) {
 
 class Tmux {
  public:
-  Tmux() : socket_(fmt::format("gpumem-view-test-{}", getpid())) {}
+  Tmux() : socket_(fmt::format("gpumem-view-test-{}-{}", getpid(), next_id_++)) {}
   ~Tmux() { run(tmux("kill-server")); }
   std::string tmux(const std::string& args) const { return fmt::format("LANG=C.UTF-8 tmux -u -L {} -f /dev/null {}", socket_, args); }
   std::string screen() const { return run(tmux("capture-pane -p -t v")); }
@@ -58,6 +61,7 @@ class Tmux {
   }
 
  private:
+  static inline int next_id_ = 0;  // one tmux server per session: a quitting one never takes a new one down
   std::string socket_;
 };
 
@@ -143,4 +147,63 @@ TEST_CASE("gpumem view --report prints every view without a terminal", "[viewer]
   const std::string no_tty = run(fmt::format("{} view {}/traces/native/oom.snapshot.pickle < /dev/null", GPUMEM_CLI_PATH, *dir), &status);
   CHECK(status != 0);
   CHECK(no_tty.find("--report") != std::string::npos);
+}
+
+TEST_CASE("gpumem view degrades from 256 colors to 8 and to monochrome", "[viewer][e2e]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  int status = 0;
+  run("tmux -V", &status);
+  if (status != 0) GPUMEM_SKIP("tmux is not installed (scripts/setup.sh installs it)");
+  const std::string file = *dir + "/traces/native/oom.snapshot.pickle";
+  struct Case {
+    const char* term;
+    const char* colors;
+    bool expect_256, expect_color;
+  };
+  // xterm-256color (in ncurses-base everywhere) offers 256 colors; --colors forces fewer.
+  for (const Case c : {Case{"xterm-256color", "auto", true, true}, Case{"xterm-256color", "8", false, true},
+                       Case{"xterm-256color", "none", false, false},
+                       // and it follows the terminal by itself: xterm has 8 colors, vt100 none.
+                       Case{"xterm", "auto", false, true}, Case{"vt100", "auto", false, false}}) {
+    INFO("TERM=" << c.term << " --colors " << c.colors);
+    Tmux tm;
+    run(tm.tmux(fmt::format("-2 new-session -d -s v -x 100 -y 30 \"env LANG=C.UTF-8 TERM={} {} view {} --colors {}\"", c.term,
+                            GPUMEM_CLI_PATH, file, c.colors)));
+    REQUIRE_SCREEN(tm, "OOM verdict");
+    const std::string styled = run(tm.tmux("capture-pane -e -p -t v"));
+    INFO(styled);
+    // SGR parameters: 38;5;N / 48;5;N for 256 colors, 30-37 / 40-47 for the 8 colors (39 / 49 reset).
+    bool has_256 = false, has_color = false;
+    const std::regex sgr("\x1b\\[([0-9;]*)m");
+    for (auto it = std::sregex_iterator(styled.begin(), styled.end(), sgr); it != std::sregex_iterator(); ++it) {
+      std::vector<int> params;
+      std::stringstream ps((*it)[1].str());
+      for (std::string p; std::getline(ps, p, ';');) params.push_back(p.empty() ? 0 : std::stoi(p));
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const int v = params[i];
+        if ((v == 38 || v == 48) && i + 1 < params.size() && params[i + 1] == 5) {
+          has_256 = has_color = true;
+          i += 2;
+        } else if ((v >= 30 && v <= 37) || (v >= 40 && v <= 47)) {
+          has_color = true;
+        }
+      }
+    }
+    CHECK(has_256 == c.expect_256);
+    CHECK(has_color == c.expect_color);
+    if (!c.expect_color) CHECK(styled.find("\x1b[7m") != std::string::npos);  // mono: the title bar in reverse video
+    tm.keys("q");
+  }
+}
+
+TEST_CASE("gpumem view --report --diff compares two files", "[viewer][e2e]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  int status = 0;
+  const std::string out = run(fmt::format("{0} view --report {1}/traces/native/oom.snapshot.pickle --diff {1}/traces/native/oom.trace.csv.gz",
+                                          GPUMEM_CLI_PATH, *dir), &status);
+  CHECK(status == 0);
+  CHECK(out.find("B = ") != std::string::npos);
+  CHECK(out.find("count A→B") != std::string::npos);
 }
