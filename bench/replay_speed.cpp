@@ -17,7 +17,6 @@
 
 #include <fmt/format.h>
 
-#include "gpumem/forensics/gpumem_policy.h"
 #include "gpumem/forensics/policy_factory.h"
 #include "gpumem/forensics/replay.h"
 #include "gpumem/forensics/trace_loader.h"
@@ -59,8 +58,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "replay_speed: no trace found; pass trace paths or run from the repository root\n");
     return 2;
   }
-  std::vector<std::string> policies = {"pytorch", "pytorch:expandable"};
-  if (fx::gpumem_engine_available()) policies.insert(policies.begin(), "gpumem");
+  const std::vector<std::string> policies = {"gpumem", "pytorch", "pytorch:expandable"};
 
   std::printf("%-48s %-20s %9s %16s %16s %14s\n", "trace", "policy", "entries", "entries/s (pass)",
               "entries/s (all)", "steps/s (pass)");

@@ -12,7 +12,6 @@
 #include "args.h"
 #include "commands.h"
 #include "gpumem/forensics/error.h"
-#include "gpumem/forensics/gpumem_policy.h"
 #include "gpumem/forensics/policy_factory.h"
 #include "gpumem/forensics/replay.h"
 #include "gpumem/forensics/replay_report.h"
@@ -125,16 +124,7 @@ std::optional<ReplayArgs> parse_args(const std::vector<std::string_view>& argv) 
     }
   }
   if (!have_trace) r.fail("no trace given: gpumem replay TRACE");
-  if (a.policies.empty()) {
-    for (const auto& name : fx::default_policy_names()) {
-      if (name == "gpumem" && !fx::gpumem_engine_available()) {
-        std::fputs("gpumem replay: note: this build has no gpumem engine; replaying the pytorch policies only\n",
-                   stderr);
-        continue;
-      }
-      a.policies.push_back(name);
-    }
-  }
+  if (a.policies.empty()) a.policies = fx::default_policy_names();
   return a;
 }
 

@@ -29,6 +29,7 @@ using detail::BlockArena;
 using detail::EventBatch;
 using detail::FreeIndex;
 using detail::ShardedLiveTable;
+using detail::SpinLock;
 using detail::ThreadCache;
 using detail::PieceSlot;
 using detail::Region;
@@ -184,7 +185,7 @@ struct CachingAllocator::Impl {
   std::size_t region_va_bytes[2] = {};
   std::size_t provider_total = 0;
 
-  mutable std::mutex mutex;
+  mutable SpinLock mutex;  // see spin_lock.h: no futex round trip when contended briefly
   BlockArena arena;
   FreeIndex free_index[2];  // by PoolKind
   ShardedLiveTable live;
@@ -214,13 +215,15 @@ struct CachingAllocator::Impl {
   // that allocated through this engine; `id` tells this engine apart in threads' lookup slots.
   const std::uint64_t id = next_engine_id();
   const bool thread_cache = config.thread_cache;
+  const bool any_divisions = std::any_of(config.roundup_power2_divisions.begin(),
+                                         config.roundup_power2_divisions.end(), [](auto d) { return d > 1; });
   // Thread caches turn on the first time a thread finds the engine's lock taken: a program that
   // never allocates from two threads at once keeps the engine's exact best-fit choices.
   std::atomic<bool> caches_active{false};
 
   // Takes the engine lock, noting contention.
-  std::unique_lock<std::mutex> lock_noting_contention() {
-    std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+  std::unique_lock<SpinLock> lock_noting_contention() {
+    std::unique_lock<SpinLock> lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) {
       lock.lock();
       // Set under the lock: every later holder of the lock sees it and locks live-table shards,
@@ -306,17 +309,29 @@ struct CachingAllocator::Impl {
   // free index. Returns the merged block.
   Block* insert_free_merged(Block* b) {
     FreeIndex& idx = free_index[static_cast<int>(b->region->pool)];
-    if (b->prev && b->prev->state == BlockState::free) {
-      Block* p = b->prev;
-      idx.erase(*p);
+    Block* p = b->prev && b->prev->state == BlockState::free ? b->prev : nullptr;
+    Block* n = b->next && b->next->state == BlockState::free ? b->next : nullptr;
+    if (p) {
+      // p grows over b (and n): it keeps its node, moved only if its rank changed.
+      const std::size_t old = p->size_bytes;
+      if (n) idx.erase(*n);
       absorb_next(p);
-      b = p;
-    }
-    if (b->next && b->next->state == BlockState::free) {
-      idx.erase(*b->next);
-      absorb_next(b);
+      if (n) absorb_next(p);
+      p->free_seq = tick;
+      idx.resized(*p, old);
+      return p;
     }
     b->free_seq = tick;
+    if (n) {
+      // b takes n's node.
+      const std::size_t old = n->size_bytes;
+      b->size_bytes += old;
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      idx.replace(*n, old, *b);
+      arena.dispose(n);
+      return b;
+    }
     idx.insert(*b);
     return b;
   }
@@ -376,8 +391,16 @@ struct CachingAllocator::Impl {
         !policy::accept_cached_classic(b->size_bytes, rounded, config.max_split_size_bytes,
                                        config.max_non_split_rounding_bytes))
       return nullptr;
-    idx.erase(*b);
-    return take_front(b, rounded);
+    if (!policy::should_split(b->region->expandable, pool, b->size_bytes, rounded, config.max_split_size_bytes)) {
+      idx.erase(*b);
+      return b;
+    }
+    // The rest takes b's node in the index.
+    const std::size_t old = b->size_bytes;
+    Block* rest = split_at(b, b->addr + rounded);
+    rest->free_seq = tick;
+    idx.replace(*b, old, *rest);
+    return b;
   }
 
   // ---------------------------------------------------------------- regions
@@ -949,8 +972,10 @@ struct CachingAllocator::Impl {
       alloc_delta += tc->allocated_delta;
     }
     if (in_bins != cached_count) invariant_failed("cached blocks and thread-cache bins disagree");
-    for (int pool = 0; pool < 2; ++pool)
+    for (int pool = 0; pool < 2; ++pool) {
       if (free_count[pool] != free_index[pool].size()) invariant_failed("free index holds blocks that are not free");
+      if (!free_index[pool].check_order()) invariant_failed("free index out of order or its byte count out of step");
+    }
     if (reserved != reserved_bytes) invariant_failed(fmt::format("reserved_bytes {} != mapped {}", reserved_bytes, reserved));
     if (alloc != allocated_bytes + static_cast<std::size_t>(alloc_delta))
       invariant_failed(fmt::format("allocated_bytes {} + thread-cache deltas {} != {}", allocated_bytes, alloc_delta, alloc));
@@ -964,7 +989,9 @@ struct CachingAllocator::Impl {
   }
 
   void maybe_check() {
-    if (!config.check_invariants) return;
+    if (config.check_invariants) [[unlikely]] check_now();
+  }
+  [[gnu::noinline]] void check_now() {
     WorldStop stop(*this);
     check_locked();
   }
@@ -1110,7 +1137,7 @@ CachingAllocator::~CachingAllocator() {
 }
 
 std::size_t CachingAllocator::round_size(std::size_t size_bytes) const noexcept {
-  return policy::round_size(size_bytes, impl_->config.roundup_power2_divisions);
+  return policy::round_size(size_bytes, impl_->config.roundup_power2_divisions, impl_->any_divisions);
 }
 
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {

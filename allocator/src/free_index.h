@@ -5,6 +5,7 @@
 #pragma once
 
 #include <boost/intrusive/set.hpp>
+#include <iterator>
 #include <tuple>
 
 #include "block.h"
@@ -39,6 +40,28 @@ class FreeIndex {
   using iterator = Set::iterator;
 
   void insert(Block& b) noexcept { set_.insert(b); bytes_ += b.size_bytes; }
+  // `fresh` takes the place of `old` (in the index; it had old_size bytes when inserted). When
+  // fresh's key falls between old's neighbours the node is swapped in place, without rebalancing:
+  // the common case of a split or a merge, where the block keeps its rank.
+  void replace(Block& old, std::size_t old_size, Block& fresh) noexcept {
+    auto it = set_.iterator_to(old);
+    if (fits_at(it, fresh)) {
+      set_.replace_node(it, fresh);
+    } else {
+      set_.erase(it);
+      set_.insert(fresh);
+    }
+    bytes_ = bytes_ - old_size + fresh.size_bytes;
+  }
+  // b (in the index) changed size from old_size: moves it if its rank changed.
+  void resized(Block& b, std::size_t old_size) noexcept {
+    auto it = set_.iterator_to(b);
+    if (!fits_at(it, b)) {
+      set_.erase(it);
+      set_.insert(b);
+    }
+    bytes_ = bytes_ - old_size + b.size_bytes;
+  }
   void erase(Block& b) noexcept {
     set_.erase(set_.iterator_to(b));
     bytes_ -= b.size_bytes;
@@ -56,12 +79,29 @@ class FreeIndex {
   const Set& blocks() const noexcept { return set_; }
   std::size_t size() const noexcept { return set_.size(); }
   std::size_t bytes() const noexcept { return bytes_; }
+  bool check_order() const noexcept {
+    const Block* prev = nullptr;
+    std::size_t bytes = 0;
+    for (const Block& b : set_) {
+      if (prev && !FreeOrder{}(*prev, b)) return false;
+      bytes += b.size_bytes;
+      prev = &b;
+    }
+    return bytes == bytes_;
+  }
   bool contains(const Block& b) const noexcept {
     auto it = set_.find(b);
     return it != set_.end() && &*it == &b;
   }
 
  private:
+  // Whether key may sit at it's position: strictly between its neighbours.
+  bool fits_at(iterator it, const Block& key) const noexcept {
+    if (it != set_.begin() && !FreeOrder{}(*std::prev(it), key)) return false;
+    auto next = std::next(it);
+    return next == set_.end() || FreeOrder{}(key, *next);
+  }
+
   Set set_;
   std::size_t bytes_ = 0;
 };

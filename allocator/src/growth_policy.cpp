@@ -21,7 +21,7 @@ std::size_t next_division(std::size_t size, std::size_t divisions) noexcept {
 
 }  // namespace
 
-std::size_t round_size(std::size_t size_bytes, const std::array<std::uint32_t, 16>& divisions) noexcept {
+std::size_t round_size_divided(std::size_t size_bytes, const std::array<std::uint32_t, 16>& divisions) noexcept {
   if (size_bytes < kMinBlockBytes) return kMinBlockBytes;
   // Bucket i covers [2^i MiB, 2^(i+1) MiB); smaller sizes use bucket 0, larger the last.
   const int log_mib = static_cast<int>(std::bit_width(size_bytes)) - 1 - 20;
@@ -52,13 +52,6 @@ bool accept_cached_classic(std::size_t block_bytes, std::size_t rounded_bytes, s
   // ...and serves an oversize request only if it wastes less than max_non_split_rounding.
   if (rounded_bytes >= max_split_bytes && block_bytes >= rounded_bytes + max_non_split_rounding_bytes) return false;
   return true;
-}
-
-bool should_split(bool expandable, PoolKind pool, std::size_t block_bytes, std::size_t rounded_bytes,
-                  std::size_t max_split_bytes) noexcept {
-  const std::size_t remaining = block_bytes - rounded_bytes;
-  if (expandable || pool == PoolKind::small) return remaining >= kMinBlockBytes;
-  return rounded_bytes < max_split_bytes && remaining > kSmallRequestBytes;
 }
 
 GrowthPlan plan_growth(const GrowthInputs& in) noexcept {

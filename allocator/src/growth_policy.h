@@ -21,7 +21,13 @@ inline constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 60;  // 1 EiB,
 
 // The size a request is served with: 512-byte multiples, or the next 1/N step between powers of
 // two where roundup_power2_divisions gives N > 1 for the request's bucket.
-std::size_t round_size(std::size_t size_bytes, const std::array<std::uint32_t, 16>& divisions) noexcept;
+std::size_t round_size_divided(std::size_t size_bytes, const std::array<std::uint32_t, 16>& divisions) noexcept;
+inline std::size_t round_size(std::size_t size_bytes, const std::array<std::uint32_t, 16>& divisions,
+                              bool any_divisions = true) noexcept {
+  if (size_bytes <= kMinBlockBytes) return kMinBlockBytes;
+  if (any_divisions) return round_size_divided(size_bytes, divisions);
+  return (size_bytes + kMinBlockBytes - 1) & ~(kMinBlockBytes - 1);
+}
 
 inline PoolKind pool_for(std::size_t rounded_bytes) noexcept {
   return rounded_bytes <= kSmallRequestBytes ? PoolKind::small : PoolKind::large;
@@ -37,8 +43,12 @@ bool accept_cached_classic(std::size_t block_bytes, std::size_t rounded_bytes, s
                            std::size_t max_non_split_rounding_bytes) noexcept;
 
 // Whether a block of block_bytes serving rounded_bytes is split (the rest goes back to the cache).
-bool should_split(bool expandable, PoolKind pool, std::size_t block_bytes, std::size_t rounded_bytes,
-                  std::size_t max_split_bytes) noexcept;
+inline bool should_split(bool expandable, PoolKind pool, std::size_t block_bytes, std::size_t rounded_bytes,
+                         std::size_t max_split_bytes) noexcept {
+  const std::size_t remaining = block_bytes - rounded_bytes;
+  if (expandable || pool == PoolKind::small) return remaining >= kMinBlockBytes;
+  return rounded_bytes < max_split_bytes && remaining > kSmallRequestBytes;
+}
 
 // How an expandable region grows by pieces_needed pieces.
 struct GrowthInputs {

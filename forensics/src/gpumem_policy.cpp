@@ -1,11 +1,5 @@
 #include "gpumem/forensics/gpumem_policy.h"
 
-#include <fmt/format.h>
-
-#include "gpumem/forensics/error.h"
-
-#if GPUMEM_FORENSICS_HAVE_ENGINE
-
 #include <algorithm>
 #include <unordered_map>
 
@@ -190,28 +184,9 @@ class GpumemPolicy final : public ReplayPolicy {
 
 }  // namespace
 
-bool gpumem_engine_available() noexcept { return true; }
-
 std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
                                                  std::size_t device_total_bytes) {
   return std::make_unique<GpumemPolicy>(std::move(name), config, device_total_bytes);
 }
 
 }  // namespace gpumem::forensics
-
-#else  // no engine in this checkout
-
-namespace gpumem::forensics {
-
-bool gpumem_engine_available() noexcept { return false; }
-
-std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config&, std::size_t) {
-  throw ForensicsError(fmt::format(
-      "policy '{}': this build has no gpumem engine (gpumem::alloc::CachingAllocator is not "
-      "implemented in this checkout); merge main and rebuild, or replay the pytorch policies only",
-      name));
-}
-
-}  // namespace gpumem::forensics
-
-#endif

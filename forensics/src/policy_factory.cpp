@@ -58,20 +58,11 @@ std::vector<std::string> top_level_keys(std::string_view conf) {
 }
 
 alloc::Config parse_gpumem_config(std::string_view conf, std::string_view policy) {
-#if GPUMEM_FORENSICS_HAVE_PARSE_CONFIG
   auto parsed = alloc::parse_config(conf);
   if (auto* err = std::get_if<alloc::ConfigError>(&parsed)) {
     throw ForensicsError(fmt::format("policy '{}': {}", policy, err->message));
   }
   return std::get<alloc::Config>(parsed);
-#else
-  (void)conf;
-  throw ForensicsError(fmt::format(
-      "policy '{}': configuration strings need gpumem::alloc::parse_config, which this checkout "
-      "does not have yet; use 'gpumem', 'pytorch' or 'pytorch:expandable', or merge main and "
-      "rebuild",
-      policy));
-#endif
 }
 
 PytorchModelOptions pytorch_options_from(std::string_view conf, std::string_view policy, const ReplayEnvironment& env) {
@@ -151,10 +142,6 @@ PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env
                                       : std::min(config.memory_limit_bytes, env.memory_limit_bytes);
     }
     config.source = alloc::SourceKind::sim;
-    if (!gpumem_engine_available()) {
-      // Fail now, with the reason, rather than on the first replay.
-      make_gpumem_policy(spec.name, config, env.device_total_bytes);
-    }
     spec.make = [name = spec.name, config, total = env.device_total_bytes] {
       return make_gpumem_policy(name, config, total);
     };

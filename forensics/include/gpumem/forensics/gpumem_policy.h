@@ -18,10 +18,6 @@
 
 namespace gpumem::forensics {
 
-// False when this build has no gpumem engine (the engine implementation is not in the
-// checkout); make_gpumem_policy then throws ForensicsError.
-bool gpumem_engine_available() noexcept;
-
 // device_total_bytes: the simulated device's memory (the source's capacity).
 std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
                                                  std::size_t device_total_bytes);

@@ -31,6 +31,8 @@
 //   * The cap: per_process_memory_fraction x device memory (or an absolute limit) checked
 //     against reserved + the segment size before each growth, as PyTorch does.
 // Not modelled: CUDA graph pools, record_stream / events (the replay has none), IPC.
+// See Note [PyTorch allocator model] in docs/notes/pytorch-allocator-model.md for why it is exact
+// on the shared traces and how that is checked.
 //
 // Thread-safety: single-threaded, like every ReplayPolicy.
 #pragma once
