@@ -1,8 +1,15 @@
 // ViewerModel: series, peaks, OOM, checkpointed state_at, snapshot opening.
+#include <unistd.h>
+
+#include <filesystem>
 #include <random>
 
 #include "catch.h"
 #include "gpumem/forensics/error.h"
+#include "gpumem/forensics/snapshot_writer.h"
+#include "gpumem/view/live_groups.h"
+#include "gpumem/view/render.h"
+#include "gpumem/view/view_state.h"
 #include "gpumem/view/summary.h"
 #include "gpumem/view/viewer_model.h"
 #include "viewer_test_support.h"
@@ -94,6 +101,23 @@ TEST_CASE("the shared OOM snapshot opens on PyTorch's own numbers", "[viewer][mo
   CHECK(s.allocated_bytes == m.snapshot_totals()->allocated_bytes);
   CHECK(s.largest_free_extent_bytes < s.oom->requested_bytes);
   CHECK(s.verdict.rfind("FRAGMENTATION", 0) == 0);
+  // The verdict is the forensics OOM report's.
+  REQUIRE(m.oom_report());
+  CHECK(m.oom_report()->verdict == "fragmentation");
+  CHECK(m.oom_report()->request_bytes == 200 * kMiB);
+  CHECK_FALSE(s.advice.empty());
+  CHECK(s.verdict_source.find("forensics") != std::string::npos);
+}
+
+TEST_CASE("the shared OOM trace in CSV opens on the same verdict", "[viewer][model][shared]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  const auto m = ViewerModel::open(*dir + "/traces/native/oom.trace.csv.gz");
+  REQUIRE(m.oom_cursor());
+  REQUIRE(m.oom_report());
+  CHECK(m.oom_report()->verdict == "fragmentation");
+  const Summary s = summarize(m, m.state_at(*m.oom_cursor()), *m.oom_cursor());
+  CHECK(s.reserved_bytes == 8579448832ull);  // the snapshot's segments at the OOM (gpumem report)
 }
 
 TEST_CASE("a shared CSV trace opens and replays to PyTorch's peaks", "[viewer][model][shared]") {
@@ -106,4 +130,56 @@ TEST_CASE("a shared CSV trace opens and replays to PyTorch's peaks", "[viewer][m
   CHECK(m.reserved_at(m.peak_reserved_cursor()) == 7493124096ull);
   const MemoryState end = m.state_at(m.entry_count());
   CHECK(end.check_invariants());
+}
+
+TEST_CASE("gpumem JSON and pickle snapshots open, with ops on blocks", "[viewer][model]") {
+  namespace fx = gpumem::forensics;
+  fx::Snapshot snap;
+  fx::SnapshotSegment seg;
+  seg.address = kSeg1;
+  seg.total_size_bytes = 4 * kMiB;
+  seg.allocated_size_bytes = 3 * kMiB;
+  seg.segment_type = "large";
+  fx::SnapshotBlock a{kSeg1, 2 * kMiB, 2 * kMiB, "active_allocated", {{"forward", "model.py", 10}}, "aten::mm"};
+  fx::SnapshotBlock b{kSeg1 + 2 * kMiB, 1 * kMiB, 1 * kMiB, "active_allocated", {{"step", "optim.py", 5}}, "aten::add_"};
+  fx::SnapshotBlock c{kSeg1 + 3 * kMiB, 1 * kMiB, 0, "inactive", {}, ""};
+  seg.blocks = {a, b, c};
+  snap.segments = {seg};
+  auto entry = [](TraceAction act, std::uint64_t addr, std::uint64_t size, std::int64_t t, std::string op) {
+    fx::SnapshotTraceEntry e;
+    e.action = act;
+    e.addr = addr;
+    e.size_bytes = size;
+    e.time_us = t;
+    e.op = std::move(op);
+    return e;
+  };
+  snap.device_traces = {{entry(TraceAction::segment_alloc, kSeg1, 4 * kMiB, 1, ""),
+                         entry(TraceAction::alloc, kSeg1, 2 * kMiB, 2, "aten::mm"),
+                         entry(TraceAction::alloc, kSeg1 + 2 * kMiB, 1 * kMiB, 3, "aten::add_")}};
+  const std::string dir = std::filesystem::temp_directory_path() / ("gpumem-viewer-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  for (const std::string name : {"snap.json", "snap.pickle"}) {
+    INFO(name);
+    const std::string path = dir + "/" + name;
+    fx::write_snapshot(snap, path);
+    const auto m = ViewerModel::open(path);
+    CHECK(m.is_snapshot());
+    CHECK(m.entry_count() == 3);
+    REQUIRE(m.has_ops());
+    const MemoryState s = m.state_at(m.entry_count());
+    CHECK(s.allocated_bytes == 3 * kMiB);
+    const auto groups = live_groups(m, s, GroupBy::op, SortBy::bytes, "");
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0].name == "aten::mm");
+    CHECK(groups[1].name == "aten::add_");
+    CHECK(live_groups(m, s, GroupBy::op, SortBy::bytes, "ADD").size() == 1);
+    // g cycles call site -> function -> op when the file records ops.
+    ViewState st = initial_state(m, Size{80, 24});
+    st.view = View::live;
+    st = reduce(reduce(st, Key::chr(U'g'), m), Key::chr(U'g'), m);
+    CHECK(st.group_by == GroupBy::op);
+    CHECK(render(st, m, st.screen).to_text().find("aten::mm") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -6,8 +6,18 @@
 
 namespace gpumem::view {
 
-std::string group_name(const ViewerModel& model, std::uint32_t site, GroupBy by) {
-  const std::string& s = model.site(site);
+const char* group_by_name(GroupBy by) noexcept {
+  switch (by) {
+    case GroupBy::call_site: return "call site";
+    case GroupBy::function: return "function";
+    case GroupBy::op: return "op";
+  }
+  return "?";
+}
+
+std::string group_name(const ViewerModel& model, const BlockInfo& block, GroupBy by) {
+  if (by == GroupBy::op) return block.op == 0 ? "(unknown op)" : model.op_name(block.op);
+  const std::string& s = model.site(block.site);
   if (s.empty()) return "(no call site)";
   if (by == GroupBy::function) {
     const auto colon = s.find_last_of(':');
@@ -27,16 +37,18 @@ bool contains_ignore_case(std::string_view haystack, std::string_view needle) no
 namespace {
 
 std::unordered_map<std::string, LiveGroup> collect(const ViewerModel& model, const MemoryState& state, GroupBy by) {
-  // Group by site index first (cheap), then by name (functions merge several sites).
-  std::unordered_map<std::uint32_t, LiveGroup> by_site;
+  // Group by site or op index first (cheap), then by name (functions merge several sites).
+  std::unordered_map<std::uint32_t, std::pair<LiveGroup, const BlockInfo*>> by_key;
   for (const auto& [addr, b] : state.blocks) {
-    auto& g = by_site[b.site];
+    auto& [g, example] = by_key[by == GroupBy::op ? b.op : b.site];
     ++g.count;
     g.bytes += b.size_bytes;
+    example = &b;
   }
   std::unordered_map<std::string, LiveGroup> out;
-  for (auto& [site, g] : by_site) {
-    std::string name = group_name(model, site, by);
+  for (auto& [key, entry] : by_key) {
+    const auto& [g, example] = entry;
+    std::string name = group_name(model, *example, by);
     auto& o = out[name];
     o.name = name;
     o.count += g.count;

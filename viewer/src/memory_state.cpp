@@ -85,10 +85,10 @@ void MemoryState::remove_block(std::uint64_t addr) {
   blocks.erase(it);
 }
 
-void MemoryState::apply(const forensics::TraceEntry& e, std::uint64_t entry, std::uint64_t block_bytes) {
+void MemoryState::apply(const forensics::TraceEntry& e, std::uint64_t entry, std::uint64_t block_bytes, std::uint32_t op) {
   switch (e.action) {
     case TraceAction::alloc:
-      add_block(e.addr, BlockInfo{block_bytes ? block_bytes : block_bytes_for(e.size_bytes), e.size_bytes, e.site, e.time_us, entry});
+      add_block(e.addr, BlockInfo{block_bytes ? block_bytes : block_bytes_for(e.size_bytes), e.size_bytes, e.site, e.time_us, entry, op});
       break;
     case TraceAction::free_completed:
       remove_block(e.addr);

@@ -35,6 +35,16 @@ namespace {
 
 std::size_t step_back(std::size_t v, std::size_t by) { return v > by ? v - by : 0; }
 
+// call site -> function -> op (when the file records ops) -> call site.
+GroupBy next_grouping(GroupBy by, const ViewerModel& model) {
+  switch (by) {
+    case GroupBy::call_site: return GroupBy::function;
+    case GroupBy::function: return model.has_ops() ? GroupBy::op : GroupBy::call_site;
+    case GroupBy::op: return GroupBy::call_site;
+  }
+  return GroupBy::call_site;
+}
+
 std::size_t extent_count(const MemoryState& state) {
   std::size_t n = 0;
   for (const auto& [addr, seg] : state.segments) n += extents_of(state, addr, seg).size();
@@ -185,7 +195,7 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
         break;
       }
       if (key.code == KeyCode::character && key.ch == U'g') {
-        s.group_by = s.group_by == GroupBy::call_site ? GroupBy::function : GroupBy::call_site;
+        s.group_by = next_grouping(s.group_by, model);
         s.live_row = 0;
         break;
       }
@@ -220,9 +230,7 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
       break;
     }
     case View::diff:
-      if (key.code == KeyCode::character && key.ch == U'g') {
-        s.group_by = s.group_by == GroupBy::call_site ? GroupBy::function : GroupBy::call_site;
-      }
+      if (key.code == KeyCode::character && key.ch == U'g') s.group_by = next_grouping(s.group_by, model);
       break;
   }
   return s;

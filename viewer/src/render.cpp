@@ -159,6 +159,16 @@ void draw_summary(CellGrid& g, const Area& a, const ViewState& s, const ViewerMo
   line([&](int r) {
     kv(g, r, "entries / duration", fmt::format("{} / {}", model.entry_count(), format_us(model.trace().duration_us())));
   });
+  if (!sum.advice.empty()) {
+    line([](int) {});
+    line([&](int r) { g.put(1, r, "Advice (forensics OOM report)", Style::title); });
+    for (const auto& a : sum.advice) y += put_wrapped(g, 2, y, end, "• " + a, Style::normal);
+  }
+  if (!sum.evidence.empty()) {
+    line([](int) {});
+    line([&](int r) { g.put(1, r, "Evidence (forensics OOM report)", Style::title); });
+    for (const auto& e : sum.evidence) y += put_wrapped(g, 2, y, end, "• " + e, Style::normal);
+  }
   if (const auto& t = model.snapshot_totals()) {
     line([](int) {});
     line([&](int r) { g.put(1, r, "Snapshot segments (exact, at the end)", Style::title); });
@@ -299,8 +309,8 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
     const std::string site = model.site(b.site).empty() ? "(no call site)" : model.site(b.site);
     const std::string age = b.entry == 0 && b.t_us == 0 ? "from before the trace"
                                                         : fmt::format("age {} (entry {})", format_us(model.time_us_at(s.cursor) - b.t_us), b.entry);
-    info = fmt::format("block {} {} (requested {}) │ {} │ {}", hex(sx.addr), format_bytes(sx.size_bytes),
-                       format_bytes(b.requested_bytes), site, age);
+    info = fmt::format("block {} {} (requested {}) │ {}{} │ {}", hex(sx.addr), format_bytes(sx.size_bytes),
+                       format_bytes(b.requested_bytes), b.op ? "op " + model.op_name(b.op) + " │ " : std::string(), site, age);
   } else {
     info = fmt::format("free {} {} │ {} │ segment {} of {}{}", hex(sx.addr), format_bytes(sx.size_bytes),
                        seg_has_live ? "inactive split" : "cached free", hex(ps.piece.addr), format_bytes(ps.piece.size_bytes),
@@ -447,10 +457,10 @@ void draw_live(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
     shown_count += gr.count;
   }
   g.put(1, a.top, fmt::format("{} live blocks, {} │ by {} │ sorted by {}{}", shown_count, format_bytes(shown_bytes),
-                              s.group_by == GroupBy::call_site ? "call site" : "function",
+                              group_by_name(s.group_by),
                               s.sort_by == SortBy::bytes ? "bytes" : "count",
                               s.search.empty() ? std::string() : fmt::format(" │ /{}", s.search)));
-  g.put(1, a.top + 1, fmt::format("{:>12}  {:>7}  {:>6}  {}", "bytes", "count", "share", s.group_by == GroupBy::call_site ? "call site" : "function"),
+  g.put(1, a.top + 1, fmt::format("{:>12}  {:>7}  {:>6}  {}", "bytes", "count", "share", group_by_name(s.group_by)),
         Style::dim);
   const int rows = a.rows - 2;
   if (groups.empty()) {
@@ -544,7 +554,7 @@ void draw_diff(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   total(a.top + 4, "live blocks", sa->blocks.size(), sb->blocks.size(), false);
   const auto rows = diff_groups(*ma, *sa, *mb, *sb, s.group_by);
   g.put(1, a.top + 6, fmt::format("{:>12}  {:>12}  {:>12}  {:>13}  {}", "delta", "A bytes", "B bytes", "count A→B",
-                                  s.group_by == GroupBy::call_site ? "call site" : "function"),
+                                  group_by_name(s.group_by)),
         Style::dim);
   int y = a.top + 7;
   for (const auto& r : rows) {

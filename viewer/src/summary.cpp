@@ -1,5 +1,6 @@
 #include "gpumem/view/summary.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -48,6 +49,15 @@ Summary summarize(const ViewerModel& model, const MemoryState& state, std::size_
     const std::uint64_t r = f.requested_bytes;
     if (cursor != *oc) {
       s.verdict = fmt::format("OOM at entry {} requesting {} (press o to go there)", *oc, format_bytes(r));
+    } else if (const auto& rep = model.oom_report()) {
+      std::string v = rep->verdict;
+      for (char& c : v) c = c == '_' ? ' ' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      s.verdict = fmt::format("{}: {} request, largest usable free extent {}, {} reserved but unallocated", v,
+                              format_bytes(rep->request_bytes), format_bytes(rep->largest_usable_extent_bytes),
+                              format_bytes(s.reserved_unallocated_bytes));
+      s.advice = rep->advice;
+      s.evidence = rep->evidence;
+      s.verdict_source = "forensics OOM report at the OOM moment (gpumem report FILE prints all of it)";
     } else if (s.largest_free_extent_bytes >= r) {
       s.verdict = fmt::format("OOM requesting {}, yet a free extent of {} would hold it", format_bytes(r),
                               format_bytes(s.largest_free_extent_bytes));

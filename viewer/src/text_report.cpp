@@ -13,7 +13,7 @@ std::string text_report(const ViewerModel& model, int width) {
   const struct {
     View view;
     int height;
-  } screens[] = {{View::summary, 30}, {View::timeline, 22}, {View::live, 24},
+  } screens[] = {{View::summary, 70}, {View::timeline, 22}, {View::live, 24},
                  {View::pins, 24},    {View::segments, 20}, {View::diff, 20}};
   for (const auto& sc : screens) {
     if (sc.view == View::diff && !model.compare) continue;

@@ -1,5 +1,6 @@
 #include "gpumem/view/viewer_model.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <unordered_map>
@@ -8,6 +9,7 @@
 
 #include "gpumem/forensics/csv_trace_reader.h"
 #include "gpumem/forensics/error.h"
+#include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_reader.h"
 
 namespace gpumem::view {
@@ -35,12 +37,13 @@ Kind sniff(const std::string& path) {
   const auto b0 = static_cast<unsigned char>(head[0]);
   const auto b1 = static_cast<unsigned char>(head[1]);
   if (b0 == 0x1f && b1 == 0x8b) return ends_with(path, ".csv.gz") ? Kind::csv : Kind::snapshot;
-  if (b0 == 0x80 || b0 == '}' || b0 == '(') return Kind::snapshot;
-  return Kind::csv;
+  // A CSV trace starts with its header; anything else (pickle, JSON) is a snapshot, and
+  // load_snapshot names the problem if it is neither.
+  return b0 == 'a' && b1 == 'c' ? Kind::csv : Kind::snapshot;
 }
 
 MemoryState final_state_of(const forensics::Snapshot& snap, int device, forensics::Trace& trace,
-                           SnapshotTotals& totals) {
+                           SnapshotTotals& totals, const std::vector<std::string>& op_names) {
   MemoryState state;
   for (const auto& seg : snap.segments) {
     if (seg.device != device) continue;
@@ -54,8 +57,13 @@ MemoryState final_state_of(const forensics::Snapshot& snap, int device, forensic
         totals.largest_inactive_bytes = std::max(totals.largest_inactive_bytes, b.size_bytes);
         continue;
       }
+      std::uint32_t op = 0;
+      if (!b.op.empty()) {
+        const auto it = std::find(op_names.begin(), op_names.end(), b.op);
+        if (it != op_names.end()) op = static_cast<std::uint32_t>(it - op_names.begin());
+      }
       state.add_block(b.address, BlockInfo{b.size_bytes, b.requested_bytes,
-                                           trace.intern_site(forensics::call_site(b.frames)), 0, 0});
+                                           trace.intern_site(forensics::call_site(b.frames)), 0, 0, op});
     }
   }
   return state;
@@ -69,39 +77,92 @@ ViewerModel ViewerModel::open(const std::string& path, std::optional<int> device
       throw forensics::ForensicsError(fmt::format(
           "{}: a CSV trace holds one device's history; --device {} does not apply (leave it out)", path, *device));
     }
-    return from(forensics::read_csv_trace(path));
+    ViewerModel m = from(forensics::read_csv_trace(path));
+    // The OOM report works on a Snapshot; read the file that way only when there is an OOM.
+    if (m.oom_) m.attach_oom_report(forensics::load_snapshot(path), 0);
+    return m;
   }
-  forensics::Snapshot snap = forensics::read_snapshot(path);
+  forensics::Snapshot snap = forensics::load_snapshot(path);
   const int d = device.value_or(forensics::first_traced_device(snap));
   forensics::Trace trace = snap.device_traces.empty() && d == 0 ? forensics::Trace{}
                                                                  : forensics::trace_from_snapshot(snap, d);
   trace.source = path;
-  // Keep the oom entry's device_free before the per-entry frames go.
   std::optional<std::uint64_t> device_free;
+  bool has_oom = false;
+  std::vector<std::string> op_names{""};
+  std::vector<std::uint32_t> entry_ops;
   if (static_cast<std::size_t>(d) < snap.device_traces.size()) {
-    for (const auto& e : snap.device_traces[static_cast<std::size_t>(d)]) {
-      if (e.action == TraceAction::oom) device_free = e.device_free_bytes;
+    const auto& entries = snap.device_traces[static_cast<std::size_t>(d)];
+    std::unordered_map<std::string, std::uint32_t> op_index;
+    const auto intern = [&](const std::string& op) -> std::uint32_t {
+      if (op.empty()) return 0;
+      auto [it, inserted] = op_index.try_emplace(op, static_cast<std::uint32_t>(op_names.size()));
+      if (inserted) op_names.push_back(op);
+      return it->second;
+    };
+    for (const auto& seg : snap.segments) {
+      for (const auto& b : seg.blocks) intern(b.op);
     }
+    if (op_names.size() > 1 || std::any_of(entries.begin(), entries.end(), [](const auto& e) { return !e.op.empty(); })) {
+      entry_ops.reserve(entries.size());
+      for (const auto& e : entries) entry_ops.push_back(intern(e.op));
+    }
+    for (const auto& e : entries) {
+      if (e.action == TraceAction::oom) {
+        device_free = e.device_free_bytes;
+        has_oom = true;
+      }
+    }
+  }
+  std::optional<forensics::OomAnalysis> report;
+  std::vector<std::string> notes;
+  if (has_oom) {
+    ViewerModel probe;
+    probe.attach_oom_report(snap, d);
+    report = std::move(probe.oom_report_);
+    notes = std::move(probe.report_notes_);
   }
   snap.device_traces.clear();
   for (auto& seg : snap.segments) {
     if (seg.device != d) seg.blocks.clear();
   }
-  ViewerModel m = from(std::move(trace), std::move(snap), d);
+  ViewerModel m = from(std::move(trace), std::move(snap), d, std::move(op_names), std::move(entry_ops));
   m.oom_device_free_ = device_free;
+  m.oom_report_ = std::move(report);
+  m.report_notes_ = std::move(notes);
   return m;
 }
 
+void ViewerModel::attach_oom_report(const forensics::Snapshot& snapshot, int device) {
+  forensics::ReportOptions options;
+  options.top = 5;
+  options.device = device;
+  // The advice replays the trace under gpumem's policy; keep opening large files fast.
+  std::size_t entries = 0;
+  for (const auto& t : snapshot.device_traces) entries += t.size();
+  options.replay_advice = entries <= 300'000;
+  forensics::MemoryReport r = forensics::build_report(snapshot, options);
+  oom_report_ = std::move(r.oom);
+  report_notes_ = std::move(r.notes);
+}
+
 ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device) {
+  return from(std::move(trace), std::move(snapshot), device, {""}, {});
+}
+
+ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device,
+                              std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops) {
   ViewerModel m;
   m.trace_ = std::move(trace);
+  m.op_names_ = std::move(op_names);
+  m.entry_ops_ = std::move(entry_ops);
   const auto& entries = m.trace_.entries;
   const std::size_t n = entries.size();
 
   MemoryState state;
   if (snapshot) {
     SnapshotTotals totals;
-    state = final_state_of(*snapshot, device, m.trace_, totals);
+    state = final_state_of(*snapshot, device, m.trace_, totals, m.op_names_);
     m.snapshot_totals_ = totals;
     m.expandable_ = snapshot->expandable_segments;
     // Allocations whose address and request match a block live in the snapshot get that
@@ -129,7 +190,7 @@ ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::S
   for (std::size_t i = 0; i < n; ++i) {
     if (i % kCheckpointEvery == 0) m.checkpoints_.push_back(state);
     const auto& e = entries[i];
-    state.apply(e, i, m.block_bytes_of(i));
+    state.apply(e, i, m.block_bytes_of(i), m.op_of(i));
     if (e.action == TraceAction::oom) m.oom_ = i + 1;
     if (e.action == TraceAction::segment_map) m.expandable_ = true;
     m.allocated_[i + 1] = state.allocated_bytes;
@@ -151,7 +212,7 @@ MemoryState ViewerModel::state_at(std::size_t applied) const {
   applied = std::min(applied, entry_count());
   const std::size_t c = std::min(applied / kCheckpointEvery, checkpoints_.size() - 1);
   MemoryState state = checkpoints_[c];
-  for (std::size_t i = c * kCheckpointEvery; i < applied; ++i) state.apply(trace_.entries[i], i, block_bytes_of(i));
+  for (std::size_t i = c * kCheckpointEvery; i < applied; ++i) state.apply(trace_.entries[i], i, block_bytes_of(i), op_of(i));
   return state;
 }
 

@@ -1,5 +1,5 @@
 // LiveGroup: the live allocations at a cursor, grouped by call site (the trace's `where`,
-// file:line:function) or by function alone, sorted by bytes or by count, filtered by a search
+// file:line:function), by function alone, or by op (gpumem snapshots record it), sorted by bytes or by count, filtered by a search
 // string (case-insensitive substring of the group's name).
 //
 // Thread-safety: pure functions.
@@ -16,7 +16,8 @@
 
 namespace gpumem::view {
 
-enum class GroupBy : std::uint8_t { call_site, function };
+enum class GroupBy : std::uint8_t { call_site, function, op };
+const char* group_by_name(GroupBy by) noexcept;
 enum class SortBy : std::uint8_t { bytes, count };
 
 struct LiveGroup {
@@ -26,7 +27,7 @@ struct LiveGroup {
 };
 
 // The name a block is grouped under.
-std::string group_name(const ViewerModel& model, std::uint32_t site, GroupBy by);
+std::string group_name(const ViewerModel& model, const BlockInfo& block, GroupBy by);
 
 std::vector<LiveGroup> live_groups(const ViewerModel& model, const MemoryState& state, GroupBy by, SortBy sort,
                                    std::string_view filter);

@@ -40,6 +40,7 @@ struct BlockInfo {
   std::uint32_t site = 0;             // index into the trace's sites
   std::int64_t t_us = 0;              // when it was allocated
   std::uint64_t entry = 0;            // the trace entry that allocated it
+  std::uint32_t op = 0;               // index into the model's op names (0: unknown)
 };
 
 // PyTorch's block rounding: at least 512 bytes, a multiple of 512.
@@ -56,7 +57,8 @@ struct MemoryState {
 
   // Applies one entry (its index in the trace is `entry`). block_bytes: the block's real size
   // when known (a snapshot says so for blocks still live at its end); 0 = round the request.
-  void apply(const forensics::TraceEntry& e, std::uint64_t entry, std::uint64_t block_bytes = 0);
+  // op: the op the allocation ran under (index into the model's op names, 0 = unknown).
+  void apply(const forensics::TraceEntry& e, std::uint64_t entry, std::uint64_t block_bytes = 0, std::uint32_t op = 0);
   // Undoes one entry: the state before it, given the state after it. Used to find what existed
   // before a truncated trace began, from a snapshot's final segments.
   void undo(const forensics::TraceEntry& e);

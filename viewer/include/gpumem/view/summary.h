@@ -1,9 +1,10 @@
 // Summary: the numbers of the forensics report at one cursor position, and the OOM verdict.
 //
-// The OOM verdict proper belongs to the forensics OOM report (being written on the `forensics`
-// branch); until the viewer is wired to it, the verdict here is the viewer's own estimate from the
-// same numbers: the request against the largest free extent, the reserved-but-unallocated bytes and
-// the device's free memory. `verdict_source` says which one produced it.
+// The OOM verdict comes from the forensics OOM report (forensics::build_report: verdict, evidence,
+// advice) when the model has one (files opened from disk). Models built in memory without it
+// (tests, benchmarks) get the viewer's own estimate from the same numbers: the request against
+// the largest free extent, the reserved-but-unallocated bytes and the device's free memory.
+// `verdict_source` says which one produced it.
 //
 // Thread-safety: a plain value; summarize() is a pure function.
 #pragma once
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gpumem/view/memory_state.h"
 #include "gpumem/view/viewer_model.h"
@@ -37,7 +39,9 @@ struct Summary {
   std::uint64_t peak_reserved_bytes = 0;
   std::optional<OomFacts> oom;  // the trace's OOM, if any
   std::string verdict;          // one line; empty without an OOM
-  std::string verdict_detail;   // what to do
+  std::string verdict_detail;   // what to do (the estimate)
+  std::vector<std::string> advice;    // the forensics report's advice
+  std::vector<std::string> evidence;  // the forensics report's evidence
   std::string verdict_source;
 };
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpumem/forensics/memory_report.h"
 #include "gpumem/forensics/snapshot.h"
 #include "gpumem/forensics/trace.h"
 #include "gpumem/view/memory_state.h"
@@ -36,13 +37,17 @@ struct SnapshotTotals {
 
 class ViewerModel {
  public:
-  // Opens a PyTorch snapshot pickle (optionally gzip-compressed) or a CSV trace (.csv, .csv.gz).
-  // Throws forensics::ForensicsError naming the file and the problem.
+  // Opens a snapshot (PyTorch's pickle, gpumem's pickle or JSON; optionally gzip-compressed) or a
+  // CSV trace (.csv, .csv.gz). When the file records an OOM, the forensics OOM report (verdict,
+  // evidence, advice) is computed too. Throws forensics::ForensicsError naming the file and the
+  // problem.
   static ViewerModel open(const std::string& path, std::optional<int> device = std::nullopt);
   // From data already in memory (tests, benchmarks); `snapshot` may be empty; `device` picks the
   // snapshot segments that go with the trace.
   static ViewerModel from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot = std::nullopt,
                           int device = 0);
+  // Runs the forensics OOM report on `snapshot` (the same file) and keeps its analysis.
+  void attach_oom_report(const forensics::Snapshot& snapshot, int device);
 
   const std::string& source() const noexcept { return trace_.source; }
   const forensics::Trace& trace() const noexcept { return trace_; }
@@ -69,10 +74,21 @@ class ViewerModel {
   std::optional<std::uint64_t> oom_device_free_bytes() const noexcept { return oom_device_free_; }
   bool expandable() const noexcept { return expandable_; }
 
+  // The forensics OOM analysis at the OOM moment (files opened with open() that record an OOM).
+  const std::optional<forensics::OomAnalysis>& oom_report() const noexcept { return oom_report_; }
+  const std::vector<std::string>& report_notes() const noexcept { return report_notes_; }
+
+  // Op names (gpumem snapshots record the op of each allocation); op 0 is "" (unknown).
+  bool has_ops() const noexcept { return op_names_.size() > 1; }
+  const std::string& op_name(std::uint32_t op) const { return op_names_.at(op); }
+
   // A second file to diff against (gpumem view A --diff B).
   std::shared_ptr<const ViewerModel> compare;
 
  private:
+  static ViewerModel from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device,
+                          std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops);
+
   forensics::Trace trace_;
   std::vector<std::uint64_t> allocated_;  // entry_count() + 1 values
   std::vector<std::uint64_t> reserved_;
@@ -81,7 +97,12 @@ class ViewerModel {
   std::vector<std::uint64_t> block_bytes_;
   std::uint64_t block_bytes_of(std::size_t entry) const noexcept {
     return entry < block_bytes_.size() ? block_bytes_[entry] : 0;
-  }  // checkpoints_[i]: state after i * kCheckpointEvery entries
+  }
+  std::vector<std::string> op_names_{""};
+  std::vector<std::uint32_t> entry_ops_;  // op of each entry, empty when the file has none
+  std::uint32_t op_of(std::size_t entry) const noexcept { return entry < entry_ops_.size() ? entry_ops_[entry] : 0; }
+  std::optional<forensics::OomAnalysis> oom_report_;
+  std::vector<std::string> report_notes_;  // checkpoints_[i]: state after i * kCheckpointEvery entries
   std::size_t peak_reserved_ = 0;
   std::size_t peak_allocated_ = 0;
   std::optional<std::size_t> oom_;
