@@ -89,6 +89,7 @@ TEST_CASE("the shared OOM snapshot opens on PyTorch's own numbers", "[viewer][mo
   const auto dir = shared_dir();
   if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
   const auto m = ViewerModel::open(*dir + "/traces/native/oom.snapshot.pickle");
+  m.wait_for_oom_report();
   REQUIRE(m.is_snapshot());
   REQUIRE(m.oom_cursor());
   CHECK(m.initial_cursor() == *m.oom_cursor());
@@ -113,6 +114,7 @@ TEST_CASE("the shared OOM trace in CSV opens on the same verdict", "[viewer][mod
   const auto dir = shared_dir();
   if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
   const auto m = ViewerModel::open(*dir + "/traces/native/oom.trace.csv.gz");
+  m.wait_for_oom_report();
   REQUIRE(m.oom_cursor());
   REQUIRE(m.oom_report());
   CHECK(m.oom_report()->verdict == "fragmentation");

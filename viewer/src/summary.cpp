@@ -45,7 +45,9 @@ Summary summarize(const ViewerModel& model, const MemoryState& state, std::size_
     f.requested_bytes = model.trace().entries[*oc - 1].size_bytes;
     f.device_free_bytes = model.oom_device_free_bytes();
     s.oom = f;
-    s.verdict_source = "viewer estimate (the forensics OOM verdict is pending that module)";
+    s.verdict_source = model.oom_report_pending()
+                           ? "viewer estimate; the forensics OOM report is still being computed"
+                           : "viewer estimate (no forensics OOM report for this model)";
     const std::uint64_t r = f.requested_bytes;
     if (cursor != *oc) {
       s.verdict = fmt::format("OOM at entry {} requesting {} (press o to go there)", *oc, format_bytes(r));

@@ -145,8 +145,12 @@ int run_terminal(const ViewerModel& model, ViewState state, ColorMode colors) {
     state = reduce(state, Key::resized(Size{w, h}), model);
     while (!state.quit) {
       painter.paint(render(state, model, state.screen));
+      // While the OOM report is computed in the background, wake up to show it when it lands.
+      const bool pending = model.oom_report_pending();
+      timeout(pending ? 200 : -1);
       wint_t ch = 0;
       const int kind = get_wch(&ch);
+      if (kind == ERR) continue;
       if (kind == KEY_CODE_YES && ch == KEY_RESIZE) {
         getmaxyx(stdscr, h, w);
         erase();

@@ -9,6 +9,7 @@ namespace gpumem::view {
 
 std::string text_report(const ViewerModel& model, int width) {
   width = std::max(width, kMinScreen.width);
+  model.wait_for_oom_report();
   std::string out;
   const struct {
     View view;

@@ -1,7 +1,9 @@
 #include "gpumem/view/viewer_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <unordered_map>
 
@@ -71,28 +73,60 @@ MemoryState final_state_of(const forensics::Snapshot& snap, int device, forensic
 
 }  // namespace
 
+namespace {
+
+// The forensics OOM report of one device of a snapshot; never throws (a failure becomes a note).
+ViewerModel::OomReport compute_oom_report(const forensics::Snapshot& snapshot, int device) {
+  ViewerModel::OomReport out;
+  try {
+    forensics::ReportOptions options;
+    options.top = 5;
+    options.device = device;
+    // The advice replays the trace under gpumem's policy; skip that on very large traces.
+    std::size_t entries = 0;
+    for (const auto& t : snapshot.device_traces) entries += t.size();
+    options.replay_advice = entries <= 300'000;
+    forensics::MemoryReport r = forensics::build_report(snapshot, options);
+    out.analysis = std::move(r.oom);
+    out.notes = std::move(r.notes);
+  } catch (const std::exception& e) {
+    out.notes.push_back(std::string("the forensics OOM report failed: ") + e.what());
+  }
+  return out;
+}
+
+}  // namespace
+
 ViewerModel ViewerModel::open(const std::string& path, std::optional<int> device) {
   if (sniff(path) == Kind::csv) {
     if (device && *device != 0) {
       throw forensics::ForensicsError(fmt::format(
           "{}: a CSV trace holds one device's history; --device {} does not apply (leave it out)", path, *device));
     }
-    ViewerModel m = from(forensics::read_csv_trace(path));
-    // The OOM report works on a Snapshot; read the file that way only when there is an OOM.
-    if (m.oom_) m.attach_oom_report(forensics::load_snapshot(path), 0);
+    ViewerModel m = build(forensics::read_csv_trace(path), nullptr, 0, {""}, {});
+    // The OOM report works on a Snapshot: read the file that way, in the background.
+    if (m.oom_) {
+      m.oom_report_ = std::async(std::launch::async, [path] {
+                        try {
+                          return compute_oom_report(forensics::load_snapshot(path), 0);
+                        } catch (const std::exception& e) {
+                          return OomReport{std::nullopt, {std::string("the forensics OOM report failed: ") + e.what()}};
+                        }
+                      }).share();
+    }
     return m;
   }
-  forensics::Snapshot snap = forensics::load_snapshot(path);
-  const int d = device.value_or(forensics::first_traced_device(snap));
-  forensics::Trace trace = snap.device_traces.empty() && d == 0 ? forensics::Trace{}
-                                                                 : forensics::trace_from_snapshot(snap, d);
+  const auto snap = std::make_shared<const forensics::Snapshot>(forensics::load_snapshot(path));
+  const int d = device.value_or(forensics::first_traced_device(*snap));
+  forensics::Trace trace = snap->device_traces.empty() && d == 0 ? forensics::Trace{}
+                                                                  : forensics::trace_from_snapshot(*snap, d);
   trace.source = path;
   std::optional<std::uint64_t> device_free;
   bool has_oom = false;
   std::vector<std::string> op_names{""};
   std::vector<std::uint32_t> entry_ops;
-  if (static_cast<std::size_t>(d) < snap.device_traces.size()) {
-    const auto& entries = snap.device_traces[static_cast<std::size_t>(d)];
+  if (static_cast<std::size_t>(d) < snap->device_traces.size()) {
+    const auto& entries = snap->device_traces[static_cast<std::size_t>(d)];
     std::unordered_map<std::string, std::uint32_t> op_index;
     const auto intern = [&](const std::string& op) -> std::uint32_t {
       if (op.empty()) return 0;
@@ -100,7 +134,7 @@ ViewerModel ViewerModel::open(const std::string& path, std::optional<int> device
       if (inserted) op_names.push_back(op);
       return it->second;
     };
-    for (const auto& seg : snap.segments) {
+    for (const auto& seg : snap->segments) {
       for (const auto& b : seg.blocks) intern(b.op);
     }
     if (op_names.size() > 1 || std::any_of(entries.begin(), entries.end(), [](const auto& e) { return !e.op.empty(); })) {
@@ -114,44 +148,42 @@ ViewerModel ViewerModel::open(const std::string& path, std::optional<int> device
       }
     }
   }
-  std::optional<forensics::OomAnalysis> report;
-  std::vector<std::string> notes;
-  if (has_oom) {
-    ViewerModel probe;
-    probe.attach_oom_report(snap, d);
-    report = std::move(probe.oom_report_);
-    notes = std::move(probe.report_notes_);
-  }
-  snap.device_traces.clear();
-  for (auto& seg : snap.segments) {
-    if (seg.device != d) seg.blocks.clear();
-  }
-  ViewerModel m = from(std::move(trace), std::move(snap), d, std::move(op_names), std::move(entry_ops));
+  // The report reads the snapshot on its own thread while the model is built from it (both only
+  // read it); the thread holds the snapshot until it is done.
+  std::shared_future<OomReport> report;
+  if (has_oom) report = std::async(std::launch::async, [snap, d] { return compute_oom_report(*snap, d); }).share();
+  ViewerModel m = build(std::move(trace), snap.get(), d, std::move(op_names), std::move(entry_ops));
   m.oom_device_free_ = device_free;
   m.oom_report_ = std::move(report);
-  m.report_notes_ = std::move(notes);
   return m;
 }
 
-void ViewerModel::attach_oom_report(const forensics::Snapshot& snapshot, int device) {
-  forensics::ReportOptions options;
-  options.top = 5;
-  options.device = device;
-  // The advice replays the trace under gpumem's policy; keep opening large files fast.
-  std::size_t entries = 0;
-  for (const auto& t : snapshot.device_traces) entries += t.size();
-  options.replay_advice = entries <= 300'000;
-  forensics::MemoryReport r = forensics::build_report(snapshot, options);
-  oom_report_ = std::move(r.oom);
-  report_notes_ = std::move(r.notes);
-}
-
 ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device) {
-  return from(std::move(trace), std::move(snapshot), device, {""}, {});
+  return build(std::move(trace), snapshot ? &*snapshot : nullptr, device, {""}, {});
 }
 
-ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device,
-                              std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops) {
+const std::optional<forensics::OomAnalysis>& ViewerModel::oom_report() const {
+  static const std::optional<forensics::OomAnalysis> kNone;
+  if (!oom_report_.valid() || oom_report_pending()) return kNone;
+  return oom_report_.get().analysis;
+}
+
+const std::vector<std::string>& ViewerModel::report_notes() const {
+  static const std::vector<std::string> kNone;
+  if (!oom_report_.valid() || oom_report_pending()) return kNone;
+  return oom_report_.get().notes;
+}
+
+bool ViewerModel::oom_report_pending() const {
+  return oom_report_.valid() && oom_report_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+}
+
+void ViewerModel::wait_for_oom_report() const {
+  if (oom_report_.valid()) oom_report_.wait();
+}
+
+ViewerModel ViewerModel::build(forensics::Trace trace, const forensics::Snapshot* snapshot, int device,
+                               std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops) {
   ViewerModel m;
   m.trace_ = std::move(trace);
   m.op_names_ = std::move(op_names);
@@ -169,6 +201,7 @@ ViewerModel ViewerModel::from(forensics::Trace trace, std::optional<forensics::S
     // block's exact size (PyTorch may hand out more than the rounded request).
     std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> live;  // addr -> requested, size
     for (const auto& seg : snapshot->segments) {
+      if (seg.device != device) continue;
       for (const auto& b : seg.blocks) {
         if (b.state != "inactive") live[b.address] = {b.requested_bytes, b.size_bytes};
       }

@@ -7,11 +7,13 @@
 // (when the file is a snapshot) set the state before the trace's first entry: the trace is undone
 // from the snapshot's blocks, so allocations made before a truncated trace began still show.
 //
-// Thread-safety: immutable after construction; share it read-only.
+// Thread-safety: immutable after construction (the OOM report arrives through a future); share it
+// read-only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,16 +40,15 @@ struct SnapshotTotals {
 class ViewerModel {
  public:
   // Opens a snapshot (PyTorch's pickle, gpumem's pickle or JSON; optionally gzip-compressed) or a
-  // CSV trace (.csv, .csv.gz). When the file records an OOM, the forensics OOM report (verdict,
-  // evidence, advice) is computed too. Throws forensics::ForensicsError naming the file and the
-  // problem.
+  // CSV trace (.csv, .csv.gz). Throws forensics::ForensicsError naming the file and the problem.
+  // When the file records an OOM, the forensics OOM report (verdict, evidence, advice) is computed
+  // on a background thread, so a large file opens without waiting for it: oom_report() is empty
+  // and oom_report_pending() true until it is done.
   static ViewerModel open(const std::string& path, std::optional<int> device = std::nullopt);
   // From data already in memory (tests, benchmarks); `snapshot` may be empty; `device` picks the
-  // snapshot segments that go with the trace.
+  // snapshot segments that go with the trace. No OOM report is computed.
   static ViewerModel from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot = std::nullopt,
                           int device = 0);
-  // Runs the forensics OOM report on `snapshot` (the same file) and keeps its analysis.
-  void attach_oom_report(const forensics::Snapshot& snapshot, int device);
 
   const std::string& source() const noexcept { return trace_.source; }
   const forensics::Trace& trace() const noexcept { return trace_; }
@@ -74,9 +75,12 @@ class ViewerModel {
   std::optional<std::uint64_t> oom_device_free_bytes() const noexcept { return oom_device_free_; }
   bool expandable() const noexcept { return expandable_; }
 
-  // The forensics OOM analysis at the OOM moment (files opened with open() that record an OOM).
-  const std::optional<forensics::OomAnalysis>& oom_report() const noexcept { return oom_report_; }
-  const std::vector<std::string>& report_notes() const noexcept { return report_notes_; }
+  // The forensics OOM analysis at the OOM moment, once computed (empty while pending, for files
+  // without an OOM, for models built with from(), or if the report failed: see report_notes()).
+  const std::optional<forensics::OomAnalysis>& oom_report() const;
+  const std::vector<std::string>& report_notes() const;
+  bool oom_report_pending() const;
+  void wait_for_oom_report() const;
 
   // Op names (gpumem snapshots record the op of each allocation); op 0 is "" (unknown).
   bool has_ops() const noexcept { return op_names_.size() > 1; }
@@ -85,13 +89,19 @@ class ViewerModel {
   // A second file to diff against (gpumem view A --diff B).
   std::shared_ptr<const ViewerModel> compare;
 
+  struct OomReport {
+    std::optional<forensics::OomAnalysis> analysis;
+    std::vector<std::string> notes;
+  };
+
  private:
-  static ViewerModel from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot, int device,
-                          std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops);
+  static ViewerModel build(forensics::Trace trace, const forensics::Snapshot* snapshot, int device,
+                           std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops);
 
   forensics::Trace trace_;
   std::vector<std::uint64_t> allocated_;  // entry_count() + 1 values
   std::vector<std::uint64_t> reserved_;
+  // checkpoints_[i]: the state after i * kCheckpointEvery entries.
   std::vector<MemoryState> checkpoints_;
   // Real block sizes of alloc entries, by entry, where a snapshot knows them (empty for CSV).
   std::vector<std::uint64_t> block_bytes_;
@@ -101,8 +111,7 @@ class ViewerModel {
   std::vector<std::string> op_names_{""};
   std::vector<std::uint32_t> entry_ops_;  // op of each entry, empty when the file has none
   std::uint32_t op_of(std::size_t entry) const noexcept { return entry < entry_ops_.size() ? entry_ops_[entry] : 0; }
-  std::optional<forensics::OomAnalysis> oom_report_;
-  std::vector<std::string> report_notes_;  // checkpoints_[i]: state after i * kCheckpointEvery entries
+  std::shared_future<OomReport> oom_report_;  // invalid when no report is computed
   std::size_t peak_reserved_ = 0;
   std::size_t peak_allocated_ = 0;
   std::optional<std::size_t> oom_;
