@@ -64,6 +64,9 @@ TEST_CASE("cursor keys: step, peaks, OOM, timeline columns", "[viewer][reduce]")
 
 TEST_CASE("segment map: block cursor and zoom", "[viewer][reduce]") {
   ViewState s = press(initial_state(model(), Size{80, 24}), U"2");
+  // At the OOM it opens on the largest free extent (the 2 MiB at the end of segment 1).
+  CHECK(s.extent_index == 3);
+  s = reduce(s, Key::of(KeyCode::home), model());
   s = reduce(s, Key::of(KeyCode::right), model());
   s = reduce(s, Key::of(KeyCode::right), model());
   CHECK(s.extent_index == 2);
@@ -77,6 +80,11 @@ TEST_CASE("segment map: block cursor and zoom", "[viewer][reduce]") {
   CHECK(s.zoom_in == 1);
   s = press(s, U"0");
   CHECK(s.zoom_in == 0);
+  // Enter: what pins the selected block's segment.
+  s = reduce(s, Key::of(KeyCode::end), model());
+  s = reduce(s, Key::of(KeyCode::enter), model());
+  CHECK(s.view == View::pins);
+  CHECK(s.pin_row == 1);  // segment 2 holds no free bytes: second in the pins list
 }
 
 TEST_CASE("live view: search, sort, group, selection", "[viewer][reduce]") {

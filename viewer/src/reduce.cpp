@@ -28,6 +28,21 @@ ViewState initial_state(const ViewerModel& model, Size screen) {
   ViewState s;
   s.screen = screen;
   s.cursor = model.initial_cursor();
+  if (model.oom_cursor()) {
+    // At an OOM the segment map opens on the largest free extent: the one the request missed.
+    const MemoryState state = model.state_at(s.cursor);
+    std::size_t index = 0;
+    std::uint64_t best = 0;
+    for (const auto& [addr, seg] : state.segments) {
+      for (const auto& x : extents_of(state, addr, seg)) {
+        if (!x.live && x.size_bytes > best) {
+          best = x.size_bytes;
+          s.extent_index = index;
+        }
+        ++index;
+      }
+    }
+  }
   return s;
 }
 
@@ -167,6 +182,33 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
       if (key.code == KeyCode::character && (key.ch == U'+' || key.ch == U'=')) s.zoom_in = std::min(s.zoom_in + 1, 40);
       if (key.code == KeyCode::character && key.ch == U'-') s.zoom_in = std::max(s.zoom_in - 1, -20);
       if (key.code == KeyCode::character && key.ch == U'0') s.zoom_in = 0;
+      if (key.code == KeyCode::enter) {
+        // What pins the selected extent's segment.
+        const MemoryState state = model.state_at(s.cursor);
+        std::size_t index = 0;
+        std::uint64_t seg_addr = 0;
+        bool found = false;
+        for (const auto& [addr, seg] : state.segments) {
+          const std::size_t n_ext = extents_of(state, addr, seg).size();
+          if (s.extent_index < index + n_ext) {
+            seg_addr = addr;
+            found = true;
+            break;
+          }
+          index += n_ext;
+        }
+        if (!found) break;
+        const auto pins = pinned_segments(state);
+        for (std::size_t i = 0; i < pins.size(); ++i) {
+          if (pins[i].addr == seg_addr) {
+            s.view = View::pins;
+            s.pin_row = i;
+            return s;
+          }
+        }
+        s.message = "no live block pins this segment: empty_cache would release it";
+        break;
+      }
       const bool moves = key.code == KeyCode::left || key.code == KeyCode::right || key.code == KeyCode::up ||
                          key.code == KeyCode::down || key.code == KeyCode::home || key.code == KeyCode::end;
       if (!moves) break;

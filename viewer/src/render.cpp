@@ -24,6 +24,7 @@ constexpr std::string_view kHelpKeys =
     "  m          mark the cursor (Diff compares the mark with the cursor)\n"
     "\n"
     "Segments:  Left / Right block by block   Up / Down segment   + - zoom   0 fit\n"
+    "           Enter: what pins the selected block's segment (the Pins view)\n"
     "  █ allocated  ▓ free in a partly used 2 MiB granule  ▒ inactive split  ░ cached free\n"
     "  · reserved address space of an expandable segment, unmapped\n"
     "Live:      Up / Down select   s sort by bytes / count   g group by call site / function\n"
@@ -35,12 +36,12 @@ constexpr std::string_view kHelpKeys =
 
 const char* help_line(const ViewState& s) {
   switch (s.view) {
-    case View::summary: return "1-6 views  , . step  p a peaks  o OOM  m mark  ? help  q quit";
-    case View::segments: return "←→ block  ↑↓ segment  + - zoom  0 fit  , . step  p a o jump  ? help  q quit";
-    case View::timeline: return "←→ move  PgUp PgDn  Home End  p peak reserved  a peak allocated  o OOM  m mark  ? help  q quit";
-    case View::live: return "↑↓ select  s sort  g group  / search  , . step  p a o jump  ? help  q quit";
-    case View::pins: return "↑↓ segment  , . step  p a o jump  ? help  q quit";
-    case View::diff: return "m mark cursor  g group  , . step  p a o jump  ? help  q quit";
+    case View::summary: return "1-6 views  , . step  p a peaks  o OOM  m mark";
+    case View::segments: return "←→ block  ↑↓ segment  Enter what pins it  + - zoom  0 fit  , . step  p a o jump";
+    case View::timeline: return "←→ move  PgUp PgDn  Home End  p peak reserved  a peak allocated  o OOM  m mark";
+    case View::live: return "↑↓ select  s sort  g group  / search  , . step  p a o jump";
+    case View::pins: return "↑↓ segment  , . step  p a o jump";
+    case View::diff: return "m mark cursor  g group  , . step  p a o jump";
   }
   return "? help  q quit";
 }
@@ -78,9 +79,12 @@ void draw_frame(CellGrid& g, const ViewState& s, const ViewerModel& model) {
   } else if (!s.message.empty()) {
     g.put(0, last, " " + s.message, Style::warn);
   } else {
-    g.put(0, last, std::string(" ") + help_line(s), Style::help);
+    // The view's keys, clipped so that "? help  q quit" always shows at the right.
+    constexpr std::string_view kTail = "? help  q quit ";
+    const int tail_x = std::max(0, w - static_cast<int>(decode_utf8(kTail).size()));
+    g.put(0, last, std::string(" ") + help_line(s), Style::help, std::max(0, tail_x - 1));
+    g.put(tail_x, last, kTail, Style::help);
   }
-  (void)w;
 }
 
 // Writes text word-wrapped to the area's width; returns the rows used (stops at max_y).
