@@ -466,19 +466,39 @@ void draw_live(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
                               s.search.empty() ? std::string() : fmt::format(" │ /{}", s.search)));
   g.put(1, a.top + 1, fmt::format("{:>12}  {:>7}  {:>6}  {}", "bytes", "count", "share", group_by_name(s.group_by)),
         Style::dim);
-  const int rows = a.rows - 2;
   if (groups.empty()) {
     g.put(2, a.top + 2, s.search.empty() ? "no live allocations at this point" : "no group matches the search", Style::dim);
     return;
   }
+  // The group list on top, the selected group's largest blocks below (a third of the rows).
+  const int detail_rows = a.rows >= 12 ? (a.rows - 2) / 3 : 0;
+  const int rows = std::max(1, a.rows - 2 - detail_rows);
   const std::size_t sel = std::min(s.live_row, groups.size() - 1);
-  const std::size_t first = rows > 0 ? sel / static_cast<std::size_t>(rows) * static_cast<std::size_t>(rows) : 0;
+  const std::size_t first = sel / static_cast<std::size_t>(rows) * static_cast<std::size_t>(rows);
   for (int r = 0; r < rows && first + static_cast<std::size_t>(r) < groups.size(); ++r) {
     const auto& gr = groups[first + static_cast<std::size_t>(r)];
-    const double share = shown_bytes ? 100.0 * static_cast<double>(gr.bytes) / static_cast<double>(state.allocated_bytes ? state.allocated_bytes : 1) : 0.0;
+    const double share = 100.0 * static_cast<double>(gr.bytes) / static_cast<double>(state.allocated_bytes ? state.allocated_bytes : 1);
     const int y = a.top + 2 + r;
     g.put(1, y, fmt::format("{:>12}  {:>7}  {:>5.1f}%  {}", format_bytes(gr.bytes), gr.count, share, gr.name));
     if (first + static_cast<std::size_t>(r) == sel) g.restyle(0, y, a.width, Style::selected);
+  }
+  if (detail_rows < 2) return;
+  const auto& chosen = groups[sel];
+  std::vector<std::pair<std::uint64_t, const BlockInfo*>> blocks;
+  for (const auto& [addr, b] : state.blocks) {
+    if (group_name(model, b, s.group_by) == chosen.name) blocks.emplace_back(addr, &b);
+  }
+  const auto shown = std::min(blocks.size(), static_cast<std::size_t>(detail_rows - 1));
+  std::partial_sort(blocks.begin(), blocks.begin() + static_cast<long>(shown), blocks.end(),
+                    [](const auto& x, const auto& y) { return x.second->size_bytes > y.second->size_bytes; });
+  int y = a.top + 2 + rows;
+  g.put(1, y++, fmt::format("Largest blocks of {} ({} of {})", chosen.name, shown, blocks.size()), Style::title);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& [addr, b] = blocks[i];
+    const std::string age = b->entry == 0 && b->t_us == 0 ? "before the trace" : "age " + format_us(model.time_us_at(s.cursor) - b->t_us);
+    g.put(2, y++, fmt::format("{:>11}  {:<16} {:<18} {}{}", format_bytes(b->size_bytes), hex(addr), age,
+                              s.group_by == GroupBy::call_site ? std::string() : model.site(b->site),
+                              b->op && s.group_by != GroupBy::op ? "  op " + model.op_name(b->op) : std::string()));
   }
 }
 
