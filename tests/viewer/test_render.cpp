@@ -31,6 +31,19 @@ TEST_CASE("golden: summary opens on the OOM verdict", "[viewer][render]") {
   CHECK(g.at(0, 23).style == Style::help);
 }
 
+TEST_CASE("golden: summary of a handmade snapshot (exact block sizes)", "[viewer][render]") {
+  const auto model = ViewerModel::from(handmade_trace(), handmade_snapshot());
+  REQUIRE(model.is_snapshot());
+  ViewState s = initial_state(model, Size{80, 40});
+  const auto g = render(s, model, s.screen);
+  check_golden("summary_snapshot", g.to_text());
+  // The snapshot's 3.5 MiB block for c replaces the rounded request: 7.5 MiB allocated.
+  CHECK(g.to_text().find("allocated                 7.5 MiB") != std::string::npos);
+  CHECK(g.to_text().find("largest free extent       1.5 MiB") != std::string::npos);
+  s.view = View::segments;
+  check_golden("segments_snapshot", render(s, model, Size{80, 24}).to_text());
+}
+
 TEST_CASE("golden: segment map", "[viewer][render]") {
   check_golden("segments", frame(View::segments).to_text());
   // Zoomed in, cursor on the freed 1 MiB gap (extent 2 of 6): it is an inactive split.

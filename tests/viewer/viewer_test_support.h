@@ -51,6 +51,30 @@ inline Trace handmade_trace() {
   return t;
 }
 
+// The snapshot PyTorch would write at the end of handmade_trace(): the same two segments, block
+// sizes as the allocator rounded them (c's 3 MiB request took a 3.5 MiB block), free blocks listed.
+inline forensics::Snapshot handmade_snapshot() {
+  forensics::Snapshot snap;
+  snap.source = "handmade.pickle";
+  forensics::SnapshotSegment s1;
+  s1.address = kSeg1;
+  s1.total_size_bytes = 8 * kMiB;
+  s1.allocated_size_bytes = 2 * kMiB + 7 * kMiB / 2;
+  s1.segment_type = "large";
+  s1.blocks = {{kSeg1, 2 * kMiB, 2 * kMiB, "active_allocated", {{"forward", "model.py", 10}}, ""},
+               {kSeg1 + 2 * kMiB, 1 * kMiB, 0, "inactive", {}, ""},
+               {kSeg1 + 3 * kMiB, 7 * kMiB / 2, 3 * kMiB, "active_allocated", {{"forward", "model.py", 10}}, ""},
+               {kSeg1 + 13 * kMiB / 2, 3 * kMiB / 2, 0, "inactive", {}, ""}};
+  forensics::SnapshotSegment s2;
+  s2.address = kSeg2;
+  s2.total_size_bytes = 2 * kMiB;
+  s2.allocated_size_bytes = 2 * kMiB;
+  s2.segment_type = "large";
+  s2.blocks = {{kSeg2, 2 * kMiB, 2 * kMiB, "active_allocated", {{"step", "optim.py", 5}}, ""}};
+  snap.segments = {s1, s2};
+  return snap;
+}
+
 inline std::optional<std::string> shared_dir() {
   const char* d = std::getenv("GPUMEM_SHARED_DIR");
   if (!d || !*d || !std::filesystem::exists(std::filesystem::path(d) / "traces")) return std::nullopt;
