@@ -109,6 +109,12 @@ TEST_CASE("the grid clips and decodes UTF-8", "[viewer][render]") {
   CHECK(g.put(3, 0, "█▒░xyz") == 5);
   CHECK(g.row_text(0) == "   █▒");
   CHECK(decode_utf8("a\xff") == U"a\uFFFD");
+  // Wide characters take two columns; one that would be cut in half is left out.
+  CellGrid w(Size{6, 1});
+  CHECK(w.put(0, 0, "模型.py") == 6);
+  CHECK(w.at(1, 0).ch == kWideTail);
+  CHECK(w.row_text(0) == "模型.p");
+  CHECK(w.put(0, 0, "a模型", Style::normal, 4) == 3);
 }
 
 TEST_CASE("golden: an expandable segment with an unmapped hole and a partly used granule", "[viewer][render]") {

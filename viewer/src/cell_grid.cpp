@@ -17,7 +17,14 @@ int CellGrid::put(int x, int y, std::string_view utf8, Style style, int max_widt
   const int limit = max_width < 0 ? size_.width : std::min(size_.width, x + max_width);
   for (char32_t ch : decode_utf8(utf8)) {
     if (x >= limit) break;
-    if (ch == U'\t' || ch == U'\n' || ch == U'\r') ch = U' ';
+    if (ch < 0x20 || ch == 0x7f) ch = U' ';
+    if (display_width(ch) == 2) {
+      if (x + 1 >= limit) break;  // half a wide character would not fit
+      set(x, y, Cell{ch, style});
+      set(x + 1, y, Cell{kWideTail, style});
+      x += 2;
+      continue;
+    }
     set(x, y, Cell{ch, style});
     ++x;
   }
@@ -37,7 +44,9 @@ void CellGrid::fill_row(int y, char32_t ch, Style style) noexcept {
 
 std::string CellGrid::row_text(int y) const {
   std::string line;
-  for (int x = 0; x < size_.width; ++x) append_utf8(line, at(x, y).ch);
+  for (int x = 0; x < size_.width; ++x) {
+    if (at(x, y).ch != kWideTail) append_utf8(line, at(x, y).ch);
+  }
   while (!line.empty() && line.back() == ' ') line.pop_back();
   return line;
 }
@@ -49,6 +58,16 @@ std::string CellGrid::to_text() const {
     out += '\n';
   }
   return out;
+}
+
+int display_width(char32_t c) noexcept {
+  const auto in = [c](char32_t lo, char32_t hi) { return c >= lo && c <= hi; };
+  return in(0x1100, 0x115F) || in(0x2E80, 0x303E) || in(0x3041, 0x33FF) || in(0x3400, 0x4DBF) ||
+                 in(0x4E00, 0x9FFF) || in(0xA000, 0xA4CF) || in(0xAC00, 0xD7A3) || in(0xF900, 0xFAFF) ||
+                 in(0xFE30, 0xFE4F) || in(0xFF00, 0xFF60) || in(0xFFE0, 0xFFE6) || in(0x1F300, 0x1F64F) ||
+                 in(0x1F900, 0x1F9FF) || in(0x20000, 0x3FFFD)
+             ? 2
+             : 1;
 }
 
 std::u32string decode_utf8(std::string_view s) {

@@ -438,9 +438,14 @@ void draw_timeline(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
     const int oc = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(cols - 1), *model.oom_cursor() / step));
     if (oc != cursor_col) g.set(kTimelineLabelWidth + oc, axis_y, Cell{U'✗', Style::warn});
   }
+  if (s.mark) {
+    const int mc = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(cols - 1), *s.mark / step));
+    if (mc != cursor_col) g.set(kTimelineLabelWidth + mc, axis_y, Cell{U'M', Style::emphasis});
+  }
   std::string at = fmt::format("cursor: entry {}/{}  t +{}  allocated {}  reserved {}", s.cursor, model.entry_count(),
                                format_us(model.time_us_at(s.cursor) - model.time_us_at(0)),
                                format_bytes(model.allocated_at(s.cursor)), format_bytes(model.reserved_at(s.cursor)));
+  if (s.mark) at += fmt::format("  │ M = mark at entry {}", *s.mark);
   g.put(1, axis_y + 2, at, Style::emphasis);
   if (s.cursor > 0) {
     const auto& e = model.trace().entries[s.cursor - 1];

@@ -76,6 +76,7 @@ class Painter {
     for (int y = 0; y < g.height(); ++y) {
       for (int x = 0; x < g.width(); ++x) {
         const Cell& c = g.at(x, y);
+        if (c.ch == kWideTail) continue;  // drawn by the wide character to its left
         const auto si = static_cast<std::size_t>(c.style);
         wchar_t text[2] = {static_cast<wchar_t>(c.ch), L'\0'};
         cchar_t cc;

@@ -1,8 +1,8 @@
 // CellGrid: what one frame of the viewer looks like, as a width x height grid of cells. render()
 // produces it; the terminal painter only copies it to the screen, and tests compare its text.
 //
-// A cell holds one Unicode code point (each drawn one column wide: the viewer only writes
-// single-width characters) and a semantic Style. The painter decides what a style looks like
+// A cell holds one Unicode code point and a semantic Style. A wide character (CJK, emoji: two
+// columns) takes its cell and the next, which holds kWideTail; the painter skips those. The painter decides what a style looks like
 // (256 colors, 8 colors or monochrome attributes); glyphs already tell states apart, so a
 // monochrome screen loses nothing but color.
 //
@@ -37,6 +37,8 @@ enum class Style : std::uint8_t {
   cursor,          // timeline cursor column
   count_,
 };
+
+inline constexpr char32_t kWideTail = 0;  // the right half of a wide character
 
 struct Cell {
   char32_t ch = U' ';
@@ -76,6 +78,10 @@ class CellGrid {
   Size size_;
   std::vector<Cell> cells_;
 };
+
+// Columns a code point takes on a terminal: 2 for East Asian wide and fullwidth characters and
+// most emoji, 1 otherwise (the viewer writes no combining characters).
+int display_width(char32_t ch) noexcept;
 
 // Decodes UTF-8 into code points (invalid bytes become U+FFFD).
 std::u32string decode_utf8(std::string_view utf8);
