@@ -99,4 +99,27 @@ std::optional<OomPostmortemFiles> EngineForensics::on_oom(const alloc::OomInfo& 
   return files;
 }
 
+std::optional<OomPostmortemFiles> EngineForensics::on_last_oom() {
+  if (report_dir_.empty() || !ring_) return std::nullopt;
+  const auto records = ring_->records();
+  const TraceRecord* last = nullptr;
+  for (const auto& r : records) {
+    if (r.event.kind == alloc::EventKind::oom && (!last || r.event.seq > last->event.seq)) last = &r;
+  }
+  if (!last) return std::nullopt;
+  const alloc::EngineTotals t = engine_.totals();
+  alloc::OomInfo oom;
+  oom.requested_bytes = last->event.requested_bytes;
+  oom.rounded_bytes = last->event.size_bytes;
+  oom.allocated_bytes = t.allocated_bytes;
+  oom.reserved_bytes = t.reserved_bytes;
+  oom.cached_free_bytes = t.cached_free_bytes;
+  oom.largest_free_extent_bytes = t.largest_free_extent_bytes;
+  oom.cap_bytes = t.cap_bytes;
+  oom.provider = engine_.source().mem_info();
+  oom.stream = last->event.stream;
+  oom.pool = last->event.pool;
+  return on_oom(oom);
+}
+
 }  // namespace gpumem::forensics

@@ -21,13 +21,6 @@ const char* state_name(alloc::BlockState s) {
   }
 }
 
-std::vector<SnapshotFrame> op_frames(const std::string& op, const std::string& scope) {
-  std::vector<SnapshotFrame> frames;
-  if (!op.empty()) frames.push_back(SnapshotFrame{op, "??", 0});
-  if (!scope.empty()) frames.push_back(SnapshotFrame{scope, "??", 0});
-  return frames;
-}
-
 }  // namespace
 
 Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<const TraceRecord> trace,
@@ -41,6 +34,7 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   snap.gpumem.device_free_bytes = extras.device_free_bytes;
   snap.gpumem.cap_bytes = engine.totals.cap_bytes == alloc::kNoLimit ? 0 : engine.totals.cap_bytes;
   snap.gpumem.ops = extras.ops;
+  snap.gpumem.op_frames = true;
   snap.expandable_segments = std::any_of(engine.segments.begin(), engine.segments.end(),
                                          [](const alloc::SegmentView& s) { return s.expandable; });
 
@@ -60,7 +54,8 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   snap.device_traces.resize(device + 1);
   auto& out = snap.device_traces[device];
   out.reserve(order.size());
-  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> op_of_seq;  // alloc seq -> op, scope
+  std::unordered_map<std::uint64_t, std::uint32_t> op_of_seq;  // alloc seq -> op
+  op_of_seq.reserve(order.size() / 2 + 1);
   std::unordered_map<std::uint32_t, std::string> name_cache;
   auto name_of = [&](std::uint32_t id) -> const std::string& {
     auto it = name_cache.find(id);
@@ -82,8 +77,7 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
     s.time_us = static_cast<std::int64_t>(e.t_ns / 1000) + offset_us;
     s.op = name_of(r->op);
     s.user_metadata = name_of(r->scope);
-    s.frames = op_frames(s.op, s.user_metadata);
-    if (*action == TraceAction::alloc) op_of_seq[e.seq] = {r->op, r->scope};
+    if (*action == TraceAction::alloc) op_of_seq[e.seq] = r->op;
     if (*action == TraceAction::oom) last_oom = out.size();
     out.push_back(std::move(s));
   }
@@ -121,18 +115,13 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
                                : 0;
       sb.state = state_name(b.state);
       if (sb.state != "inactive") {
-        std::uint32_t op = 0, scope = 0;
+        std::uint32_t op = 0;
         if (auto it = op_of_seq.find(b.alloc_seq); it != op_of_seq.end()) {
-          op = it->second.first;
-          scope = it->second.second;
+          op = it->second;
         } else if (extras.tracker) {
-          if (auto info = extras.tracker->live_block(b.addr)) {
-            op = info->op;
-            scope = info->scope;
-          }
+          if (auto info = extras.tracker->live_block(b.addr)) op = info->op;
         }
         sb.op = name_of(op);
-        sb.frames = op_frames(sb.op, name_of(scope));
       }
       cur.blocks.push_back(std::move(sb));
     }

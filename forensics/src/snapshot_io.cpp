@@ -57,6 +57,29 @@ Snapshot snapshot_from_trace(const Trace& trace) {
   return snap;
 }
 
+bool is_op_frame(const SnapshotFrame& f, const std::string& name) {
+  return f.name == name && f.filename == "??" && f.line == 0;
+}
+
+// Removes the frames the writer synthesized from ops (GpumemSnapshotInfo::op_frames).
+void strip_op_frames(Snapshot& snap) {
+  for (auto& seg : snap.segments) {
+    for (auto& b : seg.blocks) {
+      if (!b.op.empty() && b.frames.size() == 1 && is_op_frame(b.frames[0], b.op)) b.frames.clear();
+    }
+  }
+  for (auto& trace : snap.device_traces) {
+    for (auto& e : trace) {
+      if (e.op.empty()) continue;
+      const bool scope = !e.user_metadata.empty();
+      if (e.frames.size() == (scope ? 2u : 1u) && is_op_frame(e.frames[0], e.op) &&
+          (!scope || is_op_frame(e.frames[1], e.user_metadata))) {
+        e.frames.clear();
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void read_gpumem_additions(const PickleValue& root, Snapshot& snap) {
@@ -99,6 +122,8 @@ void read_gpumem_additions(const PickleValue& root, Snapshot& snap) {
   info.device_total_bytes = u64_of(g->find("device_total"));
   info.device_free_bytes = u64_of(g->find("device_free"));
   info.cap_bytes = u64_of(g->find("cap"));
+  if (const PickleValue* f = g->find("op_frames"); f && f->is_bool()) info.op_frames = f->as_bool();
+  if (info.op_frames) strip_op_frames(snap);
   if (const PickleValue* ops = g->find("ops"); ops && ops->is_sequence()) {
     for (const auto& r : ops->items()) {
       OpRow row;

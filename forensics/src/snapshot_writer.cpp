@@ -1,5 +1,6 @@
 #include "gpumem/forensics/snapshot_writer.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <charconv>
@@ -27,7 +28,7 @@ enum Key : std::uint8_t {
   kVersion, kSettings, kDeviceTotal, kCap, kOps,
   kCalls, kAllocs, kAllocatedBytes, kLiveBytes, kPeakContributionBytes, kReservedGrowthBytes,
   kFragDeltaBytes, kWorstCallFragBeforeBytes, kWorstCallFragAfterBytes,
-  kExpandableSegments, kMaxSplitSize,
+  kExpandableSegments, kMaxSplitSize, kOpFrames,
   kKeyCount
 };
 
@@ -41,20 +42,29 @@ constexpr std::array<std::string_view, kKeyCount> kKeyNames = {
     "version", "settings", "device_total", "cap", "ops",
     "calls", "allocs", "allocated_bytes", "live_bytes", "peak_contribution_bytes", "reserved_growth_bytes",
     "frag_delta_bytes", "worst_call_frag_before_bytes", "worst_call_frag_after_bytes",
-    "expandable_segments", "max_split_size",
+    "expandable_segments", "max_split_size", "op_frames",
 };
+
+bool same_frames(const std::vector<SnapshotFrame>& a, const std::vector<SnapshotFrame>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].line != b[i].line || a[i].name != b[i].name || a[i].filename != b[i].filename) return false;
+  }
+  return true;
+}
 
 // ---- pickle protocol 2 ----
 class PickleSink {
  public:
   PickleSink() {
-    out_.reserve(1 << 20);
+    out_.resize(1 << 20);
     key_memo_.fill(UINT32_MAX);
     op(0x80);  // PROTO
     op(2);
   }
   std::string finish() {
     op('.');  // STOP
+    out_.resize(pos_);
     return std::move(out_);
   }
 
@@ -100,7 +110,7 @@ class PickleSink {
       while (x != 0) { bytes[n++] = static_cast<std::uint8_t>(x); x >>= 8; }
       if (bytes[n - 1] & 0x80) bytes[n++] = 0;
       op(0x8a); op(static_cast<std::uint8_t>(n));
-      out_.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(n));
+      append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(n));
     }
   }
   void i64(std::int64_t v) {
@@ -112,23 +122,91 @@ class PickleSink {
     int n = 8;
     while (n > 1 && bytes[n - 1] == 0xff && (bytes[n - 2] & 0x80)) --n;
     op(0x8a); op(static_cast<std::uint8_t>(n));
-    out_.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(n));
+    append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(n));
+  }
+
+  // A frames list already written with the same content is referred to through the memo (the
+  // readers then share one list object between the entries, which they only read).
+  bool reuse_frames(const std::vector<SnapshotFrame>& frames) {
+    const std::uint64_t h = hash_frames(frames);
+    auto it = frames_memo_.find(h);
+    if (it != frames_memo_.end() && same_frames(*it->second.first, frames)) {
+      get(it->second.second);
+      return true;
+    }
+    pending_frames_ = &frames;
+    pending_hash_ = h;
+    return false;
+  }
+  // The synthesized op frames of (op, scope), when written before.
+  bool reuse_op_frames(std::string_view op_name, std::string_view scope) {
+    const auto a = memo_.find(op_name);
+    const auto b = scope.empty() ? memo_.end() : memo_.find(scope);
+    if (a == memo_.end() || (!scope.empty() && b == memo_.end())) return false;
+    const std::uint64_t key = std::uint64_t{a->second} << 32 | (scope.empty() ? 0xffffffffu : b->second);
+    auto it = op_frames_memo_.find(key);
+    if (it == op_frames_memo_.end()) return false;
+    get(it->second);
+    return true;
+  }
+  std::uint32_t begin_op_frames_list() {
+    op(']');
+    const std::uint32_t idx = put();
+    op('(');
+    return idx;
+  }
+  void remember_op_frames(std::string_view op_name, std::string_view scope, std::uint32_t list_idx) {
+    const auto a = memo_.find(op_name);
+    const auto b = scope.empty() ? memo_.end() : memo_.find(scope);
+    if (a == memo_.end() || (!scope.empty() && b == memo_.end())) return;
+    op_frames_memo_[std::uint64_t{a->second} << 32 | (scope.empty() ? 0xffffffffu : b->second)] = list_idx;
+  }
+  void begin_frames_list() {
+    op(']');
+    const std::uint32_t idx = put();
+    if (pending_frames_) frames_memo_[pending_hash_] = {pending_frames_, idx};
+    pending_frames_ = nullptr;
+    op('(');
   }
 
  private:
+  static std::uint64_t hash_frames(const std::vector<SnapshotFrame>& frames) noexcept {
+    std::uint64_t h = 1469598103934665603ull ^ frames.size();
+    auto mix = [&h](std::string_view s) {
+      for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+      h = (h ^ 0xff) * 1099511628211ull;
+    };
+    for (const auto& f : frames) {
+      mix(f.name);
+      mix(f.filename);
+      h = (h ^ static_cast<std::uint64_t>(f.line)) * 1099511628211ull;
+    }
+    return h;
+  }
+  void ensure(std::size_t n) {
+    if (pos_ + n > out_.size()) out_.resize(std::max(out_.size() * 2, pos_ + n));
+  }
+  void append(const char* p, std::size_t n) {
+    ensure(n);
+    std::memcpy(out_.data() + pos_, p, n);
+    pos_ += n;
+  }
   struct Hash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
-  void op(std::uint8_t b) { out_.push_back(static_cast<char>(b)); }
+  void op(std::uint8_t b) {
+    ensure(1);
+    out_[pos_++] = static_cast<char>(b);
+  }
   void le32(std::uint32_t v) {
     char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
-    out_.append(b, 4);
+    append(b, 4);
   }
   void raw_str(std::string_view s) {
     op('X');  // BINUNICODE
     le32(static_cast<std::uint32_t>(s.size()));
-    out_.append(s);
+    append(s.data(), s.size());
   }
   std::uint32_t put() {
     const std::uint32_t idx = next_memo_++;
@@ -142,6 +220,11 @@ class PickleSink {
   }
 
   std::string out_;
+  std::size_t pos_ = 0;
+  std::unordered_map<std::uint64_t, std::pair<const std::vector<SnapshotFrame>*, std::uint32_t>> frames_memo_;
+  std::unordered_map<std::uint64_t, std::uint32_t> op_frames_memo_;
+  const std::vector<SnapshotFrame>* pending_frames_ = nullptr;
+  std::uint64_t pending_hash_ = 0;
   std::array<std::uint32_t, kKeyCount> key_memo_{};
   std::unordered_map<std::string, std::uint32_t, Hash, std::equal_to<>> memo_;
   std::uint32_t next_memo_ = 0;
@@ -158,6 +241,11 @@ class JsonSink {
   void begin_list() { value(); out_.push_back('['); first_.push_back(true); }
   void end_list() { out_.push_back(']'); first_.pop_back(); }
   void pair_i64(std::int64_t a, std::int64_t b) { begin_list(); i64(a); i64(b); end_list(); }
+  bool reuse_frames(const std::vector<SnapshotFrame>&) { return false; }
+  void begin_frames_list() { begin_list(); }
+  bool reuse_op_frames(std::string_view, std::string_view) { return false; }
+  std::uint32_t begin_op_frames_list() { begin_list(); return 0; }
+  void remember_op_frames(std::string_view, std::string_view, std::uint32_t) {}
   void key(Key k) {
     value();
     out_.push_back('"');
@@ -250,7 +338,8 @@ void write_value(Sink& s, const PickleValue& v) {
 template <typename Sink>
 void write_frames(Sink& s, const std::vector<SnapshotFrame>& frames) {
   s.key(kFrames);
-  s.begin_list();
+  if (s.reuse_frames(frames)) return;
+  s.begin_frames_list();
   for (const auto& f : frames) {
     s.begin_dict();
     s.key(kName); s.interned(f.name);
@@ -262,7 +351,30 @@ void write_frames(Sink& s, const std::vector<SnapshotFrame>& frames) {
 }
 
 template <typename Sink>
-void write_segment(Sink& s, const SnapshotSegment& seg) {
+void write_frame(Sink& s, std::string_view name) {
+  s.begin_dict();
+  s.key(kName); s.interned(name);
+  s.key(kFilename); s.interned("??");
+  s.key(kLine); s.i64(0);
+  s.end_dict();
+}
+
+// Frames, or (op_frames on, no frames, an op) frames naming the op and the user scope.
+template <typename Sink>
+void write_frames_or_op(Sink& s, const std::vector<SnapshotFrame>& frames, bool op_frames, std::string_view op,
+                        std::string_view scope) {
+  if (!op_frames || !frames.empty() || op.empty()) return write_frames(s, frames);
+  s.key(kFrames);
+  if (s.reuse_op_frames(op, scope)) return;
+  const std::uint32_t idx = s.begin_op_frames_list();
+  write_frame(s, op);
+  if (!scope.empty()) write_frame(s, scope);
+  s.end_list();
+  s.remember_op_frames(op, scope, idx);
+}
+
+template <typename Sink>
+void write_segment(Sink& s, const SnapshotSegment& seg, bool op_frames) {
   s.begin_dict();
   s.key(kDevice); s.i64(seg.device);
   s.key(kAddress); s.u64(seg.address);
@@ -283,7 +395,7 @@ void write_segment(Sink& s, const SnapshotSegment& seg) {
     s.key(kSize); s.u64(b.size_bytes);
     s.key(kRequestedSize); s.u64(b.requested_bytes);
     s.key(kState); s.interned(b.state);
-    write_frames(s, b.frames);
+    write_frames_or_op(s, b.frames, op_frames, b.op, {});
     if (!b.op.empty()) { s.key(kOp); s.interned(b.op); }
     s.end_dict();
   }
@@ -292,7 +404,7 @@ void write_segment(Sink& s, const SnapshotSegment& seg) {
 }
 
 template <typename Sink>
-void write_entry(Sink& s, const SnapshotTraceEntry& e) {
+void write_entry(Sink& s, const SnapshotTraceEntry& e, bool op_frames) {
   s.begin_dict();
   s.key(kAction); s.interned(to_string(e.action));
   if (e.action == TraceAction::oom) {
@@ -305,7 +417,7 @@ void write_entry(Sink& s, const SnapshotTraceEntry& e) {
   s.key(kTimeUs); s.i64(e.time_us);
   s.key(kCompileContext); s.interned(e.compile_context.empty() ? std::string_view("N/A") : e.compile_context);
   s.key(kUserMetadata); s.interned(e.user_metadata);
-  write_frames(s, e.frames);
+  write_frames_or_op(s, e.frames, op_frames, e.op, e.user_metadata);
   if (!e.op.empty()) { s.key(kOp); s.interned(e.op); }
   s.end_dict();
 }
@@ -331,14 +443,14 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.begin_dict();
   s.key(kSegments);
   s.begin_list();
-  for (const auto& seg : snap.segments) write_segment(s, seg);
+  for (const auto& seg : snap.segments) write_segment(s, seg, snap.gpumem.op_frames);
   s.end_list();
 
   s.key(kDeviceTraces);
   s.begin_list();
   for (const auto& trace : snap.device_traces) {
     s.begin_list();
-    for (const auto& e : trace) write_entry(s, e);
+    for (const auto& e : trace) write_entry(s, e, snap.gpumem.op_frames);
     s.end_list();
   }
   s.end_list();
@@ -363,6 +475,7 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.key(kDeviceTotal); s.u64(snap.gpumem.device_total_bytes);
   s.key(kDeviceFree); s.u64(snap.gpumem.device_free_bytes);
   s.key(kCap); s.u64(snap.gpumem.cap_bytes);
+  s.key(kOpFrames); s.boolean(snap.gpumem.op_frames);
   s.key(kOps);
   s.begin_list();
   for (const auto& r : snap.gpumem.ops) write_op_row(s, r);

@@ -51,6 +51,11 @@ class EngineForensics {
   Snapshot snapshot();
   // nullopt when oom_report_dir is not configured.
   std::optional<OomPostmortemFiles> on_oom(const alloc::OomInfo& oom);
+  // The postmortem of the engine's latest OOM, for code that only sees the error (a
+  // c10::OutOfMemoryError the torch adapter threw): the request from the last oom record of the
+  // trace, the totals from the engine now (call it before freeing anything). nullopt when
+  // oom_report_dir is not configured or no OOM was recorded.
+  std::optional<OomPostmortemFiles> on_last_oom();
 
   const TraceRing* trace_ring() const noexcept { return ring_.get(); }
   const FragmentationTracker* tracker() const noexcept { return tracker_.get(); }

@@ -7,8 +7,9 @@
 // address order tiling each segment, states active_allocated / active_pending_free / inactive.
 // Trace records are ordered by the engine's seq; times are converted from the steady clock to
 // Unix microseconds at conversion time; empty_cache events (which PyTorch does not trace) are
-// left out. Blocks and entries with an op get it in `op` and, so that PyTorch's viewer shows it,
-// as frames {name: op, filename: "??", line: 0} (and the user scope likewise).
+// left out. Blocks and entries with an op get it in `op`, entries their user scope in
+// user_metadata; op_frames is set, so the writers also give them frames naming the op and the
+// scope for PyTorch's viewer.
 //
 // Thread-safety: a free function of its arguments.
 #pragma once

@@ -51,6 +51,10 @@ struct GpumemSnapshotInfo {
   std::uint64_t device_total_bytes = 0;  // 0 = unknown
   std::uint64_t device_free_bytes = 0;   // when the snapshot was taken; 0 = unknown
   std::uint64_t cap_bytes = 0;           // cap on reserved bytes; 0 = none / unknown
+  // Blocks and trace entries without frames but with an op are written with frames naming the
+  // op (and, for entries, the user scope in user_metadata) as {name, filename "??", line 0}, so
+  // PyTorch's viewer shows them; reading such a file removes those frames again.
+  bool op_frames = false;
   std::vector<OpRow> ops;                // per-op table, largest allocated_bytes first
 };
 
