@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
 
   Allocator& native = *c10::cuda::CUDACachingAllocator::get();
   torch::empty({1}, torch::kCUDA);  // initializes CUDA and the native allocator
-  Allocator& ours = gpumem::torch::cuda_allocator(std::get<gpumem::alloc::Config>(parsed));
+  const gpumem::alloc::Config config = std::get<gpumem::alloc::Config>(parsed);
+  Allocator& ours = gpumem::torch::cuda_allocator(config);
   ours.init(static_cast<int>(c10::cuda::device_count()));
   const cudaStream_t stream = nullptr;  // the default stream, as raw_alloc uses with no stream set
 

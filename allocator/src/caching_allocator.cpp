@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -407,7 +408,10 @@ struct CachingAllocator::Impl {
 
   Region* new_region(PoolKind pool, StreamId stream, bool expandable_region, std::size_t size,
                      EventBatch& batch, GrowFailure& fail) {
-    auto reserved = source.reserve(size, expandable_region ? piece_bytes[static_cast<int>(pool)] : 0);
+    // Expandable regions are aligned to a power of two at least a piece (sources take only powers
+    // of two); slots are counted from the region's base, so any alignment would be correct.
+    auto reserved =
+        source.reserve(size, expandable_region ? std::bit_ceil(piece_bytes[static_cast<int>(pool)]) : 0);
     if (!reserved.ok()) {
       fail.status = reserved.status;
       fail.detail = source.last_error();
@@ -721,6 +725,15 @@ struct CachingAllocator::Impl {
         reserved_bytes -= (handles.size() - (used - 1)) * piece;
         return nullptr;
       }
+    }
+    if (!merged) {
+      // Nothing needed mapping (the fast path normally finds such a range): find its block.
+      for (Block* x = r.first; x; x = x->next)
+        if (x->addr <= ex_lo && ex_hi <= x->end()) {
+          merged = x;
+          break;
+        }
+      if (!merged || merged->state != BlockState::free) invariant_failed("growth placement is not free memory");
     }
     // Every slot of [ex_lo, ex_hi) is mapped and free now: one free block holds the range.
     FreeIndex& idx = free_index[static_cast<int>(pool)];
@@ -1373,6 +1386,8 @@ EngineTotals CachingAllocator::totals() const {
   t.active_bytes = t.allocated_bytes + m.pending_bytes;
   t.reserved_bytes = m.reserved_bytes;
   t.cached_free_bytes = m.free_index[0].bytes() + m.free_index[1].bytes() + in_caches;
+  t.thread_caches = m.use_caches() ? m.caches.size() : 0;
+  t.thread_cached_bytes = in_caches;
   t.largest_free_extent_bytes = m.largest_free_locked();
   t.va_reserved_bytes = m.va_bytes;
   t.cap_bytes = m.cap;

@@ -2,6 +2,7 @@
 # GPU machine: builds the torch adapter and runs its GPU tests and benchmarks (about 6-8 minutes).
 #
 #   OUT=/some/dir scripts/gpu/torch_adapter.sh
+#   (GPUMEM_GPU_BUILD=dir: build directory, default build-gpu; GPUMEM_SKIP_BUILD=1: reuse it as is)
 #
 # 1. build (gpumem_torch, tests, example, benchmark; viewer off)
 # 2. [gpu] tests of the CUDA allocator (record_stream stress, OOM + recovery, empty_cache, snapshots)
@@ -34,12 +35,15 @@ torch_prefix=$("$py" -c 'import torch;print(torch.utils.cmake_prefix_path)')
 
 step "configure + build"
 t0=$SECONDS
-{
+if [ "${GPUMEM_SKIP_BUILD:-0}" = 1 ]; then  # rerun on an existing build
+  true
+else {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_PYTHON="$py" -DTORCH_CUDA_ARCH_LIST=9.0 &&
   cmake --build "$build" -j "$(nproc)" --target gpumem_torch torch_adapter_parts torch_cpu_training \
     torch_cuda_allocator torch_cuda_sim train_transformer torch_alloc_pairs
 } >"$LOGS/build.log" 2>&1
+fi
 if [ $? -ne 0 ]; then
   tail -40 "$LOGS/build.log"
   note "build: FAILED (see build.log)"

@@ -650,7 +650,12 @@ void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::
   const std::size_t unallocated = oom.reserved_bytes > oom.allocated_bytes ? oom.reserved_bytes - oom.allocated_bytes : 0;
   message += "Of the allocated memory " + format_size(oom.allocated_bytes) + " is allocated by PyTorch, and " +
              format_size(unallocated) + " is reserved by PyTorch but unallocated. ";
-  message += "gpumem: " + alloc::describe(oom) + " ";
+  std::string reason = alloc::describe(oom);
+  if (!reason.empty() && reason.back() != '.') reason += '.';
+  message += "gpumem: " + reason + " ";
+  if (oom.cap_reached)
+    message += "The cap comes from torch.cuda.set_per_process_memory_fraction or the per_process_memory_fraction / "
+               "memory_limit_mb settings in GPUMEM_ALLOC_CONF: raise it, or free tensors. ";
   message +=
       "See documentation for Memory Management "
       "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)";

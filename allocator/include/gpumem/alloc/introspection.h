@@ -64,6 +64,9 @@ struct EngineTotals {
   std::size_t cap_bytes = 0;           // cap on reserved (kNoLimit if none)
   std::size_t segments = 0;            // classic segments + expandable regions
   std::size_t pieces_mapped = 0;
+  std::size_t thread_caches = 0;       // threads holding a cache of freed blocks (0 until the
+                                       // engine's lock was first contended)
+  std::size_t thread_cached_bytes = 0; // bytes in those caches (part of cached_free_bytes)
 };
 
 struct EngineSnapshot {
