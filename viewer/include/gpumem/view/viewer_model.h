@@ -26,7 +26,7 @@
 
 namespace gpumem::view {
 
-inline constexpr std::size_t kCheckpointEvery = 2048;
+inline constexpr std::size_t kCheckpointEvery = 8192;
 
 // PyTorch's own numbers at the end of a snapshot, read from its segments (exact block sizes).
 struct SnapshotTotals {
