@@ -19,5 +19,6 @@ struct Command {
 Command replay_command();
 Command report_command();
 Command diff_command();
+Command view_command();
 
 }  // namespace gpumem::cli
