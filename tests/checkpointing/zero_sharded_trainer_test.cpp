@@ -299,7 +299,10 @@ TEST_CASE("CUDA: stage 3 with side-stream prefetch over NCCL equals the referenc
       trainer.step();
     }
     const Difference d = compare(trainer.gather_full_parameters(), reference, 1e-4, 1e-3);
+    std::printf("CUDA stage %d over %s: max |sharded - reference| = %.3g\n", stage,
+                ctx.backend->getBackendName().c_str(), d.max_abs);
     INFO("max |sharded - reference| = " << d.max_abs);
     CHECK(d.max_violation == 0);
   }
+  ctx.backend->shutdown();
 }
