@@ -183,6 +183,37 @@ TEST_CASE("each stage issues the collectives it calls for", "[zero][trainer]") {
   CHECK(count(s3_keep.ranks[0], "_allgather_base") == 3 * (5 + 1) + 6);  // + the final gather
 }
 
+TEST_CASE("stages 2 and 3 reduce-scatter while backward is still running", "[zero][trainer]") {
+  at::set_num_threads(1);
+  const auto batches = make_batches(2, 8, 14);
+  for (int stage : {1, 2, 3}) {
+    // Block 0's first weight is among the last gradients backward computes; by then the
+    // buckets (units) of the layers after it must already have been handed to the backend.
+    std::vector<int> issued_before_last(2, -1);
+    const auto errors = run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::Backend> comm) {
+      ToyNet net = make_toy_net(kSeed);
+      ShardedTrainerOptions o = fp32_options(stage);
+      o.bucket_size_bytes = 2 << 10;
+      ShardedTrainer trainer(net.ptr(), comm, o,
+                             stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{});
+      auto* threads = dynamic_cast<ThreadBackend*>(comm.get());
+      const char* reduction = stage == 1 ? "allreduce" : "_reduce_scatter_base";
+      const at::Tensor loss = toy_loss(net, local_batch(batches[0], rank, 2), at::kFloat);
+      net->input->weight.register_hook([&, rank](const at::Tensor&) {
+        const auto counts = threads->issued();
+        auto it = counts.find(reduction);
+        issued_before_last[rank] = it == counts.end() ? 0 : it->second;
+      });
+      trainer.backward(loss);
+      trainer.step();
+    });
+    INFO("stage " << stage);
+    for (const std::string& e : errors) REQUIRE(e.empty());
+    CHECK(issued_before_last[0] >= 2);
+    CHECK(issued_before_last[1] == issued_before_last[0]);
+  }
+}
+
 TEST_CASE("a world of one runs without a launcher", "[zero][trainer]") {
   at::set_num_threads(1);
   LaunchEnv env;  // as parse_launch_env returns it with no variables set

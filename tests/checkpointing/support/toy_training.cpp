@@ -1,5 +1,7 @@
 #include "toy_training.h"
 
+#include "rank_counting_cpu_allocator.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gpumem/zero/sharded_trainer.h>
@@ -162,6 +164,11 @@ ShardedRun train_sharded(int world_size, const ShardedTrainerOptions& options, s
   run.errors = run_ranks(
       world_size,
       [&](int rank, c10::intrusive_ptr<c10d::Backend> backend) {
+        RankCountingCpuAllocator& counter = RankCountingCpuAllocator::instance();
+        RankCountingCpuAllocator::RankTag tag(rank);
+        // Deltas from here: tensors charged to this rank by earlier runs may still be alive.
+        const std::int64_t live_at_start = counter.installed() ? counter.live_bytes(rank) : 0;
+        if (counter.installed()) counter.reset_peak(rank);
         ToyNet& net = models[rank];
         ShardedTrainer trainer(net.ptr(), backend, options,
                                options.stage == 3 ? net->units()
@@ -173,8 +180,12 @@ ShardedRun train_sharded(int world_size, const ShardedTrainerOptions& options, s
           trainer.backward(loss);
           trainer.step();
         }
-        NamedTensors params = trainer.gather_full_parameters();
         RankReport& report = run.ranks[rank];
+        if (counter.installed()) {
+          report.allocator_live_bytes = counter.live_bytes(rank) - live_at_start;
+          report.allocator_peak_bytes = counter.peak_bytes(rank) - live_at_start;
+        }
+        NamedTensors params = trainer.gather_full_parameters();
         report.states = trainer.model_state_bytes();
         report.peak_states = trainer.peak_model_state_bytes();
         report.expected = trainer.expected_model_state_bytes();

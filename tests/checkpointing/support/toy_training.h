@@ -80,6 +80,10 @@ struct RankReport {
   ModelStateBytes expected;         // the formula
   double transient_peak_bytes = 0;
   std::int64_t num_params = 0;
+  // When RankCountingCpuAllocator is installed: the bytes this rank's thread allocated and
+  // still holds right after the last step (before gathering the parameters), and its peak.
+  std::int64_t allocator_live_bytes = -1;
+  std::int64_t allocator_peak_bytes = -1;
   std::map<std::string, int> collectives;  // issued by this rank, by name
 };
 
