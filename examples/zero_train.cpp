@@ -107,7 +107,8 @@ TORCH_MODULE(Head);
 struct GptImpl : nn::Module {
   explicit GptImpl(const Config& c) {
     embed = register_module("embed", Embeddings(c));
-    for (std::int64_t i = 0; i < c.layers; ++i) blocks.push_back(register_module(fmt::format("block{}", i), Block(c)));
+    for (std::int64_t i = 0; i < c.layers; ++i)
+      blocks.push_back(register_module(fmt::format("block{}", i), Block(c)));
     head = register_module("head", Head(c));
   }
   at::Tensor forward(const at::Tensor& idx) {
@@ -171,8 +172,10 @@ T number(const std::string& flag, const std::string& text, T lo, T hi) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size()) usage_error(fmt::format("{} '{}' is not a number", flag, text));
-  if (value < lo || value > hi) usage_error(fmt::format("{} {} is outside {}..{}", flag, text, lo, hi));
+  if (used == 0 || used != text.size())
+    usage_error(fmt::format("{} '{}' is not a number", flag, text));
+  if (value < lo || value > hi)
+    usage_error(fmt::format("{} {} is outside {}..{}", flag, text, lo, hi));
   return value;
 }
 
@@ -230,7 +233,8 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.model.width % a.model.heads != 0) {
-    usage_error(fmt::format("--width {} must be a multiple of --heads {}", a.model.width, a.model.heads));
+    usage_error(
+        fmt::format("--width {} must be a multiple of --heads {}", a.model.width, a.model.heads));
   }
   return a;
 }
@@ -240,12 +244,16 @@ Args parse_args(int argc, char** argv) {
 
 class MarkovData {
  public:
-  MarkovData(std::int64_t vocab, std::uint64_t seed) : gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+  MarkovData(std::int64_t vocab, std::uint64_t seed)
+      : gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
     successors_ = at::randint(vocab, {vocab, 4}, gen_, at::kLong);
     probs_ = at::tensor({0.55, 0.25, 0.15, 0.05}, at::kDouble);
     vocab_ = vocab;
   }
-  static double entropy_nats() { return -(0.55 * std::log(0.55) + 0.25 * std::log(0.25) + 0.15 * std::log(0.15) + 0.05 * std::log(0.05)); }
+  static double entropy_nats() {
+    return -(0.55 * std::log(0.55) + 0.25 * std::log(0.25) + 0.15 * std::log(0.15) +
+             0.05 * std::log(0.05));
+  }
 
   // The global batch of `step`: [rows, seq + 1] tokens, the same on every rank.
   at::Tensor batch(std::int64_t step, std::int64_t rows, std::int64_t seq) const {
@@ -253,7 +261,8 @@ class MarkovData {
     at::Tensor out = at::empty({rows, seq + 1}, at::kLong);
     at::Tensor cur = at::randint(vocab_, {rows}, g, at::kLong);
     out.select(1, 0).copy_(cur);
-    const at::Tensor choice = at::multinomial(probs_.expand({rows * seq, 4}), 1, true, g).view({seq, rows});
+    const at::Tensor choice =
+        at::multinomial(probs_.expand({rows * seq, 4}), 1, true, g).view({seq, rows});
     for (std::int64_t t = 1; t <= seq; ++t) {
       cur = successors_.index({cur, choice[t - 1]});
       out.select(1, t).copy_(cur);
@@ -276,7 +285,8 @@ struct AllocatorReading {
 std::optional<AllocatorReading> read_allocator(const at::Device& device) {
   if (!device.is_cuda()) return std::nullopt;
   const auto stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
-  const auto& s = stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  const auto& s =
+      stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   return AllocatorReading{static_cast<double>(s.current), static_cast<double>(s.peak)};
 }
 
@@ -289,11 +299,13 @@ double mib(double bytes) { return bytes / (1 << 20); }
 int run(const Args& args) {
   const zero::LaunchEnv env = zero::launch_env_from_environment();
   c10::DeviceType type = c10::DeviceType::CPU;
-  if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available())) type = c10::DeviceType::CUDA;
+  if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available()))
+    type = c10::DeviceType::CUDA;
   zero::DistributedContext ctx = zero::init_distributed(env, type);
   const int rank = ctx.env.rank, world = ctx.env.world_size;
   if (args.batch % world != 0) {
-    throw std::invalid_argument(fmt::format("--batch {} must be divisible by WORLD_SIZE={}", args.batch, world));
+    throw std::invalid_argument(
+        fmt::format("--batch {} must be divisible by WORLD_SIZE={}", args.batch, world));
   }
   const bool lead = rank == 0;
   auto say = [&](const std::string& s) {
@@ -318,17 +330,22 @@ int run(const Args& args) {
   opts.bucket_size_bytes = static_cast<std::int64_t>(args.bucket_mb * (1 << 20));
   opts.reshard_after_forward = args.reshard_after_forward;
   opts.prefetch = args.prefetch;
-  zero::ShardedTrainer trainer(model.ptr(), ctx.backend, opts,
-                               args.stage == 3 ? model->units() : std::vector<std::shared_ptr<nn::Module>>{});
+  zero::ShardedTrainer trainer(
+      model.ptr(), ctx.backend, opts,
+      args.stage == 3 ? model->units() : std::vector<std::shared_ptr<nn::Module>>{});
   synchronize(device);
   const std::optional<AllocatorReading> after_setup = read_allocator(device);
-  say(fmt::format("model: {} layers, width {}, {} heads, vocab {}, sequence {}: {} parameters ({:.1f} M)\n",
-                  args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.seq,
-                  trainer.num_params(), trainer.num_params() / 1e6));
-  say(fmt::format("ZeRO stage {}, compute {}, {} units{}{}, global batch {} ({} per rank)\n", args.stage,
-                  args.dtype, trainer.num_units(),
-                  args.stage == 3 ? (args.reshard_after_forward ? ", reshard after forward" : ", keep after forward") : "",
-                  args.stage == 3 ? (args.prefetch ? ", prefetch" : ", no prefetch") : "", args.batch, args.batch / world));
+  say(fmt::format(
+      "model: {} layers, width {}, {} heads, vocab {}, sequence {}: {} parameters ({:.1f} M)\n",
+      args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.seq,
+      trainer.num_params(), trainer.num_params() / 1e6));
+  say(fmt::format("ZeRO stage {}, compute {}, {} units{}{}, global batch {} ({} per rank)\n",
+                  args.stage, args.dtype, trainer.num_units(),
+                  args.stage == 3 ? (args.reshard_after_forward ? ", reshard after forward"
+                                                                : ", keep after forward")
+                                  : "",
+                  args.stage == 3 ? (args.prefetch ? ", prefetch" : ", no prefetch") : "",
+                  args.batch, args.batch / world));
 
   MarkovData data(args.model.vocab, 42);
   say(fmt::format("data: Markov chain, loss floor {:.3f} nats, start ln(vocab) = {:.3f}\n",
@@ -341,7 +358,8 @@ int run(const Args& args) {
     const auto start = std::chrono::steady_clock::now();
     double loss_value = 0;
     {
-      const at::Tensor tokens = data.batch(step, args.batch, args.model.seq).narrow(0, rank * rows, rows).to(device);
+      const at::Tensor tokens =
+          data.batch(step, args.batch, args.model.seq).narrow(0, rank * rows, rows).to(device);
       const at::Tensor x = tokens.narrow(1, 0, args.model.seq);
       const at::Tensor y = tokens.narrow(1, 1, args.model.seq);
       const at::Tensor logits = model->forward(x);
@@ -352,7 +370,8 @@ int run(const Args& args) {
       loss_value = loss.item<double>();
     }
     synchronize(device);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step >= std::min(5, args.steps - 1)) {  // leave out warm-up (NCCL setup, allocator growth)
       timed_seconds += seconds;
       ++timed_steps;
@@ -366,30 +385,38 @@ int run(const Args& args) {
   }
   const std::optional<AllocatorReading> at_end = read_allocator(device);
   const double ms_per_step = timed_steps > 0 ? timed_seconds / timed_steps * 1e3 : 0;
-  const double tokens_per_s = timed_steps > 0 ? args.batch * args.model.seq / (timed_seconds / timed_steps) : 0;
+  const double tokens_per_s =
+      timed_steps > 0 ? args.batch * args.model.seq / (timed_seconds / timed_steps) : 0;
 
   const zero::ModelStateBytes measured = trainer.model_state_bytes();
   const zero::ModelStateBytes formula = trainer.expected_model_state_bytes();
-  say(fmt::format("\nrank 0 model states after {} steps (measured from the trainer's tensors):\n{}", args.steps,
-                  zero::format_model_state_table(measured, formula)));
-  say(fmt::format("transient peak (gradient buckets, gathered units): {:.1f} MiB\n", mib(trainer.transient_peak_bytes())));
+  say(fmt::format("\nrank 0 model states after {} steps (measured from the trainer's tensors):\n{}",
+                  args.steps, zero::format_model_state_table(measured, formula)));
+  say(fmt::format("transient peak (gradient buckets, gathered units): {:.1f} MiB\n",
+                  mib(trainer.transient_peak_bytes())));
   double allocator_states = -1;
   if (before && after_setup && at_end) {
     allocator_states = at_end->current - before->current;
-    say(fmt::format(
-        "allocator (c10 DeviceAllocator stats): allocated after setup {:.1f} MiB, after the last step {:.1f} MiB "
-        "(formula {:.1f} MiB, {:+.2f}%), peak {:.1f} MiB\n",
-        mib(after_setup->current - before->current), mib(allocator_states), mib(formula.total_bytes()),
-        (allocator_states - formula.total_bytes()) / formula.total_bytes() * 100, mib(at_end->peak)));
+    say(
+        fmt::format("allocator (c10 DeviceAllocator stats): allocated after setup {:.1f} MiB, "
+                    "after the last step {:.1f} MiB "
+                    "(formula {:.1f} MiB, {:+.2f}%), peak {:.1f} MiB\n",
+                    mib(after_setup->current - before->current), mib(allocator_states),
+                    mib(formula.total_bytes()),
+                    (allocator_states - formula.total_bytes()) / formula.total_bytes() * 100,
+                    mib(at_end->peak)));
   }
-  say(fmt::format("loss {:.4f} -> {:.4f}; {:.2f} ms/step, {:.0f} tokens/s over {} timed steps\n", first_loss, last_loss,
-                  ms_per_step, tokens_per_s, timed_steps));
-  say(fmt::format("RESULT stage={} world={} params={} dtype={} first_loss={:.4f} last_loss={:.4f} ms_per_step={:.3f} "
-                  "state_bytes={:.0f} formula_bytes={:.0f} allocator_state_bytes={:.0f} peak_allocated_bytes={:.0f} "
+  say(fmt::format("loss {:.4f} -> {:.4f}; {:.2f} ms/step, {:.0f} tokens/s over {} timed steps\n",
+                  first_loss, last_loss, ms_per_step, tokens_per_s, timed_steps));
+  say(
+      fmt::format("RESULT stage={} world={} params={} dtype={} first_loss={:.4f} last_loss={:.4f} "
+                  "ms_per_step={:.3f} "
+                  "state_bytes={:.0f} formula_bytes={:.0f} allocator_state_bytes={:.0f} "
+                  "peak_allocated_bytes={:.0f} "
                   "transient_peak_bytes={:.0f}\n",
-                  args.stage, world, trainer.num_params(), args.dtype, first_loss, last_loss, ms_per_step,
-                  measured.total_bytes(), formula.total_bytes(), allocator_states, at_end ? at_end->peak : -1.0,
-                  trainer.transient_peak_bytes()));
+                  args.stage, world, trainer.num_params(), args.dtype, first_loss, last_loss,
+                  ms_per_step, measured.total_bytes(), formula.total_bytes(), allocator_states,
+                  at_end ? at_end->peak : -1.0, trainer.transient_peak_bytes()));
   (void)after_step;
   ctx.backend->shutdown();  // ProcessGroupNCCL wants an orderly shutdown before destruction
   return 0;

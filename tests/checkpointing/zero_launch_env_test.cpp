@@ -20,8 +20,11 @@ LaunchEnv parse(const std::map<std::string, std::string>& vars) {
 }
 
 std::map<std::string, std::string> torchrun(std::string rank = "3", std::string world = "8") {
-  return {{"RANK", rank}, {"WORLD_SIZE", world}, {"LOCAL_RANK", "1"},
-          {"MASTER_ADDR", "node-0.cluster"}, {"MASTER_PORT", "29500"}};
+  return {{"RANK", rank},
+          {"WORLD_SIZE", world},
+          {"LOCAL_RANK", "1"},
+          {"MASTER_ADDR", "node-0.cluster"},
+          {"MASTER_PORT", "29500"}};
 }
 
 std::string error_of(const std::map<std::string, std::string>& vars) {

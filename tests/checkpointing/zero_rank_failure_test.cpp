@@ -18,7 +18,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 ShardedTrainerOptions options(int stage) {
   ShardedTrainerOptions o;
@@ -96,7 +98,8 @@ TEST_CASE("a stalled rank times the others out, naming it", "[zero][failure]") {
   CHECK(contains(run.errors[0], "thread group aborted"));
 }
 
-TEST_CASE("after a failed step the trainer refuses further use, naming the failure", "[zero][failure]") {
+TEST_CASE("after a failed step the trainer refuses further use, naming the failure",
+          "[zero][failure]") {
   at::set_num_threads(1);
   const auto batches = make_batches(2, 8, 34);
   std::string later_error;

@@ -43,7 +43,9 @@ void require_success(const ShardedRun& run) {
   }
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 template <class F>
 std::string error_of(F&& fn) {
@@ -58,7 +60,8 @@ std::string error_of(F&& fn) {
 NamedTensors initial_parameters() {
   ToyNet net = make_toy_net(kSeed);
   NamedTensors out;
-  for (const auto& item : net->named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
+  for (const auto& item : net->named_parameters())
+    out.emplace_back(item.key(), item.value().detach().clone());
   return out;
 }
 
@@ -75,10 +78,10 @@ TEST_CASE("fp32: every stage equals single-process AdamW after 20 steps", "[zero
     int stage, world;
     bool reshard, prefetch;
   };
-  const Case cases[] = {{0, 4, true, true},  {1, 4, true, true},  {2, 4, true, true},
-                        {3, 4, true, true},  {3, 4, false, true}, {3, 4, true, false},
-                        {1, 3, true, true},  {2, 3, true, true},  {3, 3, true, true},
-                        {2, 1, true, true},  {3, 2, true, true}};
+  const Case cases[] = {{0, 4, true, true}, {1, 4, true, true},  {2, 4, true, true},
+                        {3, 4, true, true}, {3, 4, false, true}, {3, 4, true, false},
+                        {1, 3, true, true}, {2, 3, true, true},  {3, 3, true, true},
+                        {2, 1, true, true}, {3, 2, true, true}};
   for (const Case& c : cases) {
     ShardedTrainerOptions o = fp32_options(c.stage);
     o.reshard_after_forward = c.reshard;
@@ -130,7 +133,8 @@ TEST_CASE("bf16 compute with fp32 master weights equals single-process mixed pre
     const ShardedRun one = train_sharded(1, o, kSeed, batches);
     require_success(one);
     const Difference d1 = compare(one.params, full_batch, 1e-6, 1e-5);
-    INFO("1 rank: max |sharded - reference| = " << d1.max_abs << " (worst: " << d1.worst_param << ")");
+    INFO("1 rank: max |sharded - reference| = " << d1.max_abs << " (worst: " << d1.worst_param
+                                                << ")");
     CHECK(d1.max_violation == 0);
     // Four ranks: equal to the single-process run whose gradient is the data-parallel mean of
     // the four slices' bf16 gradients ...
@@ -138,15 +142,16 @@ TEST_CASE("bf16 compute with fp32 master weights equals single-process mixed pre
     require_success(four);
     const Difference d4 = compare(four.params, data_parallel, 1e-6, 1e-5);
     INFO("4 ranks: max |sharded - data-parallel reference| = " << d4.max_abs << " (worst: "
-                                                              << d4.worst_param << ")");
+                                                               << d4.worst_param << ")");
     CHECK(d4.max_violation == 0);
     // ... and close to full-batch bf16 training: they differ only where the bf16 gradient is
     // rounded (per slice, before the mean, instead of once), a small fraction of how far 20
     // steps of lr 1e-2 moved the parameters.
     const Difference df = compare(four.params, full_batch, 0.25 * moved, 0);
-    std::printf("bf16 stage %d, 4 ranks: max |sharded - data-parallel reference| = %.2g, "
-                "max |sharded - full-batch reference| = %.3g (parameters moved up to %.3g)\n",
-                stage, d4.max_abs, df.max_abs, moved);
+    std::printf(
+        "bf16 stage %d, 4 ranks: max |sharded - data-parallel reference| = %.2g, "
+        "max |sharded - full-batch reference| = %.3g (parameters moved up to %.3g)\n",
+        stage, d4.max_abs, df.max_abs, moved);
     CHECK(df.max_violation == 0);
   }
 }
@@ -194,8 +199,9 @@ TEST_CASE("stages 2 and 3 reduce-scatter while backward is still running", "[zer
       ToyNet net = make_toy_net(kSeed);
       ShardedTrainerOptions o = fp32_options(stage);
       o.bucket_size_bytes = 2 << 10;
-      ShardedTrainer trainer(net.ptr(), comm, o,
-                             stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{});
+      ShardedTrainer trainer(
+          net.ptr(), comm, o,
+          stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{});
       auto* threads = dynamic_cast<ThreadBackend*>(comm.get());
       const char* reduction = stage == 1 ? "allreduce" : "_reduce_scatter_base";
       const at::Tensor loss = toy_loss(net, local_batch(batches[0], rank, 2), at::kFloat);
@@ -232,7 +238,8 @@ TEST_CASE("a world of one runs without a launcher", "[zero][trainer]") {
   CHECK(compare(trainer.gather_full_parameters(), reference, 2e-5, 1e-4).max_violation == 0);
 }
 
-TEST_CASE("a world of one with launcher variables rendezvous through a TCPStore", "[zero][trainer]") {
+TEST_CASE("a world of one with launcher variables rendezvous through a TCPStore",
+          "[zero][trainer]") {
   LaunchEnv env;
   env.from_environment = true;
   env.master_addr = "127.0.0.1";
@@ -248,7 +255,8 @@ TEST_CASE("unusable launch configurations fail with the fix", "[zero][trainer]")
   two.world_size = 2;
   two.rank = 1;
   two.from_environment = true;
-  CHECK(contains(error_of([&] { init_distributed(two, c10::DeviceType::CPU); }), "no multi-process CPU backend"));
+  CHECK(contains(error_of([&] { init_distributed(two, c10::DeviceType::CPU); }),
+                 "no multi-process CPU backend"));
   if (!torch::cuda::is_available()) {
     const std::string e = error_of([&] { init_distributed(LaunchEnv{}, c10::DeviceType::CUDA); });
     CHECK((contains(e, "no CUDA device is visible") || contains(e, "built without NCCL")));
@@ -280,11 +288,13 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
                    "stage 3 needs units"));
     auto overlapping = net->units();
     overlapping.push_back(net->blocks[0]->fc1.ptr());
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(3), overlapping); }),
-                   "units must not contain one another"));
+    CHECK(
+        contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(3), overlapping); }),
+                 "units must not contain one another"));
     ToyNet other = make_toy_net(kSeed);
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(3), {other->head.ptr()}); }),
-                   "is not a submodule of the model"));
+    CHECK(contains(
+        error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(3), {other->head.ptr()}); }),
+        "is not a submodule of the model"));
   }
   SECTION("frozen parameters and bad options") {
     ToyNet net = make_toy_net(kSeed);
@@ -293,25 +303,33 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
                    "parameter 'out_scale' does not require grad"));
     net->out_scale.set_requires_grad(true);
     ShardedTrainerOptions o = fp32_options(5);
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }), "stage 5 does not exist"));
+    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }),
+                   "stage 5 does not exist"));
     o = fp32_options(1);
     o.adamw.beta2 = 1.0;
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }), "adamw.beta2=1 must be in [0, 1)"));
+    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }),
+                   "adamw.beta2=1 must be in [0, 1)"));
     o = fp32_options(1);
     o.compute_dtype = at::kInt;
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }), "compute_dtype Int is not supported"));
+    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }),
+                   "compute_dtype Int is not supported"));
+    o.compute_dtype = at::kHalf;
+    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }),
+                   "needs dynamic loss scaling"));
     CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), nullptr, fp32_options(1)); }),
                    "init_distributed"));
   }
   SECTION("one model, one trainer") {
     ToyNet net = make_toy_net(kSeed);
     ShardedTrainer first(net.ptr(), solo, fp32_options(3), net->units());
-    CHECK(contains(error_of([&] { ShardedTrainer second(net.ptr(), solo, fp32_options(3), net->units()); }),
-                   "wrap each model in one trainer"));
+    CHECK(contains(
+        error_of([&] { ShardedTrainer second(net.ptr(), solo, fp32_options(3), net->units()); }),
+        "wrap each model in one trainer"));
   }
 }
 
-TEST_CASE("CUDA: stage 3 with side-stream prefetch over NCCL equals the reference", "[zero][trainer][gpu]") {
+TEST_CASE("CUDA: stage 3 with side-stream prefetch over NCCL equals the reference",
+          "[zero][trainer][gpu]") {
   if (!torch::cuda::is_available()) GPUMEM_SKIP("no CUDA device");
   if (!nccl_available()) GPUMEM_SKIP("gpumem was built without NCCL");
   const at::Device cuda(at::kCUDA, 0);
@@ -323,8 +341,9 @@ TEST_CASE("CUDA: stage 3 with side-stream prefetch over NCCL equals the referenc
     const NamedTensors reference = train_reference(kSeed, batches, fp32_options(stage), cuda);
     ToyNet net = make_toy_net(kSeed);
     net->to(cuda);
-    ShardedTrainer trainer(net.ptr(), ctx.backend, fp32_options(stage),
-                           stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{});
+    ShardedTrainer trainer(
+        net.ptr(), ctx.backend, fp32_options(stage),
+        stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{});
     for (const Batch& b : batches) {
       trainer.backward(toy_loss(net, to_device(b, cuda), at::kFloat));
       trainer.step();

@@ -20,7 +20,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // Catch2's assertions are not thread-safe: rank threads check with expect(), which throws (and
 // so fails that rank and aborts the group); the main thread asserts on the collected errors.
@@ -80,7 +82,8 @@ TEST_CASE("collectives compute what c10d specifies", "[zero][threads]") {
     at::Tensor mine = full.narrow(0, rank * 3, 3);
     mine.fill_(r);
     comm->_allgather_base(full, mine)->wait();
-    expect(at::equal(full, at::arange(kWorld, at::kFloat).repeat_interleave(3)), "in-place _allgather_base");
+    expect(at::equal(full, at::arange(kWorld, at::kFloat).repeat_interleave(3)),
+           "in-place _allgather_base");
 
     // broadcast from rank 2.
     std::vector<at::Tensor> bc{at::full({4}, r, at::kFloat)};
@@ -126,7 +129,8 @@ TEST_CASE("a rank that throws makes every rank fail quickly with its reason", "[
         throw std::logic_error("a collective completed without rank 3");
       },
       30s);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(seconds < 5.0);  // aborted, not timed out
   CHECK(errors[3] == "injected failure on rank 3");
   for (int r = 0; r < 3; ++r) {
@@ -150,7 +154,8 @@ TEST_CASE("a rank that never arrives times the others out, naming it", "[zero][t
       200ms);
   for (int r = 0; r < 3; ++r) {
     INFO("rank " << r << ": " << errors[r]);
-    CHECK(contains(errors[r], "timed out after 200 ms in collective #0 barrier(): rank(s) 1 never arrived"));
+    CHECK(contains(errors[r],
+                   "timed out after 200 ms in collective #0 barrier(): rank(s) 1 never arrived"));
   }
 }
 

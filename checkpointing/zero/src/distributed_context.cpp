@@ -25,7 +25,8 @@ bool nccl_available() {
 
 namespace {
 
-c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
+                                           std::chrono::milliseconds timeout) {
   if (!env.from_environment) return c10::make_intrusive<c10d::HashStore>();
   c10d::TCPStoreOptions opts;
   opts.port = env.master_port;
@@ -71,13 +72,14 @@ DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device
     guard.setDevice(ctx.device);
     ctx.store = make_store(env, timeout);
 #ifdef GPUMEM_ZERO_HAVE_NCCL
-    ctx.backend = detail::make_nccl_backend(ctx.store, env.rank, env.world_size, ctx.device, timeout);
+    ctx.backend =
+        detail::make_nccl_backend(ctx.store, env.rank, env.world_size, ctx.device, timeout);
 #endif
     return ctx;
   }
   if (device_type != c10::DeviceType::CPU) {
-    throw std::invalid_argument(
-        fmt::format("device type {} is not supported: use CPU or CUDA", c10::DeviceTypeName(device_type)));
+    throw std::invalid_argument(fmt::format("device type {} is not supported: use CPU or CUDA",
+                                            c10::DeviceTypeName(device_type)));
   }
   if (env.world_size != 1) {
     throw std::invalid_argument(fmt::format(

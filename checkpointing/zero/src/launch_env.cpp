@@ -18,7 +18,8 @@ constexpr std::array<const char*, 5> kVariables = {"RANK", "WORLD_SIZE", "LOCAL_
 
 std::string_view trimmed(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -29,13 +30,13 @@ long long parse_integer(const char* name, std::string_view raw, long long lo, lo
   long long value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-    throw LaunchEnvError(fmt::format(
-        "{}='{}' is not an integer; set it to {} (torchrun sets it for every process)", name, raw,
-        meaning));
+    throw LaunchEnvError(
+        fmt::format("{}='{}' is not an integer; set it to {} (torchrun sets it for every process)",
+                    name, raw, meaning));
   }
   if (value < lo || value > hi) {
-    throw LaunchEnvError(fmt::format("{}={} is out of range: it must be {} ({}..{})", name, value,
-                                     meaning, lo, hi));
+    throw LaunchEnvError(
+        fmt::format("{}={} is out of range: it must be {} ({}..{})", name, value, meaning, lo, hi));
   }
   return value;
 }
@@ -71,8 +72,8 @@ LaunchEnv parse_launch_env(const EnvLookup& lookup) {
     throw LaunchEnvError(fmt::format("RANK={} is not below WORLD_SIZE={}: ranks are 0..{}",
                                      env.rank, env.world_size, env.world_size - 1));
   }
-  env.local_rank = static_cast<int>(parse_integer(
-      "LOCAL_RANK", lookup("LOCAL_RANK"), 0, 1 << 16, "this process's rank on its node (its GPU)"));
+  env.local_rank = static_cast<int>(parse_integer("LOCAL_RANK", lookup("LOCAL_RANK"), 0, 1 << 16,
+                                                  "this process's rank on its node (its GPU)"));
   env.master_port = static_cast<std::uint16_t>(parse_integer(
       "MASTER_PORT", lookup("MASTER_PORT"), 1, 65535, "the TCP port of rank 0's store"));
   const std::string_view addr = trimmed(lookup("MASTER_ADDR"));

@@ -10,7 +10,8 @@ namespace gpumem::zero {
 
 ModelStateBytes expected_model_state_bytes(const ModelStateShape& s) {
   if (s.stage < 0 || s.stage > 3) {
-    throw std::invalid_argument(fmt::format("ZeRO stage {} does not exist: use 0, 1, 2 or 3", s.stage));
+    throw std::invalid_argument(
+        fmt::format("ZeRO stage {} does not exist: use 0, 1, 2 or 3", s.stage));
   }
   if (s.world_size < 1) {
     throw std::invalid_argument(fmt::format("world size {} must be at least 1", s.world_size));

@@ -22,9 +22,9 @@ void check_reduce_op(const c10d::ReduceOp& op, const char* collective) {
   using R = c10d::ReduceOp::RedOpType;
   const R kind = op.op_;
   if (kind != R::SUM && kind != R::AVG && kind != R::MAX && kind != R::MIN) {
-    throw std::invalid_argument(fmt::format(
-        "SoloBackend {}: reduce op {} is not supported; use SUM, AVG, MIN or MAX", collective,
-        static_cast<int>(kind)));
+    throw std::invalid_argument(
+        fmt::format("SoloBackend {}: reduce op {} is not supported; use SUM, AVG, MIN or MAX",
+                    collective, static_cast<int>(kind)));
   }
 }
 
@@ -44,9 +44,8 @@ SoloBackend::SoloBackend() : c10d::Backend(0, 1) {}
 c10::intrusive_ptr<c10d::Work> SoloBackend::broadcast(std::vector<at::Tensor>& /*tensors*/,
                                                       const c10d::BroadcastOptions& opts) {
   if (opts.rootRank != 0) {
-    throw std::invalid_argument(
-        fmt::format("SoloBackend broadcast: root rank {} does not exist in a world of one",
-                    opts.rootRank));
+    throw std::invalid_argument(fmt::format(
+        "SoloBackend broadcast: root rank {} does not exist in a world of one", opts.rootRank));
   }
   return done(c10d::OpType::BROADCAST);
 }

@@ -80,20 +80,28 @@ void TrainerCore::validate_options() const {
   auto bad = [](const std::string& what) {
     throw std::invalid_argument("ShardedTrainerOptions: " + what);
   };
-  if (o.stage < 0 || o.stage > 3) bad(fmt::format("stage {} does not exist: use 0, 1, 2 or 3", o.stage));
-  if (o.compute_dtype != at::kBFloat16 && o.compute_dtype != at::kHalf &&
-      o.compute_dtype != at::kFloat) {
-    bad(fmt::format("compute_dtype {} is not supported: use kBFloat16, kHalf or kFloat",
+  if (o.stage < 0 || o.stage > 3)
+    bad(fmt::format("stage {} does not exist: use 0, 1, 2 or 3", o.stage));
+  if (o.compute_dtype == at::kHalf) {
+    bad("compute_dtype kHalf needs dynamic loss scaling (fp16 gradients underflow), which "
+        "ShardedTrainer does not do: use kBFloat16 (same memory, fp32's exponent range)");
+  }
+  if (o.compute_dtype != at::kBFloat16 && o.compute_dtype != at::kFloat) {
+    bad(fmt::format("compute_dtype {} is not supported: use kBFloat16 or kFloat",
                     dtype_name(o.compute_dtype)));
   }
   const AdamWOptions& a = o.adamw;
-  if (!(a.lr >= 0) || !std::isfinite(a.lr)) bad(fmt::format("adamw.lr={} must be finite and >= 0", a.lr));
+  if (!(a.lr >= 0) || !std::isfinite(a.lr))
+    bad(fmt::format("adamw.lr={} must be finite and >= 0", a.lr));
   if (!(a.beta1 >= 0 && a.beta1 < 1)) bad(fmt::format("adamw.beta1={} must be in [0, 1)", a.beta1));
   if (!(a.beta2 >= 0 && a.beta2 < 1)) bad(fmt::format("adamw.beta2={} must be in [0, 1)", a.beta2));
   if (!(a.eps > 0)) bad(fmt::format("adamw.eps={} must be > 0", a.eps));
-  if (!(a.weight_decay >= 0)) bad(fmt::format("adamw.weight_decay={} must be >= 0", a.weight_decay));
-  if (!(o.max_grad_norm >= 0)) bad(fmt::format("max_grad_norm={} must be >= 0 (0 turns clipping off)", o.max_grad_norm));
-  if (o.bucket_size_bytes <= 0) bad(fmt::format("bucket_size_bytes={} must be > 0", o.bucket_size_bytes));
+  if (!(a.weight_decay >= 0))
+    bad(fmt::format("adamw.weight_decay={} must be >= 0", a.weight_decay));
+  if (!(o.max_grad_norm >= 0))
+    bad(fmt::format("max_grad_norm={} must be >= 0 (0 turns clipping off)", o.max_grad_norm));
+  if (o.bucket_size_bytes <= 0)
+    bad(fmt::format("bucket_size_bytes={} must be > 0", o.bucket_size_bytes));
   if (o.max_inflight_reductions < 1) {
     bad(fmt::format("max_inflight_reductions={} must be >= 1", o.max_inflight_reductions));
   }
@@ -123,7 +131,8 @@ void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Modul
       throw std::invalid_argument(fmt::format(
           "ShardedTrainer: parameter '{}' is on {} but '{}' is on {}; move the whole model to "
           "one device (model->to(device)) before wrapping it",
-          item.key(), p.device().str(), params.front().first, params.front().second.device().str()));
+          item.key(), p.device().str(), params.front().first,
+          params.front().second.device().str()));
     }
     // Checked before anything is changed: a second trainer on the same model would otherwise
     // re-point parameters the first one manages.
@@ -151,7 +160,8 @@ void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Modul
     // Size-bounded buckets in reverse registration order: backward produces the gradients of
     // the last layers first, so the first bucket is ready first.
     const std::int64_t bucket_numel = std::max<std::int64_t>(
-        1, options_.bucket_size_bytes / static_cast<std::int64_t>(c10::elementSize(options_.compute_dtype)));
+        1, options_.bucket_size_bytes /
+               static_cast<std::int64_t>(c10::elementSize(options_.compute_dtype)));
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
       if (units_.empty() ||
           (units_.back().numel > 0 && units_.back().numel + it->second.numel() > bucket_numel)) {
@@ -169,7 +179,8 @@ void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Modul
     std::unordered_set<const torch::nn::Module*> seen_modules;
     for (std::size_t i = 0; i < unit_modules.size(); ++i) {
       const torch::nn::Module* m = unit_modules[i].get();
-      if (m == nullptr) throw std::invalid_argument(fmt::format("ShardedTrainer: unit {} is null", i));
+      if (m == nullptr)
+        throw std::invalid_argument(fmt::format("ShardedTrainer: unit {} is null", i));
       auto name = module_names.find(m);
       if (name == module_names.end()) {
         throw std::invalid_argument(fmt::format(
@@ -262,10 +273,13 @@ void TrainerCore::initialize_parameters() {
       opts.rootRank = 0;
       comm_->broadcast(tensors, opts)->wait();
     }
-    optimizer_->master().narrow(0, u.shard_offset, u.shard_numel).copy_(u.shard_of(flat, shard_index_));
+    optimizer_->master()
+        .narrow(0, u.shard_offset, u.shard_numel)
+        .copy_(u.shard_of(flat, shard_index_));
     u.full_params = flat.to(options_.compute_dtype, /*non_blocking=*/false, /*copy=*/true);
     if (options_.stage == 3) {
-      param_shard_.narrow(0, u.shard_offset, u.shard_numel).copy_(u.shard_of(u.full_params, shard_index_));
+      param_shard_.narrow(0, u.shard_offset, u.shard_numel)
+          .copy_(u.shard_of(u.full_params, shard_index_));
     }
     // The module's parameters become views of the unit's buffer: same TensorImpl (so the
     // module's members and named_parameters() see it), new dtype and storage.
@@ -310,7 +324,8 @@ void TrainerCore::detach() noexcept {
     registered_modules_.clear();
     if (hooks_installed_) {
       for (FlatUnit& u : units_) {
-        for (ParamSlot& s : u.params) torch::autograd::impl::set_post_acc_grad_hooks(s.param, nullptr);
+        for (ParamSlot& s : u.params)
+          torch::autograd::impl::set_post_acc_grad_hooks(s.param, nullptr);
       }
       hooks_installed_ = false;
     }
@@ -326,8 +341,8 @@ void TrainerCore::detach() noexcept {
 void TrainerCore::check_usable(const char* what) const {
   if (!broken_.empty()) {
     throw std::runtime_error(fmt::format(
-        "ShardedTrainer::{} on rank {}: the trainer is unusable after an earlier failure: {}",
-        what, rank_, broken_));
+        "ShardedTrainer::{} on rank {}: the trainer is unusable after an earlier failure: {}", what,
+        rank_, broken_));
   }
 }
 
@@ -389,7 +404,8 @@ void TrainerCore::on_grad_ready(int unit, int slot, const at::Tensor& param) {
   guarded("backward", [&] {
     FlatUnit& u = units_[unit];
     ParamSlot& s = u.params[slot];
-    TORCH_INTERNAL_ASSERT(!s.grad_ready, "gradient of ", s.name, " accumulated twice in one backward");
+    TORCH_INTERNAL_ASSERT(!s.grad_ready, "gradient of ", s.name,
+                          " accumulated twice in one backward");
     const at::Tensor& grad = param.grad();
     if (options_.stage >= 2) {
       if (!u.grad_staging.defined()) {
@@ -435,7 +451,8 @@ void TrainerCore::launch_ready_reductions() {
   if (reduce_order_.empty()) build_reduce_order();
   // Strictly in order, so every rank issues the same collectives in the same sequence even if
   // a later unit happens to be ready first.
-  while (next_reduce_ < reduce_order_.size() && units_[reduce_order_[next_reduce_]].pending_grads == 0) {
+  while (next_reduce_ < reduce_order_.size() &&
+         units_[reduce_order_[next_reduce_]].pending_grads == 0) {
     const int unit = reduce_order_[next_reduce_++];
     launch_reduction(unit);
   }
@@ -652,7 +669,8 @@ std::optional<int> TrainerCore::next_unit_after(int unit) const {
 
 std::optional<int> TrainerCore::unit_before_in_this_forward(int unit) const {
   auto it = std::find(current_forward_order_.begin(), current_forward_order_.end(), unit);
-  if (it == current_forward_order_.end() || it == current_forward_order_.begin()) return std::nullopt;
+  if (it == current_forward_order_.end() || it == current_forward_order_.begin())
+    return std::nullopt;
   return *(it - 1);
 }
 
@@ -686,7 +704,8 @@ void TrainerCore::before_unit_backward(int unit) {
   guarded("backward", [&] {
     wait_gathered(unit);
     if (options_.prefetch) {
-      if (auto prev = unit_before_in_this_forward(unit)) start_gather(*prev, /*on_side_stream=*/true);
+      if (auto prev = unit_before_in_this_forward(unit))
+        start_gather(*prev, /*on_side_stream=*/true);
     }
   });
 }
@@ -819,7 +838,8 @@ UnitForwardScope::~UnitForwardScope() {
 }
 
 void UnitForwardScope::watch_output(const at::Tensor& output) {
-  if (!core_ || !output.defined() || !output.requires_grad() || !c10::GradMode::is_enabled()) return;
+  if (!core_ || !output.defined() || !output.requires_grad() || !c10::GradMode::is_enabled())
+    return;
   std::weak_ptr<TrainerCore> weak = core_;
   const int unit = unit_;
   output.register_hook([weak, unit](const at::Tensor&) {
@@ -841,7 +861,8 @@ void UnitForwardScope::finish() {
 namespace gpumem::zero {
 
 ShardedTrainer::ShardedTrainer(std::shared_ptr<torch::nn::Module> model,
-                               c10::intrusive_ptr<c10d::Backend> comm, ShardedTrainerOptions options,
+                               c10::intrusive_ptr<c10d::Backend> comm,
+                               ShardedTrainerOptions options,
                                std::vector<std::shared_ptr<torch::nn::Module>> units)
     : core_(std::make_shared<detail::TrainerCore>(std::move(model), std::move(comm), options,
                                                   std::move(units))) {
@@ -863,7 +884,9 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedTrainer::gather_full_para
   return core_->gather_full_parameters();
 }
 ModelStateBytes ShardedTrainer::model_state_bytes() const { return core_->model_state_bytes(); }
-ModelStateBytes ShardedTrainer::peak_model_state_bytes() const { return core_->peak_model_state_bytes(); }
+ModelStateBytes ShardedTrainer::peak_model_state_bytes() const {
+  return core_->peak_model_state_bytes();
+}
 ModelStateBytes ShardedTrainer::expected_model_state_bytes() const {
   return core_->expected_model_state_bytes();
 }

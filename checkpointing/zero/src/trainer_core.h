@@ -14,8 +14,8 @@
 #include "gpumem/zero/model_state_bytes.h"
 #include "gpumem/zero/sharded_trainer_options.h"
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <deque>
 #include <memory>

@@ -9,8 +9,9 @@
 // gpumem's own CPU allocator stats (install_cpu) are not available to this module yet; it
 // measures what was allocated, not what the trainer says it holds.
 //
-// Thread-safety: allocate and free are thread-safe (atomics, one mutex for the charge table); install()/uninstall() are not and
-// must not race with allocations from other threads (tests call them between runs).
+// Thread-safety: allocate and free are thread-safe (atomics, one mutex for the charge table);
+// install()/uninstall() are not and must not race with allocations from other threads (tests call
+// them between runs).
 #pragma once
 
 #include <c10/core/Allocator.h>

@@ -18,7 +18,9 @@ class ThreadWork final : public c10d::Work {
              c10d::OpType op)
       : c10d::Work(rank, op), group_(std::move(group)), slot_(std::move(slot)), rank_of_(rank) {}
 
-  bool isCompleted() override { return group_->is_done(*slot_) || group_->abort_reason().has_value(); }
+  bool isCompleted() override {
+    return group_->is_done(*slot_) || group_->abort_reason().has_value();
+  }
   bool isSuccess() const override { return group_->is_done(*slot_); }
   std::exception_ptr exception() const override {
     if (group_->is_done(*slot_)) return nullptr;
@@ -76,14 +78,16 @@ at::Tensor reduce_inputs(const ThreadGroup::Slot& slot, bool average) {
 ThreadGroup::ThreadGroup(int world_size, std::chrono::milliseconds timeout)
     : world_size_(world_size), timeout_(timeout) {}
 
-std::shared_ptr<ThreadGroup> ThreadGroup::create(int world_size, std::chrono::milliseconds timeout) {
+std::shared_ptr<ThreadGroup> ThreadGroup::create(int world_size,
+                                                 std::chrono::milliseconds timeout) {
   if (world_size < 1) throw std::invalid_argument("ThreadGroup: world size must be at least 1");
   return std::shared_ptr<ThreadGroup>(new ThreadGroup(world_size, timeout));
 }
 
 c10::intrusive_ptr<c10d::Backend> ThreadGroup::backend(int rank) {
   if (rank < 0 || rank >= world_size_) {
-    throw std::invalid_argument(fmt::format("ThreadGroup: rank {} outside 0..{}", rank, world_size_ - 1));
+    throw std::invalid_argument(
+        fmt::format("ThreadGroup: rank {} outside 0..{}", rank, world_size_ - 1));
   }
   return c10::make_intrusive<ThreadBackend>(shared_from_this(), rank);
 }
@@ -114,8 +118,8 @@ bool ThreadGroup::is_done(const Slot& slot) const {
 }
 
 void ThreadGroup::throw_aborted_locked(int rank, const std::string& what) const {
-  throw std::runtime_error(
-      fmt::format("thread group aborted; rank {}'s {} failed because {}", rank, what, *abort_reason_));
+  throw std::runtime_error(fmt::format("thread group aborted; rank {}'s {} failed because {}", rank,
+                                       what, *abort_reason_));
 }
 
 std::shared_ptr<ThreadGroup::Slot> ThreadGroup::arrive(int rank, std::uint64_t seq,
@@ -169,12 +173,14 @@ std::shared_ptr<ThreadGroup::Slot> ThreadGroup::arrive(int rank, std::uint64_t s
   return slot;
 }
 
-void ThreadGroup::wait(const std::shared_ptr<Slot>& slot, int rank, std::chrono::milliseconds timeout) {
+void ThreadGroup::wait(const std::shared_ptr<Slot>& slot, int rank,
+                       std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto limit = timeout.count() > 0 ? timeout : timeout_;
   const auto deadline = Clock::now() + limit;
   while (!slot->done && !abort_reason_) {
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !slot->done && !abort_reason_) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !slot->done &&
+        !abort_reason_) {
       std::vector<int> missing;
       for (int r = 0; r < world_size_; ++r) {
         if (!slot->present[r]) missing.push_back(r);
@@ -200,17 +206,19 @@ c10::intrusive_ptr<c10d::Work> ThreadBackend::submit(c10d::OpType op, const std:
                                                      std::vector<at::Tensor> outputs,
                                                      ThreadGroup::Compute compute) {
   ++issued_[name];
-  auto slot = group_->arrive(getRank(), next_seq_++, signature, std::move(inputs), std::move(outputs),
-                             std::move(compute));
+  auto slot = group_->arrive(getRank(), next_seq_++, signature, std::move(inputs),
+                             std::move(outputs), std::move(compute));
   return c10::make_intrusive<ThreadWork>(group_, std::move(slot), getRank(), op);
 }
 
 c10::intrusive_ptr<c10d::Work> ThreadBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                         const c10d::BroadcastOptions& opts) {
-  if (tensors.size() != 1) throw std::invalid_argument("ThreadBackend broadcast: exactly one tensor");
+  if (tensors.size() != 1)
+    throw std::invalid_argument("ThreadBackend broadcast: exactly one tensor");
   check_tensor(tensors[0], "broadcast", "tensor");
   if (opts.rootRank < 0 || opts.rootRank >= getSize()) {
-    throw std::invalid_argument(fmt::format("ThreadBackend broadcast: root {} outside the group", opts.rootRank));
+    throw std::invalid_argument(
+        fmt::format("ThreadBackend broadcast: root {} outside the group", opts.rootRank));
   }
   const int root = static_cast<int>(opts.rootRank);
   const std::string sig = fmt::format("broadcast({}, root {})", shape_of(tensors[0]), root);
@@ -223,7 +231,8 @@ c10::intrusive_ptr<c10d::Work> ThreadBackend::broadcast(std::vector<at::Tensor>&
 
 c10::intrusive_ptr<c10d::Work> ThreadBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::AllreduceOptions& opts) {
-  if (tensors.size() != 1) throw std::invalid_argument("ThreadBackend allreduce: exactly one tensor");
+  if (tensors.size() != 1)
+    throw std::invalid_argument("ThreadBackend allreduce: exactly one tensor");
   check_tensor(tensors[0], "allreduce", "tensor");
   const bool average = is_avg(opts.reduceOp, "allreduce");
   const std::string sig =
@@ -244,7 +253,8 @@ c10::intrusive_ptr<c10d::Work> ThreadBackend::_allgather_base(at::Tensor& output
         "ThreadBackend _allgather_base: output {} must be world size ({}) times input {}",
         shape_of(output), getSize(), shape_of(input)));
   }
-  const std::string sig = fmt::format("_allgather_base({} -> {})", shape_of(input), shape_of(output));
+  const std::string sig =
+      fmt::format("_allgather_base({} -> {})", shape_of(input), shape_of(output));
   return submit(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", sig, {input}, {output},
                 [](ThreadGroup::Slot& s) {
                   // Gather every input first: an input may be a slice of its own rank's output.
@@ -267,14 +277,15 @@ c10::intrusive_ptr<c10d::Work> ThreadBackend::_reduce_scatter_base(
   const bool average = is_avg(opts.reduceOp, "_reduce_scatter_base");
   const std::string sig = fmt::format("_reduce_scatter_base({} -> {}, {})", shape_of(input),
                                       shape_of(output), average ? "AVG" : "SUM");
-  return submit(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", sig, {input}, {output},
-                [average](ThreadGroup::Slot& s) {
-                  const at::Tensor result = reduce_inputs(s, average).reshape(-1);
-                  const std::int64_t n = s.outputs[0][0].numel();
-                  for (std::size_t r = 0; r < s.outputs.size(); ++r) {
-                    s.outputs[r][0].view(-1).copy_(result.narrow(0, static_cast<std::int64_t>(r) * n, n));
-                  }
-                });
+  return submit(
+      c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", sig, {input}, {output},
+      [average](ThreadGroup::Slot& s) {
+        const at::Tensor result = reduce_inputs(s, average).reshape(-1);
+        const std::int64_t n = s.outputs[0][0].numel();
+        for (std::size_t r = 0; r < s.outputs.size(); ++r) {
+          s.outputs[r][0].view(-1).copy_(result.narrow(0, static_cast<std::int64_t>(r) * n, n));
+        }
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ThreadBackend::barrier(const c10d::BarrierOptions&) {

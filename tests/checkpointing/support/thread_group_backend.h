@@ -109,8 +109,10 @@ class ThreadBackend final : public c10d::Backend {
 
  private:
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType op, const std::string& name,
-                                        const std::string& signature, std::vector<at::Tensor> inputs,
-                                        std::vector<at::Tensor> outputs, ThreadGroup::Compute compute);
+                                        const std::string& signature,
+                                        std::vector<at::Tensor> inputs,
+                                        std::vector<at::Tensor> outputs,
+                                        ThreadGroup::Compute compute);
 
   std::shared_ptr<ThreadGroup> group_;
   std::uint64_t next_seq_ = 0;

@@ -71,7 +71,8 @@ std::vector<Batch> make_batches(int steps, int rows, std::uint64_t seed) {
 Batch local_batch(const Batch& global, int rank, int world_size) {
   const std::int64_t rows = global.x.size(0);
   if (rows % world_size != 0) {
-    throw std::invalid_argument(fmt::format("{} rows do not split over {} ranks", rows, world_size));
+    throw std::invalid_argument(
+        fmt::format("{} rows do not split over {} ranks", rows, world_size));
   }
   const std::int64_t n = rows / world_size;
   return Batch{global.x.narrow(0, rank * n, n), global.y.narrow(0, rank * n, n)};
@@ -120,7 +121,8 @@ NamedTensors train_reference(std::uint64_t seed, const std::vector<Batch>& batch
   for (const Batch& batch : batches) {
     if (mixed) {
       torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < master_params.size(); ++i) compute_params[i].copy_(master_params[i]);
+      for (std::size_t i = 0; i < master_params.size(); ++i)
+        compute_params[i].copy_(master_params[i]);
     }
     optimizer.zero_grad();
     if (data_parallel_ranks == 1) {
@@ -146,7 +148,8 @@ NamedTensors train_reference(std::uint64_t seed, const std::vector<Batch>& batch
             (sums[i] / data_parallel_ranks).to(options.compute_dtype).to(at::kFloat);
       }
     }
-    if (options.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(master_params, options.max_grad_norm);
+    if (options.max_grad_norm > 0)
+      torch::nn::utils::clip_grad_norm_(master_params, options.max_grad_norm);
     optimizer.step();
   }
   return named_fp32(master);
@@ -170,12 +173,12 @@ ShardedRun train_sharded(int world_size, const ShardedTrainerOptions& options, s
         const std::int64_t live_at_start = counter.installed() ? counter.live_bytes(rank) : 0;
         if (counter.installed()) counter.reset_peak(rank);
         ToyNet& net = models[rank];
-        ShardedTrainer trainer(net.ptr(), backend, options,
-                               options.stage == 3 ? net->units()
-                                                  : std::vector<std::shared_ptr<torch::nn::Module>>{});
+        ShardedTrainer trainer(
+            net.ptr(), backend, options,
+            options.stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{});
         for (std::size_t s = 0; s < batches.size(); ++s) {
-          const at::Tensor loss = toy_loss(net, local_batch(batches[s], rank, world_size),
-                                           options.compute_dtype);
+          const at::Tensor loss =
+              toy_loss(net, local_batch(batches[s], rank, world_size), options.compute_dtype);
           if (inject) inject(rank, static_cast<int>(s), net);
           trainer.backward(loss);
           trainer.step();
@@ -208,7 +211,8 @@ Difference compare(const NamedTensors& a, const NamedTensors& b, double atol, do
   Difference d;
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (a[i].first != b[i].first) {
-      throw std::invalid_argument(fmt::format("parameter {} is '{}' vs '{}'", i, a[i].first, b[i].first));
+      throw std::invalid_argument(
+          fmt::format("parameter {} is '{}' vs '{}'", i, a[i].first, b[i].first));
     }
     const at::Tensor x = a[i].second.to(at::kCPU, at::kFloat);
     const at::Tensor y = b[i].second.to(at::kCPU, at::kFloat);

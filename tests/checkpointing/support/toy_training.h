@@ -75,9 +75,9 @@ NamedTensors train_reference(std::uint64_t seed, const std::vector<Batch>& batch
                              int data_parallel_ranks = 1);
 
 struct RankReport {
-  ModelStateBytes states;           // model_state_bytes() after the last step
-  ModelStateBytes peak_states;      // peak_model_state_bytes()
-  ModelStateBytes expected;         // the formula
+  ModelStateBytes states;       // model_state_bytes() after the last step
+  ModelStateBytes peak_states;  // peak_model_state_bytes()
+  ModelStateBytes expected;     // the formula
   double transient_peak_bytes = 0;
   std::int64_t num_params = 0;
   // When RankCountingCpuAllocator is installed: the bytes this rank's thread allocated and

@@ -19,10 +19,10 @@
 namespace gpumem::zero {
 
 struct ModelStateBytes {
-  double compute_params_bytes = 0;  // parameters in compute precision (bf16), full or shard
-  double grads_bytes = 0;           // gradients in compute precision, full or shard
-  double master_params_bytes = 0;   // fp32 master weights
-  double optimizer_state_bytes = 0; // fp32 Adam moments (exp_avg, exp_avg_sq)
+  double compute_params_bytes = 0;   // parameters in compute precision (bf16), full or shard
+  double grads_bytes = 0;            // gradients in compute precision, full or shard
+  double master_params_bytes = 0;    // fp32 master weights
+  double optimizer_state_bytes = 0;  // fp32 Adam moments (exp_avg, exp_avg_sq)
 
   double total_bytes() const {
     return compute_params_bytes + grads_bytes + master_params_bytes + optimizer_state_bytes;
@@ -30,12 +30,12 @@ struct ModelStateBytes {
 };
 
 struct ModelStateShape {
-  int stage = 0;                     // 0 (plain data parallel), 1, 2 or 3
-  std::int64_t num_params = 0;       // Ψ
-  int world_size = 1;                // N
-  int compute_bytes_per_param = 2;   // c: 2 for bf16/fp16, 4 for fp32 compute
-  int master_bytes_per_param = 4;    // fp32 master copy
-  int optimizer_bytes_per_param = 8; // Adam: two fp32 moments
+  int stage = 0;                      // 0 (plain data parallel), 1, 2 or 3
+  std::int64_t num_params = 0;        // Ψ
+  int world_size = 1;                 // N
+  int compute_bytes_per_param = 2;    // c: 2 for bf16/fp16, 4 for fp32 compute
+  int master_bytes_per_param = 4;     // fp32 master copy
+  int optimizer_bytes_per_param = 8;  // Adam: two fp32 moments
 };
 
 // Throws std::invalid_argument on a stage outside 0..3, a world size below 1 or negative counts.

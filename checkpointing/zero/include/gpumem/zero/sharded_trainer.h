@@ -35,7 +35,9 @@
 // prefetches the next unit, runs forward, hooks the outputs so the unit is gathered again before
 // its backward, and frees the gathered buffer after forward when reshard_after_forward. Freeing
 // keeps the buffer's StorageImpl and only drops its memory, so tensors autograd saved in
-// forward see the re-gathered values in backward. The root unit stays gathered.
+// forward see the re-gathered values in backward. The root unit stays gathered. A unit's
+// parameters may be used only inside its own call() (no weight tying across units): outside it
+// their memory may be freed.
 //
 // Errors. A bad option or model (frozen or non-floating parameters, mixed devices, overlapping
 // or foreign units, stage-3 units missing) is one std::invalid_argument at construction. Misuse
@@ -51,8 +53,8 @@
 #include "gpumem/zero/model_state_bytes.h"
 #include "gpumem/zero/sharded_trainer_options.h"
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <memory>
 #include <string>

@@ -33,7 +33,8 @@ struct AdamWOptions {
 
 struct ShardedTrainerOptions {
   int stage = 2;
-  c10::ScalarType compute_dtype = c10::kBFloat16;  // kBFloat16, kHalf or kFloat
+  // kBFloat16 or kFloat. (kHalf is refused: fp16 needs loss scaling, which is not done here.)
+  c10::ScalarType compute_dtype = c10::kBFloat16;
   AdamWOptions adamw;
   // Clip the global gradient norm to this value before the update (0 = no clipping); the same
   // rule as torch::nn::utils::clip_grad_norm_.
