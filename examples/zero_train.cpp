@@ -11,10 +11,11 @@
 // with probabilities .55/.25/.15/.05), so the loss falls from ln(vocab) towards the chain's
 // entropy (1.11 nats). Every rank draws the same global batch per step and trains on its slice.
 //
-// Memory: the trainer measures the bytes of the model-state tensors it holds; on CUDA the
-// allocator's own statistics (c10's DeviceAllocator, which is gpumem's when gpumem's allocator
-// is installed) measure allocated bytes after setup and after each step, with nothing but the
-// model states alive.
+// Memory, measured twice: the trainer counts the bytes of the model-state tensors it holds, and
+// the allocator's statistics give the bytes allocated after the last step, when nothing but the
+// model states is alive. With --allocator gpumem (the default) gpumem is installed before
+// anything touches the device (gpumem::torch::install on CUDA, install_cpu on the CPU) and its
+// statistics are read; --allocator native keeps libtorch's allocators (statistics on CUDA only).
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
@@ -22,6 +23,10 @@
 #include <gpumem/zero/launch_env.h>
 #include <gpumem/zero/sharded_trainer.h>
 #include <gpumem/zero/unit_call.h>
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+#include <gpumem/torch/install.h>
+#include <gpumem/torch/memory_stats.h>
+#endif
 #include <torch/cuda.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -37,6 +42,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <variant>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -143,6 +149,7 @@ struct Args {
   bool reshard_after_forward = true;
   bool prefetch = true;
   double bucket_mb = 25;
+  std::string allocator = "gpumem";
   int log_every = 20;
   std::uint64_t seed = 0;
 };
@@ -151,7 +158,8 @@ const char* kUsage =
     "usage: zero_train [--stage 0|1|2|3] [--steps N] [--batch GLOBAL_ROWS] [--seq T] [--layers L]\n"
     "                  [--width W] [--heads H] [--vocab V] [--lr X] [--clip NORM (0 = off)]\n"
     "                  [--dtype bf16|fp32] [--device auto|cpu|cuda] [--no-reshard-after-forward]\n"
-    "                  [--no-prefetch] [--bucket-mb MB] [--log-every N] [--seed S]\n"
+    "                  [--no-prefetch] [--bucket-mb MB] [--allocator gpumem|native]\n"
+    "                  [--log-every N] [--seed S]\n"
     "Launcher variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) select\n"
     "the rank; without them the process is a world of one.\n";
 
@@ -218,6 +226,11 @@ Args parse_args(int argc, char** argv) {
       if (a.device != "auto" && a.device != "cpu" && a.device != "cuda") {
         usage_error("--device must be auto, cpu or cuda");
       }
+    } else if (flag == "--allocator") {
+      a.allocator = value();
+      if (a.allocator != "gpumem" && a.allocator != "native") {
+        usage_error("--allocator must be gpumem or native");
+      }
     } else if (flag == "--no-reshard-after-forward") {
       a.reshard_after_forward = false;
     } else if (flag == "--no-prefetch") {
@@ -282,12 +295,41 @@ struct AllocatorReading {
   double current = 0, peak = 0;
 };
 
-std::optional<AllocatorReading> read_allocator(const at::Device& device) {
-  if (!device.is_cuda()) return std::nullopt;
-  const auto stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
+// Allocated bytes (all pools) from gpumem's engine when it is installed, else from libtorch's
+// CUDA allocator; c10's CPU allocator keeps no statistics.
+std::optional<AllocatorReading> read_allocator(const at::Device& device, bool gpumem) {
+  c10::CachingDeviceAllocator::DeviceStats stats;
+  if (gpumem) {
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+    stats = gpumem::torch::stats(device);
+#endif
+  } else if (device.is_cuda()) {
+    stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
+  } else {
+    return std::nullopt;
+  }
   const auto& s =
       stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   return AllocatorReading{static_cast<double>(s.current), static_cast<double>(s.peak)};
+}
+
+void install_gpumem(c10::DeviceType type) {
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+  auto parsed = gpumem::alloc::config_from_environment();
+  if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) {
+    throw std::invalid_argument(error->message);
+  }
+  const auto& config = std::get<gpumem::alloc::Config>(parsed);
+  if (type == c10::DeviceType::CUDA) {
+    gpumem::torch::install(config);
+  } else {
+    gpumem::torch::install_cpu(config);
+  }
+#else
+  (void)type;
+  throw std::invalid_argument(
+      "this zero_train was built without gpumem's torch adapter: use --allocator native");
+#endif
 }
 
 void synchronize(const at::Device& device) {
@@ -299,8 +341,11 @@ double mib(double bytes) { return bytes / (1 << 20); }
 int run(const Args& args) {
   const zero::LaunchEnv env = zero::launch_env_from_environment();
   c10::DeviceType type = c10::DeviceType::CPU;
-  if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available()))
+  if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available())) {
     type = c10::DeviceType::CUDA;
+  }
+  const bool gpumem = args.allocator == "gpumem";
+  if (gpumem) install_gpumem(type);  // before anything allocates on the device
   zero::DistributedContext ctx = zero::init_distributed(env, type);
   const int rank = ctx.env.rank, world = ctx.env.world_size;
   if (args.batch % world != 0) {
@@ -312,10 +357,10 @@ int run(const Args& args) {
     if (lead) std::fputs(s.c_str(), stdout), std::fflush(stdout);
   };
   const at::Device device = ctx.device;
-  say(fmt::format("zero_train: {}, device {}, backend {}\n", zero::describe(env), device.str(),
-                  ctx.backend->getBackendName()));
+  say(fmt::format("zero_train: {}, device {}, backend {}, allocator {}\n", zero::describe(env),
+                  device.str(), ctx.backend->getBackendName(), args.allocator));
 
-  const std::optional<AllocatorReading> before = read_allocator(device);
+  const std::optional<AllocatorReading> before = read_allocator(device, gpumem);
   torch::manual_seed(args.seed);
   Gpt model(args.model);
   model->to(device);
@@ -334,7 +379,7 @@ int run(const Args& args) {
       model.ptr(), ctx.backend, opts,
       args.stage == 3 ? model->units() : std::vector<std::shared_ptr<nn::Module>>{});
   synchronize(device);
-  const std::optional<AllocatorReading> after_setup = read_allocator(device);
+  const std::optional<AllocatorReading> after_setup = read_allocator(device, gpumem);
   say(fmt::format(
       "model: {} layers, width {}, {} heads, vocab {}, sequence {}: {} parameters ({:.1f} M)\n",
       args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.seq,
@@ -378,12 +423,12 @@ int run(const Args& args) {
     }
     if (step == 0) first_loss = loss_value;
     last_loss = loss_value;
-    if (step == 0) after_step = read_allocator(device);
+    if (step == 0) after_step = read_allocator(device, gpumem);
     if (step % args.log_every == 0 || step == args.steps - 1) {
       say(fmt::format("step {:5d}  loss {:.4f}  {:8.2f} ms\n", step, loss_value, seconds * 1e3));
     }
   }
-  const std::optional<AllocatorReading> at_end = read_allocator(device);
+  const std::optional<AllocatorReading> at_end = read_allocator(device, gpumem);
   const double ms_per_step = timed_steps > 0 ? timed_seconds / timed_steps * 1e3 : 0;
   const double tokens_per_s =
       timed_steps > 0 ? args.batch * args.model.seq / (timed_seconds / timed_steps) : 0;
@@ -398,10 +443,11 @@ int run(const Args& args) {
   if (before && after_setup && at_end) {
     allocator_states = at_end->current - before->current;
     say(
-        fmt::format("allocator (c10 DeviceAllocator stats): allocated after setup {:.1f} MiB, "
+        fmt::format("allocator ({} statistics): allocated after setup {:.1f} MiB, "
                     "after the last step {:.1f} MiB "
                     "(formula {:.1f} MiB, {:+.2f}%), peak {:.1f} MiB\n",
-                    mib(after_setup->current - before->current), mib(allocator_states),
+                    gpumem ? "gpumem" : "libtorch", mib(after_setup->current - before->current),
+                    mib(allocator_states),
                     mib(formula.total_bytes()),
                     (allocator_states - formula.total_bytes()) / formula.total_bytes() * 100,
                     mib(at_end->peak)));
@@ -409,12 +455,13 @@ int run(const Args& args) {
   say(fmt::format("loss {:.4f} -> {:.4f}; {:.2f} ms/step, {:.0f} tokens/s over {} timed steps\n",
                   first_loss, last_loss, ms_per_step, tokens_per_s, timed_steps));
   say(
-      fmt::format("RESULT stage={} world={} params={} dtype={} first_loss={:.4f} last_loss={:.4f} "
+      fmt::format("RESULT allocator={} stage={} world={} params={} dtype={} first_loss={:.4f} last_loss={:.4f} "
                   "ms_per_step={:.3f} "
                   "state_bytes={:.0f} formula_bytes={:.0f} allocator_state_bytes={:.0f} "
                   "peak_allocated_bytes={:.0f} "
                   "transient_peak_bytes={:.0f}\n",
-                  args.stage, world, trainer.num_params(), args.dtype, first_loss, last_loss,
+                  args.allocator, args.stage, world, trainer.num_params(), args.dtype, first_loss,
+                  last_loss,
                   ms_per_step, measured.total_bytes(), formula.total_bytes(), allocator_states,
                   at_end ? at_end->peak : -1.0, trainer.transient_peak_bytes()));
   (void)after_step;

@@ -157,7 +157,8 @@ NamedTensors train_reference(std::uint64_t seed, const std::vector<Batch>& batch
 
 ShardedRun train_sharded(int world_size, const ShardedTrainerOptions& options, std::uint64_t seed,
                          const std::vector<Batch>& batches, const Injection& inject,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout,
+                         const std::function<void()>& at_quiescence) {
   // Models are built here, one thread, so the seeded initialization is the same on every rank.
   std::vector<ToyNet> models;
   for (int r = 0; r < world_size; ++r) models.push_back(make_toy_net(seed));
@@ -182,6 +183,11 @@ ShardedRun train_sharded(int world_size, const ShardedTrainerOptions& options, s
           if (inject) inject(rank, static_cast<int>(s), net);
           trainer.backward(loss);
           trainer.step();
+        }
+        if (at_quiescence) {
+          backend->barrier(c10d::BarrierOptions())->wait();
+          if (rank == 0) at_quiescence();
+          backend->barrier(c10d::BarrierOptions())->wait();
         }
         RankReport& report = run.ranks[rank];
         if (counter.installed()) {

@@ -97,9 +97,12 @@ struct ShardedRun {
 // Called on each rank before each step's backward: may throw (a failing rank) or install hooks.
 using Injection = std::function<void(int rank, int step, ToyNet& net)>;
 
+// at_quiescence, when given, runs on rank 0 after every rank finished its last step and before
+// any gathers its parameters (between two barriers): nothing but the model states is alive then.
 ShardedRun train_sharded(int world_size, const ShardedTrainerOptions& options, std::uint64_t seed,
                          const std::vector<Batch>& batches, const Injection& inject = {},
-                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                         const std::function<void()>& at_quiescence = {});
 
 // Largest |a - b| over all parameters, and the largest allowed by |a - b| <= atol + rtol·|b|
 // violated (0 when all are within).
