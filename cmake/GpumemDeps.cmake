@@ -22,6 +22,12 @@ endif()
 # CMAKE_PREFIX_PATH. Torch-dependent targets are separate so the core builds fast.
 set(GPUMEM_HAVE_TORCH OFF)
 if(GPUMEM_WITH_TORCH)
+  # The CUDA wheel's Torch config compiles and runs a CUDA program to detect the local GPU's
+  # architecture unless TORCH_CUDA_ARCH_LIST is set, and that probe fails to configure with
+  # CMake 3.25 + nvcc 13 ("CUDA20 dialect"). gpumem compiles no CUDA code: name the H200's.
+  if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+    set(TORCH_CUDA_ARCH_LIST "9.0")
+  endif()
   find_package(Torch QUIET)
   if(Torch_FOUND)
     set(GPUMEM_HAVE_TORCH ON)
