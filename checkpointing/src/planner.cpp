@@ -15,7 +15,10 @@
 //                              forward (no graph): max_k (out_{k-1} [k > b] + fwd_peak_k)
 //                              recompute in backward: X_{e-1} + max_k (sum_{b<=j<k} kept_j
 //                                                                      + fwd_peak_k)
-//                              backward: max_i (sum_{b<=j<=i} kept_j + X_i + bwd_peak_i)
+//                              backward: max_i (sum_{b<=j<=i} kept_j + X_i + bwd_peak_i
+//                                               + out_{e-1} [i < e-1])
+//                            (the last term: the gradient of the segment's output stays
+//                            referenced by the checkpoint's backward until it returns)
 //
 // peak = base + max(max_u (R_u + work_u), R_end + H); recompute time = sum of fwd_ns over
 // checkpointed modules; step = fwd_bwd_ns + recompute. For the plan "none" this reproduces the
@@ -63,16 +66,22 @@ class SegmentAccumulator {
     fwd_max_ = std::max(fwd_max_, in_bytes + m.fwd_peak_bytes);
     recompute_max_ = std::max(recompute_max_, kept_before_ + m.fwd_peak_bytes);
     kept_before_ += m.kept_bytes;
-    bwd_max_ = std::max(bwd_max_, kept_before_ + m.bwd_extra_bytes + m.bwd_peak_bytes);
+    // Modules before the last backpropagate while the segment's backward still holds the
+    // gradient of the segment's output (autograd passes it to the checkpoint by reference).
+    bwd_inner_max_ = std::max(bwd_inner_max_, bwd_last_);
+    bwd_last_ = kept_before_ + m.bwd_extra_bytes + m.bwd_peak_bytes;
+    const std::int64_t bwd = std::max(bwd_last_, k > begin_ ? bwd_inner_max_ + m.output_bytes
+                                                            : std::int64_t{0});
     ns_ += m.fwd_ns;
-    return {m.output_bytes, std::max({fwd_max_, m.bwd_extra_bytes + recompute_max_, bwd_max_}),
-            ns_};
+    return {m.output_bytes, std::max({fwd_max_, m.bwd_extra_bytes + recompute_max_, bwd}), ns_};
   }
 
  private:
   const ChainProfile& p_;
   std::size_t begin_;
-  std::int64_t fwd_max_ = 0, recompute_max_ = 0, bwd_max_ = 0, kept_before_ = 0;
+  std::int64_t fwd_max_ = 0, recompute_max_ = 0, kept_before_ = 0;
+  std::int64_t bwd_inner_max_ = 0;  // backward terms of the modules before the last
+  std::int64_t bwd_last_ = 0;       // backward term of the last module
   double ns_ = 0;
 };
 

@@ -3,8 +3,8 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <sstream>
@@ -158,27 +158,36 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       check_no_undeclared(roots, declared, first_seq, thread_id);
     }
 
-    // One gradient per forward argument: the state (none), each input, each param.
+    // One gradient per forward argument: the state (none), each input, each param. Leaves the
+    // recompute never used have no gradient accumulator and get none.
     variable_list grads(1 + n_in + n_par);
-    variable_list leaves;
+    torch::autograd::edge_list leaf_edges;
     std::vector<std::size_t> slots;
-    for (std::size_t i = 0; i < n_in; ++i) {
-      if (detached[i].defined() && detached[i].requires_grad() && ctx->needs_input_grad(i)) {
-        leaves.push_back(detached[i]);
-        slots.push_back(1 + i);
+    auto add_leaf = [&](const at::Tensor& leaf, std::size_t slot) {
+      if (!leaf.defined() || !leaf.requires_grad()) return;
+      if (auto acc = torch::autograd::impl::try_get_grad_accumulator(leaf)) {
+        leaf_edges.emplace_back(std::move(acc), 0);
+        slots.push_back(slot);
       }
+    };
+    for (std::size_t i = 0; i < n_in; ++i) {
+      if (ctx->needs_input_grad(i)) add_leaf(detached[i], 1 + i);
     }
     for (std::size_t j = 0; j < n_par; ++j) {
-      const at::Tensor& p = saved[n_in + j];
-      if (p.defined() && p.requires_grad() && ctx->needs_input_grad(n_in + j)) {
-        leaves.push_back(p);
-        slots.push_back(1 + n_in + j);
-      }
+      if (ctx->needs_input_grad(n_in + j)) add_leaf(saved[n_in + j], 1 + n_in + j);
     }
-    if (roots.empty() || leaves.empty()) return grads;
-    variable_list computed = torch::autograd::grad(roots, leaves, root_grads,
-                                                   /*retain_graph=*/std::nullopt, create_graph,
-                                                   /*allow_unused=*/true);
+    if (roots.empty() || leaf_edges.empty()) return grads;
+
+    // Run the engine on the graph's edges rather than on the recomputed outputs
+    // (torch::autograd::grad would hold them): the outputs are then freed as soon as backward
+    // has no use for them, as they would be without checkpointing.
+    torch::autograd::edge_list root_edges;
+    for (const at::Tensor& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
+    roots.clear();
+    outputs.clear();
+    variable_list computed = torch::autograd::Engine::get_default_engine().execute(
+        root_edges, root_grads, /*keep_graph=*/create_graph, create_graph,
+        /*accumulate_grad=*/false, leaf_edges);
     for (std::size_t k = 0; k < slots.size(); ++k) grads[slots[k]] = std::move(computed[k]);
     return grads;
   }

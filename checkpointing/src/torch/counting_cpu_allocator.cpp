@@ -8,25 +8,26 @@
 
 namespace gpumem::ckpt {
 
-// What a DataPtr handed out by this allocator points to as its context: the inner allocator's
-// DataPtr (freed when the block is destroyed) and the size to report.
-struct CountingCpuAllocator::Block {
-  c10::DataPtr inner;
-  std::size_t size_bytes = 0;
-  CountingCpuAllocator* owner = nullptr;
-};
-
 namespace {
 std::mutex install_mutex;
-CountingCpuAllocator* installed = nullptr;
+CountingCpuAllocator* instance = nullptr;   // created once, never destroyed
+CountingCpuAllocator* installed = nullptr;  // instance while it is c10's CPU allocator
 }  // namespace
 
 CountingCpuAllocator& CountingCpuAllocator::install(std::uint8_t priority) {
   std::lock_guard lock(install_mutex);
-  static CountingCpuAllocator* instance = new CountingCpuAllocator();  // never destroyed
+  if (instance == nullptr) instance = new CountingCpuAllocator();
   if (installed == instance) return *instance;
   c10::Allocator* current = c10::GetAllocator(c10::DeviceType::CPU);
   TORCH_CHECK(current != nullptr, "CountingCpuAllocator::install: c10 has no CPU allocator");
+  TORCH_CHECK(current->raw_deleter() != nullptr,
+              "CountingCpuAllocator::install: the current CPU allocator has no raw interface "
+              "(raw_deleter is null); install the counting allocator before any other");
+  // Blocks go back to the allocator they came from, so the replaced allocator stays the same
+  // across uninstall() and install().
+  TORCH_CHECK(instance->inner_ == nullptr || instance->inner_ == current,
+              "CountingCpuAllocator::install: c10's CPU allocator changed since the counting "
+              "allocator was first installed; install it once, before other allocators");
   instance->inner_ = current;
   instance->priority_ = priority;
   c10::SetAllocator(c10::DeviceType::CPU, instance, priority);
@@ -72,24 +73,34 @@ void CountingCpuAllocator::publish(alloc::EventKind kind, const void* ptr,
 }
 
 c10::DataPtr CountingCpuAllocator::allocate(std::size_t n) {
-  c10::DataPtr inner = inner_->allocate(n);
-  void* data = inner.get();
-  const c10::Device device = inner.device();
-  auto* block = new Block{std::move(inner), n, this};
+  void* data = inner_->raw_allocate(n);
   allocations_.fetch_add(1, std::memory_order_relaxed);
-  if (n > 0) publish(alloc::EventKind::alloc, data, n);
-  return c10::DataPtr(data, block, &CountingCpuAllocator::release, device);
+  if (data != nullptr) {
+    {
+      std::lock_guard lock(mutex_);
+      sizes_[data] = n;
+    }
+    if (n > 0) publish(alloc::EventKind::alloc, data, n);
+  }
+  return c10::DataPtr(data, data, &CountingCpuAllocator::release, c10::Device(c10::DeviceType::CPU));
 }
 
-void CountingCpuAllocator::release(void* ctx) {
-  auto* block = static_cast<Block*>(ctx);
-  const void* data = block->inner.get();
-  const std::size_t n = block->size_bytes;
-  CountingCpuAllocator* owner = block->owner;
-  delete block;  // frees the memory through the inner allocator's deleter
+void CountingCpuAllocator::release(void* data) {
+  if (data == nullptr) return;
+  CountingCpuAllocator* self = instance;
+  std::size_t n = 0;
+  {
+    std::lock_guard lock(self->mutex_);
+    auto it = self->sizes_.find(data);
+    TORCH_INTERNAL_ASSERT(it != self->sizes_.end(),
+                          "CountingCpuAllocator: freeing a pointer it did not allocate");
+    n = it->second;
+    self->sizes_.erase(it);
+  }
+  self->inner_->raw_deallocate(data);
   if (n > 0) {
-    owner->publish(alloc::EventKind::free_requested, data, n);
-    owner->publish(alloc::EventKind::free_completed, data, n);
+    self->publish(alloc::EventKind::free_requested, data, n);
+    self->publish(alloc::EventKind::free_completed, data, n);
   }
 }
 

@@ -5,6 +5,11 @@
 // everything: from the event stream. It stands in for gpumem::torch::install_cpu (issue 4) until
 // that lands, and for tests that need exact CPU byte counts.
 //
+// Its data pointers are "simple" (context == data), as c10's raw_allocate requires (CPU kernels
+// use it for scratch): sizes are kept in a table keyed by address, and the memory comes from the
+// replaced allocator's raw interface, so that allocator must have a raw deleter (c10's default
+// CPU allocator has).
+//
 // install() puts one process-wide instance in front of c10's CPU allocator (c10::SetAllocator
 // with the given priority) and returns it; uninstall() puts the previous allocator back. The
 // instance is never destroyed: tensors allocated through it may outlive uninstall() and still
@@ -21,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "gpumem/alloc/events.h"
 
@@ -35,21 +41,22 @@ class CountingCpuAllocator final : public c10::Allocator {
   void set_observer(std::shared_ptr<alloc::AllocObserver> observer);
 
   c10::DataPtr allocate(std::size_t n) override;
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   std::uint64_t allocations() const noexcept { return allocations_.load(); }
 
  private:
   CountingCpuAllocator() = default;
-  struct Block;
-  static void release(void* ctx);
+  static void release(void* data);
   void publish(alloc::EventKind kind, const void* ptr, std::size_t size_bytes);
   std::shared_ptr<alloc::AllocObserver> observer() const;
 
   c10::Allocator* inner_ = nullptr;
   std::uint8_t priority_ = 1;
-  mutable std::mutex mutex_;  // guards observer_
+  mutable std::mutex mutex_;  // guards observer_ and sizes_
   std::shared_ptr<alloc::AllocObserver> observer_;
+  std::unordered_map<const void*, std::size_t> sizes_;  // live allocations
   std::atomic<std::uint64_t> seq_{0};
   std::atomic<std::uint64_t> allocations_{0};
 };
