@@ -259,3 +259,38 @@ TEST_CASE("CheckpointedSequential is a drop-in for Sequential", "[ckpt][torch]")
 
   CHECK_THROWS_WITH(cs->set_plan(ckpt::Plan::none(4)), CKPT_CONTAINS("n_modules = size()"));
 }
+
+TEST_CASE("CUDA: dropout recomputes the same masks from the device's generator",
+          "[ckpt][torch][gpu]") {
+  if (!torch::cuda::is_available()) GPUMEM_SKIP("no CUDA device");
+  const torch::Device cuda(torch::kCUDA, 0);
+  Block a(64), b(64);
+  a->to(cuda);
+  b->to(cuda);
+  std::vector<torch::Tensor> params = a->parameters();
+  for (auto& p : b->parameters()) params.push_back(p);
+  auto ab = [&](const torch::Tensor& x) { return b(a(x)); };
+  auto run = [&](bool use_ckpt, bool preserve) {
+    zero(params);
+    torch::manual_seed(99);  // seeds the CPU and every CUDA generator
+    torch::Tensor x = torch::randn({256, 64}, torch::TensorOptions(cuda).requires_grad(true));
+    ckpt::CheckpointOptions opts;
+    opts.preserve_rng_state = preserve;
+    torch::Tensor out = use_ckpt ? ckpt::checkpoint(ab, x, params, opts) : ab(x);
+    out.pow(2).sum().backward();
+    Run r;
+    r.out = out.detach().cpu();
+    r.input_grad = x.grad().cpu();
+    for (const auto& g : grads_of(params)) r.param_grads.push_back(g.cpu());
+    r.after = torch::rand({4}, torch::TensorOptions(cuda)).cpu();
+    return r;
+  };
+  const Run base = run(false, true);
+  const Run ck = run(true, true);
+  CHECK(torch::equal(base.out, ck.out));
+  CHECK(torch::equal(base.input_grad, ck.input_grad));
+  CHECK(bitwise_equal(base.param_grads, ck.param_grads));
+  CHECK(torch::equal(base.after, ck.after));  // the device's random stream is left alone
+  const Run drift = run(true, false);
+  CHECK_FALSE(bitwise_equal(base.param_grads, drift.param_grads));
+}

@@ -101,8 +101,12 @@ ChainProfile profile_chain(CheckpointedSequentialImpl& chain, const at::Tensor& 
               "training step with grad enabled");
   const std::size_t n = chain.size();
 
+  auto begin_step = [&] {
+    if (options.on_step_begin) options.on_step_begin();
+  };
   auto plain_step = [&] {
     clear_grads(chain);
+    begin_step();
     at::Tensor loss = checked_loss(loss_fn, chain.forward_range(input, 0, n));
     loss.backward();
   };
@@ -121,6 +125,7 @@ ChainProfile profile_chain(CheckpointedSequentialImpl& chain, const at::Tensor& 
     probe.synchronize();
     probe.reset_peak();
     std::vector<std::int64_t> a(n + 1);
+    begin_step();
     a[0] = probe.read().allocated_bytes;
     std::int64_t step_peak = a[0];
     {

@@ -44,6 +44,10 @@ class CudaAllocatorStatsProbe final : public MemoryProbe {
   }
   void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_); }
   void synchronize() override { c10::cuda::device_synchronize(); }
+  void release_cached() override {
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
 
  private:
   c10::DeviceIndex device_;

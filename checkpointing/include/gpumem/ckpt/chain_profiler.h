@@ -5,7 +5,7 @@
 // (allocator events or allocator stats), never from tensor sizes, except output_bytes, which is
 // the output's storage size.
 //
-// The step it models: loss = loss_fn(chain(input)); loss.backward(), with the chain's parameter
+// The step it models: on_step_begin(); loss = loss_fn(chain(input)); loss.backward(), with the chain's parameter
 // gradients undefined when it starts (zero_grad(set_to_none)) and the chain's output not held
 // by the caller during backward. Backward boundaries come from gradient hooks on each module's
 // output; the chain input is not hooked (the last module's backward ends when backward()
@@ -33,6 +33,9 @@ struct ProfileOptions {
   int warmup_steps = 1;        // plain steps first (lazy allocations, allocator caches)
   int instrumented_steps = 2;  // per-module steps: times are medians, bytes from the last one
   int timed_steps = 3;         // plain steps for fwd_bwd_ns (median)
+  // Called at the start of every step, before the chain's forward (to enter an autocast
+  // region, for example; loss_fn can leave it).
+  std::function<void()> on_step_begin;
 };
 
 using LossFn = std::function<at::Tensor(const at::Tensor& chain_output)>;

@@ -31,6 +31,9 @@ class MemoryProbe {
   virtual void reset_peak() = 0;
   // Waits for queued device work so that times taken around it are real (no-op on the host).
   virtual void synchronize() {}
+  // Returns the allocator's cached free memory to the device (empty_cache), so that reserved
+  // bytes measured next are not left over from earlier work (no-op where nothing is cached).
+  virtual void release_cached() {}
 };
 
 }  // namespace gpumem::ckpt
