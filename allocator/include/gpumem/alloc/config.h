@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 namespace gpumem::alloc {
 
@@ -76,8 +77,13 @@ struct Config {
   // The string this config was parsed from (reported in snapshots).
   std::string source_string;
 
-  // The cap on reserved bytes for a device of total_bytes memory (kNoLimit if none).
+  // The cap on reserved bytes for a device of total_bytes memory (kNoLimit if none). A
+  // device_total_bytes of 0 means "unknown": the fraction cap is then not applied.
   std::size_t cap_bytes(std::size_t device_total_bytes) const noexcept;
+
+  // Same settings: every field except source_string (two spellings of one configuration are
+  // equal). parse_config(to_string(c)) == c for every Config parse_config produces.
+  friend bool operator==(const Config& a, const Config& b) noexcept;
 };
 
 struct ConfigError {
@@ -88,12 +94,17 @@ struct ConfigError {
 std::variant<Config, ConfigError> parse_config(std::string_view text);
 
 // Reads GPUMEM_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF; keys those
-// variables carry that gpumem does not use, such as backend, are accepted and ignored).
+// variables carry that gpumem does not use, such as backend:native, are accepted and ignored;
+// backend:cudaMallocAsync is an error, since gpumem replaces that allocator). The first variable
+// that is set wins, even if it is empty. Error messages name the variable they came from.
 std::variant<Config, ConfigError> config_from_environment();
 
 // A canonical `key:value,...` string of every key (for snapshots and logs).
 std::string to_string(const Config& config);
 
 const char* to_string(SourceKind kind) noexcept;
+
+// Every key parse_config accepts (canonical names, then aliases), for docs, tests and messages.
+std::vector<std::string_view> config_keys();
 
 }  // namespace gpumem::alloc

@@ -18,6 +18,8 @@ enum class BlockState : std::uint8_t {
   pending_free,  // freed by the user, waiting for markers on other streams (record_stream)
   free,          // cached: mapped and reusable on its stream
   unmapped,      // address space with no physical memory behind it (expandable regions only)
+  cached,        // freed into a thread's cache of recently freed blocks (engine-internal: views
+                 // are taken after the caches are drained, so they never show it)
 };
 
 const char* to_string(BlockState state) noexcept;
@@ -62,6 +64,9 @@ struct EngineTotals {
   std::size_t cap_bytes = 0;           // cap on reserved (kNoLimit if none)
   std::size_t segments = 0;            // classic segments + expandable regions
   std::size_t pieces_mapped = 0;
+  std::size_t thread_caches = 0;       // threads holding a cache of freed blocks (0 until the
+                                       // engine's lock was first contended)
+  std::size_t thread_cached_bytes = 0; // bytes in those caches (part of cached_free_bytes)
 };
 
 struct EngineSnapshot {

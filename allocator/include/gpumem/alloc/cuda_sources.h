@@ -1,0 +1,148 @@
+// The CUDA memory sources and stream events. Built only with the CUDA toolkit (GPUMEM_HAVE_CUDA).
+//
+// CudaVmmSource: the driver's virtual memory API.
+//   reserve = cuMemAddressReserve        release = cuMemAddressFree
+//   create  = cuMemCreate (pinned device memory on the source's device)      destroy = cuMemRelease
+//   map     = cuMemMap + cuMemSetAccess (read/write for the owning device)   unmap   = cuMemUnmap
+//   granularity = cuMemGetAllocationGranularity (2 MiB on current GPUs)
+// libcuda is never linked: every driver entry point is looked up at run time through cudart's
+// cudaGetDriverEntryPointByVersion, so binaries load on machines without a driver. If the driver,
+// a device, an entry point or virtual memory support is missing, construction still succeeds:
+// init_status() says unsupported and every call answers that, with last_error() saying why.
+// The source does not synchronize: the engine waits for the streams that touched a piece
+// (StreamEvents::synchronize_stream) before it unmaps it.
+//
+// CudaMallocSource: classic cudaMalloc segments (caps().virtual_memory == false). reserve() backs
+// the whole range with cudaMalloc, release() is cudaFree; create/map/unmap/destroy are unsupported.
+// Granularity is 2 MiB, the size PyTorch rounds its cudaMalloc segments to.
+//
+// Both: CUDA_ERROR_OUT_OF_MEMORY / cudaErrorMemoryAllocation answer out_of_memory (the sticky
+// runtime error is cleared); other failures answer driver_error with the error's name and the call.
+// Misuse (unknown handle or range, unmapped va, destroy while mapped, misaligned sizes) answers
+// invalid_argument without reaching the driver. Every call makes the source's device current and
+// restores the caller's device afterwards.
+//
+// CudaStreamEvents: StreamEvents on cudaEvents created with cudaEventDisableTiming on one device,
+// kept in a pool so record() does not create and release() does not destroy. A CUDA error in these
+// calls (other than "not ready") means the context is broken or the caller passed a bad stream:
+// it is reported on stderr and the process aborts.
+//
+// Thread-safety: all members of all three are safe to call concurrently (one mutex per object;
+// the sources hold it across driver calls so their bookkeeping and the driver never disagree).
+#pragma once
+
+#if !defined(GPUMEM_HAVE_CUDA)
+#error "gpumem/alloc/cuda_sources.h needs the CUDA build of gpumem_alloc (GPUMEM_HAVE_CUDA)"
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpumem/alloc/memory_source.h"
+#include "gpumem/alloc/stream_events.h"
+
+namespace gpumem::alloc {
+
+// Time spent in one driver entry point (all calls, failed ones included).
+struct CudaCallTime {
+  std::uint64_t calls = 0;
+  std::uint64_t total_ns = 0;
+  std::uint64_t max_ns = 0;
+  double mean_ns() const noexcept { return calls ? static_cast<double>(total_ns) / static_cast<double>(calls) : 0.0; }
+};
+
+struct CudaVmmCallTimes {
+  CudaCallTime address_reserve, address_free, create, release, map, set_access, unmap;
+};
+
+class CudaVmmSource final : public MemorySource {
+ public:
+  explicit CudaVmmSource(int device);
+  // Unmaps, releases and frees whatever is still live (best effort; errors are ignored).
+  ~CudaVmmSource() override;
+  CudaVmmSource(const CudaVmmSource&) = delete;
+  CudaVmmSource& operator=(const CudaVmmSource&) = delete;
+
+  SourceCaps caps() const noexcept override;
+  SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override;
+  SourceStatus release(VaRange range) override;
+  SourceResult<PhysHandle> create(std::size_t size_bytes) override;
+  SourceStatus destroy(PhysHandle handle) override;
+  SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override;
+  SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override;
+  ProviderMemInfo mem_info() const override;  // cudaMemGetInfo on the device; zeros if unavailable
+  std::string last_error() const override;
+
+  // ok when the driver, the device and its virtual memory support were found.
+  SourceStatus init_status() const noexcept;
+  int device() const noexcept;
+  CudaVmmCallTimes call_times() const;
+  std::size_t physical_bytes() const;
+  std::size_t mapped_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class CudaMallocSource final : public MemorySource {
+ public:
+  explicit CudaMallocSource(int device);
+  ~CudaMallocSource() override;  // cudaFree of every live range (best effort)
+  CudaMallocSource(const CudaMallocSource&) = delete;
+  CudaMallocSource& operator=(const CudaMallocSource&) = delete;
+
+  SourceCaps caps() const noexcept override;
+  SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override;
+  SourceStatus release(VaRange range) override;
+  SourceResult<PhysHandle> create(std::size_t size_bytes) override;
+  SourceStatus destroy(PhysHandle handle) override;
+  SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override;
+  SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override;
+  ProviderMemInfo mem_info() const override;
+  std::string last_error() const override;
+
+  SourceStatus init_status() const noexcept;
+  int device() const noexcept;
+  std::size_t physical_bytes() const;  // bytes of live ranges
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class CudaStreamEvents final : public StreamEvents {
+ public:
+  explicit CudaStreamEvents(int device);
+  ~CudaStreamEvents() override;  // destroys the pooled events (markers not released leak)
+  CudaStreamEvents(const CudaStreamEvents&) = delete;
+  CudaStreamEvents& operator=(const CudaStreamEvents&) = delete;
+
+  EventToken record(StreamId stream) override;
+  bool query(EventToken token) override;
+  void synchronize(EventToken token) override;
+  void release(EventToken token) override;
+  void synchronize_stream(StreamId stream) override;
+
+  std::size_t events_created() const;  // cudaEventCreate calls so far
+  std::size_t events_pooled() const;   // created, not in use
+
+ private:
+  int device_;
+  mutable std::mutex mutex_;
+  std::vector<void*> pool_;  // cudaEvent_t ready for reuse
+  std::size_t created_ = 0;
+};
+
+// Number of CUDA devices; 0 when there is no driver or no device (never fails).
+int cuda_device_count() noexcept;
+
+// A CudaVmmSource (vmm) or CudaMallocSource on device; never null. Without a usable driver or
+// device its calls answer unsupported and last_error() says why.
+std::unique_ptr<MemorySource> make_cuda_source(bool vmm, int device);
+
+}  // namespace gpumem::alloc

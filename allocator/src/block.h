@@ -1,0 +1,117 @@
+// Block, PieceSlot and Region: the engine's data model. Internal to allocator/.
+//
+// Glossary
+//   region   A range of address space the engine got from one MemorySource::reserve(). Either a
+//            classic segment (expandable == false: backed as a whole, by one physical piece on a
+//            virtual-memory source or by the reservation itself on a cudaMalloc-style source) or an
+//            expandable region (one per (stream, pool), physical pieces mapped slot by slot).
+//   slot     A piece-sized, piece-aligned part of an expandable region; it is mapped (backed by a
+//            physical piece) or not.
+//   block    A contiguous address range inside a region with one state. The blocks of a region tile
+//            it exactly, in address order, through prev/next.
+//
+// Invariants (checked by CachingAllocator::check_invariants)
+//   * blocks tile [region.base, region.base + region.size_bytes), prev/next consistent;
+//   * every slot overlapped by an allocated, pending_free or free block is mapped; unmapped blocks
+//     start and end on slot boundaries and every slot they cover is unmapped;
+//   * no two neighbouring blocks are both free, nor both unmapped (they are merged);
+//   * a free block is in exactly one FreeIndex; an unmapped block is in its region's unmapped set;
+//     allocated, pending_free and cached blocks are in the live-block table; nothing else is in
+//     those; a cached block is in exactly one ThreadCache bin;
+//   * region.mapped_bytes == (mapped slots) x piece_bytes, or size_bytes for a classic segment.
+#pragma once
+
+#include <boost/intrusive/set.hpp>
+#include <boost/intrusive/unordered_set.hpp>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gpumem/alloc/events.h"
+#include "gpumem/alloc/introspection.h"
+#include "gpumem/alloc/memory_source.h"
+#include "gpumem/alloc/stream_events.h"
+
+namespace gpumem::alloc::detail {
+
+namespace bi = boost::intrusive;
+using SetHook = bi::set_member_hook<bi::link_mode<bi::normal_link>>;
+using HashHook = bi::unordered_set_member_hook<bi::link_mode<bi::normal_link>>;
+
+struct Region;
+
+// Streams a block was used on besides its own (record_stream), and the markers recorded on them
+// when the block was freed. Allocated only for blocks that were recorded on another stream.
+struct StreamUses {
+  std::vector<StreamId> streams;
+  std::vector<EventToken> markers;
+};
+
+// A block's state is read by the engine under its lock while a thread-cache fast path on another
+// thread may switch a neighbouring block between allocated and cached (never to or from free or
+// unmapped, the states the engine acts on). Relaxed atomics make that well-defined at the cost of
+// plain loads and stores.
+class AtomicState {
+ public:
+  AtomicState(BlockState s = BlockState::free) noexcept : v_(s) {}
+  AtomicState& operator=(BlockState s) noexcept {
+    v_.store(s, std::memory_order_relaxed);
+    return *this;
+  }
+  operator BlockState() const noexcept { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<BlockState> v_;
+};
+
+struct Block {
+  std::uintptr_t addr = 0;
+  std::size_t size_bytes = 0;
+  std::size_t requested_bytes = 0;  // allocated/pending_free: the user's request
+  StreamId stream = 0;              // == region->stream; copied for the free index's key
+  Region* region = nullptr;
+  Block* prev = nullptr;            // address order within the region
+  Block* next = nullptr;
+  std::uint64_t alloc_seq = 0;      // seq of the alloc event (allocated/pending_free)
+  std::uint64_t free_seq = 0;       // seq when it last became free (classic GC ages)
+  std::unique_ptr<StreamUses> uses; // non-null only after record_stream on another stream
+  AtomicState state;
+  SetHook set_hook;                 // FreeIndex (free) or Region::unmapped (unmapped)
+  HashHook hash_hook;               // LiveTable (allocated, pending_free)
+
+  std::uintptr_t end() const noexcept { return addr + size_bytes; }
+};
+
+struct PieceSlot {
+  PhysHandle handle = 0;
+  bool mapped = false;
+};
+
+// Unmapped blocks of one region, by address.
+struct BlockAddrLess {
+  bool operator()(const Block& a, const Block& b) const noexcept { return a.addr < b.addr; }
+};
+using UnmappedSet =
+    bi::set<Block, bi::member_hook<Block, SetHook, &Block::set_hook>, bi::compare<BlockAddrLess>,
+            bi::constant_time_size<true>>;
+
+struct Region {
+  VaRange va;
+  PoolKind pool = PoolKind::large;
+  StreamId stream = 0;
+  bool expandable = false;
+  std::size_t piece_bytes = 0;          // expandable: slot size; classic: == va.size_bytes
+  std::vector<PieceSlot> slots;         // expandable: one per slot; classic on a VMM source: one
+  bool backed_by_reservation = false;   // classic segment on a non-virtual-memory source
+  std::size_t mapped_bytes = 0;
+  std::uint64_t created_seq = 0;
+  Block* first = nullptr;
+  UnmappedSet unmapped;
+
+  std::size_t slot_of(std::uintptr_t addr) const noexcept { return (addr - va.base) / piece_bytes; }
+  std::uintptr_t slot_addr(std::size_t slot) const noexcept { return va.base + slot * piece_bytes; }
+};
+
+}  // namespace gpumem::alloc::detail

@@ -1,0 +1,59 @@
+// CudaDriver: the CUDA driver entry points gpumem uses, looked up once at run time through
+// cudart's cudaGetDriverEntryPointByVersion so that nothing links libcuda. Also the small helpers
+// every CUDA source shares: error words and the device guard.
+//
+// Thread-safety: CudaDriver::get() resolves once (a function-local static) and is read-only after;
+// DeviceGuard is per-thread by nature (it changes the calling thread's current device).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace gpumem::alloc::detail {
+
+struct CudaDriver {
+  decltype(&::cuGetErrorName) get_error_name = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
+  decltype(&::cuMemAddressReserve) mem_address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) mem_address_free = nullptr;
+  decltype(&::cuMemCreate) mem_create = nullptr;
+  decltype(&::cuMemRelease) mem_release = nullptr;
+  decltype(&::cuMemMap) mem_map = nullptr;
+  decltype(&::cuMemUnmap) mem_unmap = nullptr;
+  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
+
+  // Empty when every entry point above was found; otherwise why not (and all are null).
+  std::string missing;
+
+  static const CudaDriver& get();
+
+  // "CUDA_ERROR_OUT_OF_MEMORY" (or "CUresult 2" if the name is unknown).
+  std::string error_name(CUresult result) const;
+};
+
+// "cudaErrorMemoryAllocation: out of memory".
+std::string runtime_error_words(cudaError_t error);
+
+// Makes device current on this thread for its lifetime and restores the previous device after.
+// With force = true it calls cudaSetDevice even when device is already current, which also makes
+// the device's primary context current on this thread for the driver calls that follow.
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, bool force);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+  cudaError_t status() const noexcept { return status_; }  // of cudaSetDevice
+
+ private:
+  int previous_ = -1;
+  int device_;
+  cudaError_t status_ = cudaSuccess;
+};
+
+}  // namespace gpumem::alloc::detail

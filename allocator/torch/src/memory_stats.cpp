@@ -1,0 +1,63 @@
+// gpumem/torch/memory_stats.h: statistics, snapshots and engines by c10::Device.
+#include "gpumem/torch/memory_stats.h"
+
+#include <c10/util/Exception.h>
+
+#include "c10_stats.h"
+#include "engines.h"
+
+namespace gpumem::torch {
+namespace {
+
+detail::DeviceEngine& existing_engine(c10::Device device) {
+  detail::DeviceEngine* de = detail::find_engine(device);
+  TORCH_CHECK(de != nullptr, "gpumem: no gpumem engine serves ", device.str(),
+              device.is_cpu() ? " (call gpumem::torch::install_cpu() first)"
+                              : " (install gpumem and allocate on that device first)");
+  return *de;
+}
+
+}  // namespace
+
+DeviceStats stats(c10::Device device) {
+  if (detail::DeviceEngine* de = detail::find_engine(device)) return detail::to_c10_stats(*de);
+  return DeviceStats{};
+}
+
+void reset_peak_stats(c10::Device device) {
+  if (detail::DeviceEngine* de = detail::find_engine(device)) de->stats->reset_peak();
+}
+
+void reset_accumulated_stats(c10::Device device) {
+  if (detail::DeviceEngine* de = detail::find_engine(device)) de->stats->reset_accumulated();
+}
+
+std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
+  alloc::DeviceStatsView view;
+  if (detail::DeviceEngine* de = detail::find_engine(device)) {
+    view = de->stats->stats();
+  } else {
+    view.max_split_size = -1;
+  }
+  std::map<std::string, std::int64_t> out;
+  for (auto& [key, value] : alloc::to_memory_stats(view)) out.emplace(std::move(key), value);
+  for (auto& [key, value] : alloc::to_gpumem_stats(view)) out.emplace(std::move(key), value);
+  return out;
+}
+
+alloc::EngineSnapshot engine_snapshot(c10::Device device) { return existing_engine(device).engine->snapshot(); }
+
+std::vector<alloc::AllocEvent> trace_events(c10::Device device) {
+  std::vector<alloc::AllocEvent> events;
+  if (detail::DeviceEngine* de = detail::find_engine(device)) {
+    for (const auto& record : de->trace->records()) events.push_back(record.event);
+  }
+  return events;
+}
+
+alloc::CachingAllocator* engine(c10::Device device) {
+  detail::DeviceEngine* de = detail::find_engine(device);
+  return de ? de->engine.get() : nullptr;
+}
+
+}  // namespace gpumem::torch

@@ -1,0 +1,90 @@
+// What Python reaches after torch.ops.load_library(path): the torch.ops.gpumem operators, and the
+// installation on library load when GPUMEM_ALLOC_CONF is set.
+//
+//   torch.ops.gpumem.install(config)          # "" = from the environment; errors raise RuntimeError
+//   torch.ops.gpumem.installed() -> bool
+//   torch.ops.gpumem.load_error() -> str      # why the load-time installation failed ("" = it did not)
+//   torch.ops.gpumem.install_cpu(config)
+//   torch.ops.gpumem.memory_stats(device) -> dict[str, int]   # torch.cuda.memory_stats's keys
+//   torch.ops.gpumem.reset_peak_stats(device)
+//
+// memory_stats works under every install path, CUDAPluggableAllocator included (where
+// torch.cuda.memory_stats raises), and for the CPU engine (device "cpu").
+#include <torch/library.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <variant>
+
+#include "gpumem/alloc/config.h"
+#include "gpumem/torch/install.h"
+#include "gpumem/torch/memory_stats.h"
+
+namespace gpumem::torch {
+namespace {
+
+std::string& load_error_text() {
+  static auto* text = new std::string();
+  return *text;
+}
+
+alloc::Config parse_or_throw(const std::string& text) {
+  auto parsed = alloc::parse_config(text);
+  if (auto* error = std::get_if<alloc::ConfigError>(&parsed)) TORCH_CHECK(false, error->message);
+  return std::get<alloc::Config>(std::move(parsed));
+}
+
+void op_install(std::string config) {
+  if (config.empty()) {
+    install_from_environment();
+  } else {
+    install(parse_or_throw(config));
+  }
+}
+
+bool op_installed() { return installed(); }
+
+std::string op_load_error() { return load_error_text(); }
+
+void op_install_cpu(std::string config) { install_cpu(config.empty() ? alloc::Config{} : parse_or_throw(config)); }
+
+c10::Dict<std::string, int64_t> op_memory_stats(c10::Device device) {
+  c10::Dict<std::string, int64_t> out;
+  for (const auto& [key, value] : memory_stats(device)) out.insert(key, value);
+  return out;
+}
+
+void op_reset_peak_stats(c10::Device device) { reset_peak_stats(device); }
+
+// Installs at load time when GPUMEM_ALLOC_CONF is set. A failure cannot be thrown out of dlopen,
+// so it is printed on stderr and kept for torch.ops.gpumem.load_error().
+const bool g_installed_on_load = [] {
+  if (std::getenv("GPUMEM_ALLOC_CONF") == nullptr) return false;
+  try {
+    install_from_environment();
+    return true;
+  } catch (const c10::Error& e) {
+    load_error_text() = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    load_error_text() = e.what();
+  }
+  std::fprintf(stderr,
+               "gpumem: GPUMEM_ALLOC_CONF is set but gpumem was not installed when libgpumem_torch.so was loaded; "
+               "PyTorch's own CUDA allocator stays in use. %s\n",
+               load_error_text().c_str());
+  return false;
+}();
+
+}  // namespace
+}  // namespace gpumem::torch
+
+TORCH_LIBRARY(gpumem, m) {
+  m.def("install(str config) -> ()", &gpumem::torch::op_install);
+  m.def("installed() -> bool", &gpumem::torch::op_installed);
+  m.def("load_error() -> str", &gpumem::torch::op_load_error);
+  m.def("install_cpu(str config) -> ()", &gpumem::torch::op_install_cpu);
+  m.def("memory_stats(Device device) -> Dict(str, int)", &gpumem::torch::op_memory_stats);
+  m.def("reset_peak_stats(Device device) -> ()", &gpumem::torch::op_reset_peak_stats);
+}

@@ -1,0 +1,137 @@
+// ns per alloc+free pair of the engine on SimSource, single thread and 4 threads sharing one
+// engine, for the op sequences of ../shared/design/ANCHORS.md: fixed 4 KiB, 1 MiB and 64 MiB pairs,
+// and windows of W live allocations (W = 64, 1024; sizes log-uniform in 512 B..32 MiB; each step
+// frees a random slot and allocates a new size into it).
+//
+//   bench_alloc_pairs [--ops N] [--threads T] [--observer]
+//
+// --observer attaches the stats observer, as the torch adapter does.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/sim_source.h"
+#if __has_include("gpumem/alloc/stats.h")
+#include "gpumem/alloc/stats.h"
+#define GPUMEM_BENCH_HAVE_STATS 1
+#endif
+
+using namespace gpumem::alloc;
+
+namespace {
+
+struct Pattern {
+  std::string name;
+  std::size_t fixed_bytes = 0;  // 0: window pattern
+  std::size_t window = 0;
+};
+
+std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(std::log(512.0), std::log(32.0 * 1024 * 1024));
+  std::vector<std::size_t> out(n);
+  for (auto& s : out) s = static_cast<std::size_t>(std::exp(u(rng)));
+  return out;
+}
+
+// Runs `ops` pairs of the pattern on one thread; returns ns per pair.
+double run_pattern(CachingAllocator& engine, const Pattern& p, std::size_t ops, std::uint64_t seed, StreamId stream) {
+  using clock = std::chrono::steady_clock;
+  if (p.fixed_bytes) {
+    // warm-up
+    for (int i = 0; i < 1000; ++i) engine.free(engine.allocate(p.fixed_bytes, stream).ptr);
+    const auto t0 = clock::now();
+    for (std::size_t i = 0; i < ops; ++i) {
+      auto r = engine.allocate(p.fixed_bytes, stream);
+      if (!r.ok()) std::abort();
+      engine.free(r.ptr);
+    }
+    return std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
+  }
+  const auto sizes = log_uniform_sizes(ops + p.window, seed);
+  std::mt19937_64 rng(seed ^ 0x5bd1e995);
+  std::vector<std::uint32_t> slots(ops);
+  for (auto& s : slots) s = static_cast<std::uint32_t>(rng() % p.window);
+  std::vector<void*> live(p.window);
+  for (std::size_t i = 0; i < p.window; ++i) live[i] = engine.allocate(sizes[i], stream).ptr;
+  const auto t0 = clock::now();
+  for (std::size_t i = 0; i < ops; ++i) {
+    void*& slot = live[slots[i]];
+    engine.free(slot);
+    auto r = engine.allocate(sizes[p.window + i], stream);
+    if (!r.ok()) std::abort();
+    slot = r.ptr;
+  }
+  const double ns = std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
+  for (void* q : live) engine.free(q);
+  return ns;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t ops = 1'000'000;
+  int threads = 4;
+  bool observer = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--ops" && i + 1 < argc) {
+      ops = std::stoull(argv[++i]);
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::stoi(argv[++i]);
+    } else if (a == "--observer") {
+      observer = true;
+    } else {
+      fmt::print(stderr, "bench_alloc_pairs: unknown argument '{}'; usage: bench_alloc_pairs [--ops N] [--threads T] [--observer]\n", a);
+      return 2;
+    }
+  }
+  const std::vector<Pattern> patterns = {
+      {"4 KiB pairs", 4096, 0},
+      {"1 MiB pairs", 1 << 20, 0},
+      {"64 MiB pairs", std::size_t{64} << 20, 0},
+      {"window 64, 512 B-32 MiB", 0, 64},
+      {"window 1024, 512 B-32 MiB", 0, 1024},
+  };
+  fmt::print("gpumem engine on SimSource, {} pairs per thread{}\n", ops, observer ? ", stats observer attached" : "");
+  fmt::print("{:<28} {:>14} {:>24}\n", "pattern", "1 thread ns", fmt::format("{} threads ns/thread", threads));
+  for (const auto& p : patterns) {
+    SimSourceOptions so;
+    so.capacity_bytes = std::size_t{1} << 46;
+    SimSource source(so);
+    auto events = make_immediate_events();
+    Config cfg;
+    cfg.va_reserve_bytes = std::size_t{1} << 42;
+    CachingAllocator engine(source, *events, cfg);
+#ifdef GPUMEM_BENCH_HAVE_STATS
+    if (observer) engine.attach_observer(std::make_shared<StatsObserver>());
+#endif
+    const double single = run_pattern(engine, p, ops, 1, 0);
+    std::vector<double> per(threads);
+    std::vector<std::thread> pool;
+    std::barrier start(threads);
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        start.arrive_and_wait();
+        per[t] = run_pattern(engine, p, ops, 100 + t, 0);
+      });
+    for (auto& th : pool) th.join();
+    double mean = 0;
+    for (double v : per) mean += v / threads;
+    const auto c = source.counters();
+    fmt::print("{:<28} {:>14.1f} {:>24.1f}   (maps {}, unmaps {}, creates {})\n", p.name, single, mean, c.maps,
+               c.unmaps, c.creates);
+  }
+  return 0;
+}

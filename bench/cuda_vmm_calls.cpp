@@ -1,0 +1,157 @@
+// cuda_vmm_calls: microseconds per CUDA virtual-memory driver call, measured through CudaVmmSource,
+// for 2 MiB and 20 MiB pieces (compare with the "CUDA virtual memory calls" anchors in
+// ../shared/design/ANCHORS.md: cuMemCreate 14 (13), cuMemMap 2 (1), cuMemSetAccess 35-40 (31),
+// cuMemUnmap 20-24 (19-23), cuMemRelease 10-14 (26) on an H200).
+//
+// Each round creates N pieces, maps each into one half of a reservation, unmaps them, maps the
+// same handles into the other half (what physical page recycling does), unmaps and destroys them.
+//
+//   cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N]
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gpumem/alloc/cuda_sources.h"
+
+namespace {
+
+using namespace gpumem::alloc;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+struct Args {
+  int device = 0;
+  int rounds = 5;
+  int pieces_2mib = 64;
+  int pieces_20mib = 32;
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr,
+               "cuda_vmm_calls: %s\nusage: cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] "
+               "[--pieces-20mib N]  (all positive integers; device may be 0)\n",
+               what.c_str());
+  std::exit(2);
+}
+
+int parse_int(const char* flag, const char* text, int min) {
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || v < min || v > 1000000)
+    usage_error(fmt::format("{} needs an integer >= {}, got '{}'", flag, min, text));
+  return static_cast<int>(v);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
+    const char* value = argv[++i];
+    if (flag == "--device") a.device = parse_int("--device", value, 0);
+    else if (flag == "--rounds") a.rounds = parse_int("--rounds", value, 1);
+    else if (flag == "--pieces-2mib") a.pieces_2mib = parse_int("--pieces-2mib", value, 1);
+    else if (flag == "--pieces-20mib") a.pieces_20mib = parse_int("--pieces-20mib", value, 1);
+    else usage_error(fmt::format("unknown option '{}'", flag));
+  }
+  return a;
+}
+
+bool check(SourceStatus status, const CudaVmmSource& source, const char* what) {
+  if (status == SourceStatus::ok) return true;
+  std::fprintf(stderr, "cuda_vmm_calls: %s failed (%s): %s\n", what, to_string(status), source.last_error().c_str());
+  return false;
+}
+
+void print_row(const char* call, const CudaCallTime& t) {
+  std::printf("  %-22s %8llu %10.1f %10.1f\n", call, static_cast<unsigned long long>(t.calls), t.mean_ns() / 1000.0,
+              static_cast<double>(t.max_ns) / 1000.0);
+}
+
+// Returns false on a source failure (already reported).
+bool run_size(const Args& args, std::size_t piece_bytes, int pieces) {
+  CudaVmmSource source(args.device);
+  if (source.init_status() != SourceStatus::ok) {
+    std::fprintf(stderr, "cuda_vmm_calls: %s\n", source.last_error().c_str());
+    return false;
+  }
+  const std::size_t n = static_cast<std::size_t>(pieces);
+  auto range = source.reserve(2 * n * piece_bytes, 0);
+  if (!check(range.status, source, "reserve")) return false;
+  std::vector<PhysHandle> handles(n);
+  std::uint64_t map_wall_ns = 0, map_calls = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+
+  for (int round = 0; round < args.rounds; ++round) {
+    for (std::size_t i = 0; i < n; ++i) {
+      auto h = source.create(piece_bytes);
+      if (!check(h.status, source, "create")) return false;
+      handles[i] = h.value;
+    }
+    for (std::size_t half = 0; half < 2; ++half) {
+      const std::uintptr_t base = range.value.base + half * n * piece_bytes;
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!check(source.map(base + i * piece_bytes, piece_bytes, handles[i]), source, "map")) return false;
+        map_wall_ns += static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+        ++map_calls;
+      }
+      for (std::size_t i = 0; i < n; ++i)
+        if (!check(source.unmap(base + i * piece_bytes, piece_bytes), source, "unmap")) return false;
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      if (!check(source.destroy(handles[i]), source, "destroy")) return false;
+  }
+  if (!check(source.release(range.value), source, "release")) return false;
+  const double total_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+
+  const CudaVmmCallTimes t = source.call_times();
+  std::printf("\npiece %zu MiB: %d pieces, %d rounds (create, map, unmap, map elsewhere, unmap, release)\n",
+              piece_bytes / kMiB, pieces, args.rounds);
+  std::printf("  %-22s %8s %10s %10s\n", "call", "calls", "mean_us", "max_us");
+  print_row("cuMemCreate", t.create);
+  print_row("cuMemMap", t.map);
+  print_row("cuMemSetAccess", t.set_access);
+  print_row("cuMemUnmap", t.unmap);
+  print_row("cuMemRelease", t.release);
+  print_row("cuMemAddressReserve", t.address_reserve);
+  print_row("cuMemAddressFree", t.address_free);
+  std::printf("  map() through the source (cuMemMap + cuMemSetAccess + bookkeeping): %.1f us per call\n",
+              map_calls ? static_cast<double>(map_wall_ns) / static_cast<double>(map_calls) / 1000.0 : 0.0);
+  const double remap_us = (t.unmap.mean_ns() + t.map.mean_ns() + t.set_access.mean_ns()) / 1000.0;
+  std::printf("  one recycled mapping (unmap + map + set access): %.1f us = %.2f us per MiB\n", remap_us,
+              remap_us / static_cast<double>(piece_bytes / kMiB));
+  std::printf("  wall time %.1f ms\n", total_ms);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  const int count = cuda_device_count();
+  if (count == 0) {
+    std::fprintf(stderr, "cuda_vmm_calls: no CUDA device is present; run this on a machine with a GPU\n");
+    return 1;
+  }
+  if (args.device >= count) usage_error(fmt::format("--device {} is out of range: use 0..{}", args.device, count - 1));
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, args.device) == cudaSuccess) {
+    int driver = 0;
+    (void)cudaDriverGetVersion(&driver);
+    CudaVmmSource probe(args.device);
+    std::printf("device %d: %s, %.1f GiB, driver API %d, granularity %zu bytes\n", args.device, prop.name,
+                static_cast<double>(prop.totalGlobalMem) / static_cast<double>(1ull << 30), driver,
+                probe.caps().granularity_bytes);
+  }
+  bool ok = run_size(args, 2 * kMiB, args.pieces_2mib);
+  ok = run_size(args, 20 * kMiB, args.pieces_20mib) && ok;
+  return ok ? 0 : 1;
+}

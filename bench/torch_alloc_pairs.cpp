@@ -1,0 +1,183 @@
+// ns per alloc+free pair: gpumem's CUDA allocator vs PyTorch's native caching allocator, side by
+// side in one process, both driven through the same c10 calls (raw_alloc_with_stream /
+// raw_delete) with the same op sequences as bench/alloc_pairs.cpp and ../shared/design/ANCHORS.md:
+// fixed 4 KiB, 1 MiB and 64 MiB pairs, and windows of W live allocations (W = 64, 1024; sizes
+// log-uniform in 512 B..32 MiB; each step frees a random slot and allocates a new size into it),
+// single-threaded and with T threads each running its own sequence.
+//
+//   torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR]
+//
+// gpumem is not installed: libtorch keeps its native allocator, and gpumem's allocator object is
+// driven directly (gpumem::torch::cuda_allocator()), so both run under the same conditions. Each
+// pattern runs R rounds alternating native and gpumem; the table shows the median of the rounds.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "gpumem/alloc/config.h"
+#include "gpumem/torch/cuda_allocator.h"
+
+namespace {
+
+using Allocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
+
+struct Pattern {
+  const char* name;
+  std::size_t fixed_bytes;  // 0: window pattern
+  std::size_t window;
+};
+
+std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(std::log(512.0), std::log(32.0 * 1024 * 1024));
+  std::vector<std::size_t> out(n);
+  for (auto& s : out) s = static_cast<std::size_t>(std::exp(u(rng)));
+  return out;
+}
+
+// One thread's op sequence: the sizes and slots are fixed by the seed, whatever the allocator.
+struct Sequence {
+  std::vector<std::size_t> sizes;
+  std::vector<std::uint32_t> slots;
+};
+
+Sequence make_sequence(const Pattern& p, std::size_t ops, std::uint64_t seed) {
+  Sequence s;
+  if (p.fixed_bytes) return s;
+  s.sizes = log_uniform_sizes(ops + p.window, seed);
+  std::mt19937_64 rng(seed ^ 0x5bd1e995);
+  s.slots.resize(ops);
+  for (auto& slot : s.slots) slot = static_cast<std::uint32_t>(rng() % p.window);
+  return s;
+}
+
+double run(Allocator& a, const Pattern& p, const Sequence& seq, std::size_t ops, cudaStream_t stream) {
+  using clock = std::chrono::steady_clock;
+  if (p.fixed_bytes) {
+    for (int i = 0; i < 1000; ++i) a.raw_delete(a.raw_alloc_with_stream(p.fixed_bytes, stream));
+    const auto t0 = clock::now();
+    for (std::size_t i = 0; i < ops; ++i) a.raw_delete(a.raw_alloc_with_stream(p.fixed_bytes, stream));
+    return std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
+  }
+  std::vector<void*> live(p.window);
+  for (std::size_t i = 0; i < p.window; ++i) live[i] = a.raw_alloc_with_stream(seq.sizes[i], stream);
+  const auto t0 = clock::now();
+  for (std::size_t i = 0; i < ops; ++i) {
+    void*& slot = live[seq.slots[i]];
+    a.raw_delete(slot);
+    slot = a.raw_alloc_with_stream(seq.sizes[p.window + i], stream);
+  }
+  const double ns = std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
+  for (void* q : live) a.raw_delete(q);
+  return ns;
+}
+
+// T threads, each with its own sequence on the default stream; returns mean ns per pair per thread.
+double run_threads(Allocator& a, const Pattern& p, std::size_t ops, int threads) {
+  std::vector<Sequence> seqs;
+  for (int t = 0; t < threads; ++t) seqs.push_back(make_sequence(p, ops, 100 + static_cast<std::uint64_t>(t)));
+  std::vector<double> per(static_cast<std::size_t>(threads));
+  std::barrier start(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      c10::cuda::set_device(0);
+      start.arrive_and_wait();
+      per[static_cast<std::size_t>(t)] = run(a, p, seqs[static_cast<std::size_t>(t)], ops, nullptr);
+    });
+  for (auto& th : pool) th.join();
+  double mean = 0;
+  for (double v : per) mean += v / threads;
+  return mean;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+[[noreturn]] void usage(const std::string& what) {
+  std::fprintf(stderr,
+               "torch_alloc_pairs: %s\nusage: torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] "
+               "[--config STR]\n",
+               what.c_str());
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t ops = 200000, thread_ops = 20000;
+  int threads = 4, rounds = 3;
+  std::string config_text;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (a == "--ops") ops = std::stoull(next());
+      else if (a == "--thread-ops") thread_ops = std::stoull(next());
+      else if (a == "--threads") threads = std::stoi(next());
+      else if (a == "--rounds") rounds = std::stoi(next());
+      else if (a == "--config") config_text = next();
+      else usage("unknown argument '" + a + "'");
+    } catch (const std::logic_error&) {
+      usage(a + " needs a number");
+    }
+  }
+  if (ops == 0 || threads < 1 || rounds < 1) usage("--ops, --threads and --rounds must be positive");
+  if (!torch::cuda::is_available()) {
+    std::printf("torch_alloc_pairs: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  auto parsed = gpumem::alloc::parse_config(config_text);
+  if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) usage("--config: " + error->message);
+
+  Allocator& native = *c10::cuda::CUDACachingAllocator::get();
+  torch::empty({1}, torch::kCUDA);  // initializes CUDA and the native allocator
+  const gpumem::alloc::Config config = std::get<gpumem::alloc::Config>(parsed);
+  Allocator& ours = gpumem::torch::cuda_allocator(config);
+  ours.init(static_cast<int>(c10::cuda::device_count()));
+  const cudaStream_t stream = nullptr;  // the default stream, as raw_alloc uses with no stream set
+
+  const std::vector<Pattern> patterns = {
+      {"4 KiB pairs", 4096, 0},
+      {"1 MiB pairs", std::size_t{1} << 20, 0},
+      {"64 MiB pairs", std::size_t{64} << 20, 0},
+      {"window 64, 512 B-32 MiB", 0, 64},
+      {"window 1024, 512 B-32 MiB", 0, 1024},
+  };
+  std::printf("torch_alloc_pairs: %s vs %s, %zu pairs (1 thread), %zu pairs per thread (%d threads), median of %d "
+              "rounds\n",
+              native.name().c_str(), ours.name().c_str(), ops, thread_ops, threads, rounds);
+  std::printf("%-28s %12s %12s %8s   %14s %14s %8s\n", "pattern", "native ns", "gpumem ns", "speedup",
+              "native ns/thr", "gpumem ns/thr", "speedup");
+  for (const auto& p : patterns) {
+    const Sequence seq = make_sequence(p, ops, 1);
+    std::vector<double> n1, g1, nt, gt;
+    for (int r = 0; r < rounds; ++r) {
+      n1.push_back(run(native, p, seq, ops, stream));
+      g1.push_back(run(ours, p, seq, ops, stream));
+      nt.push_back(run_threads(native, p, thread_ops, threads));
+      gt.push_back(run_threads(ours, p, thread_ops, threads));
+    }
+    const double a = median(n1), b = median(g1), c = median(nt), d = median(gt);
+    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx\n", p.name, a, b, a / b, c, d, c / d);
+    std::fflush(stdout);
+  }
+  return 0;
+}

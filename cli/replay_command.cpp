@@ -1,0 +1,186 @@
+// `gpumem replay`: replays a PyTorch allocator trace through allocator policies and compares what
+// each would reserve.
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "args.h"
+#include "commands.h"
+#include "gpumem/forensics/error.h"
+#include "gpumem/forensics/policy_factory.h"
+#include "gpumem/forensics/replay.h"
+#include "gpumem/forensics/replay_report.h"
+#include "gpumem/forensics/trace_loader.h"
+#include "progress_bar.h"
+
+namespace gpumem::cli {
+namespace {
+
+namespace fx = gpumem::forensics;
+
+std::string help_text() {
+  return fmt::format(
+      "usage: gpumem replay TRACE [--policy P]... [--json] [--timeline FILE] [--top N]\n"
+      "                     [--device N] [--memory-limit SIZE] [--device-memory SIZE]\n"
+      "\n"
+      "Replays the allocations and frees of a PyTorch allocator trace through allocator policies,\n"
+      "in order, and reports for each what it would reserve: peak requested, allocated and\n"
+      "reserved bytes, peak reserved / peak requested, where the reserved-but-unrequested bytes\n"
+      "sit at the peak (rounding, inactive split blocks, cached free memory, free parts of\n"
+      "partly used granules), the segments and the create/map/unmap/release calls with the time\n"
+      "they would take on an H200 as a share of the traced run, and the call sites holding the\n"
+      "most memory at the peak.\n"
+      "\n"
+      "TRACE is a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes,\n"
+      "taken with torch.cuda.memory._record_memory_history enabled) or a CSV trace (.csv or\n"
+      ".csv.gz: action,addr,size,stream,time_us,where). Frees of addresses the trace never\n"
+      "allocated (the recorder's ring buffer wrapped) are skipped and counted. When a NAME.json\n"
+      "with PyTorch's measured peaks sits beside the trace, its numbers are shown too.\n"
+      "\n"
+      "options:\n"
+      "  --policy P           a policy to replay; repeat to compare several side by side\n"
+      "                       (default: gpumem, pytorch, pytorch:expandable). Policies:\n"
+      "{}"
+      "  --json               print one JSON object instead of the table (for scripts)\n"
+      "  --timeline FILE      write allocated and reserved bytes after every allocation and free,\n"
+      "                       per policy, with the trace time, as CSV to FILE\n"
+      "  --top N              how many call sites to list per policy (default 5, 0 for none)\n"
+      "  --device N           which device's trace to take from a snapshot (default: the first\n"
+      "                       with entries); CSV traces hold one device\n"
+      "  --memory-limit SIZE  cap every policy's reserved memory at SIZE (e.g. 8GiB, 500MB):\n"
+      "                       would the run have fit? Failed allocations are counted\n"
+      "  --device-memory SIZE the simulated device's memory (default 139.8 GiB, an H200)\n"
+      "  -h, --help           show this help\n"
+      "\n"
+      "A progress bar is drawn on stderr while replaying, only when stderr is a terminal.\n"
+      "Exit status: 0 on success, 1 if the trace cannot be read, 2 for a usage error.\n",
+      fx::policy_forms_help());
+}
+
+struct ReplayArgs {
+  std::string trace;
+  std::vector<std::string> policies;
+  bool json = false;
+  std::string timeline;
+  std::size_t top = 5;
+  std::optional<int> device;
+  fx::ReplayEnvironment env;
+};
+
+std::optional<ReplayArgs> parse_args(const std::vector<std::string_view>& argv) {
+  ArgReader r("replay", argv);
+  ReplayArgs a;
+  bool have_trace = false;
+  while (!r.done()) {
+    if (!r.at_option()) {
+      const std::string_view p = r.take_positional();
+      if (have_trace) r.fail(fmt::format("one trace at a time: got '{}' and '{}'", a.trace, p));
+      a.trace = std::string(p);
+      have_trace = true;
+      continue;
+    }
+    const std::string_view name = r.option_name();
+    if (name == "-h" || name == "--help") {
+      std::fputs(help_text().c_str(), stdout);
+      return std::nullopt;
+    }
+    if (name == "--policy") {
+      a.policies.emplace_back(r.take_value());
+    } else if (name == "--json") {
+      r.take_flag();
+      a.json = true;
+    } else if (name == "--timeline") {
+      a.timeline = std::string(r.take_value());
+    } else if (name == "--top") {
+      const std::string_view v = r.take_value();
+      std::size_t n = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || p != v.data() + v.size() || n > 1000) {
+        r.fail(fmt::format("--top takes a count from 0 to 1000, not '{}'", v));
+      }
+      a.top = n;
+    } else if (name == "--device") {
+      const std::string_view v = r.take_value();
+      int d = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+      if (ec != std::errc() || p != v.data() + v.size() || d < 0 || d > 1024) {
+        r.fail(fmt::format("--device takes a device index (0, 1, ...), not '{}'", v));
+      }
+      a.device = d;
+    } else if (name == "--memory-limit" || name == "--device-memory") {
+      const std::string_view v = r.take_value();
+      const auto bytes = parse_size(v);
+      if (!bytes) {
+        r.fail(fmt::format("{} takes a size such as 8GiB, 512MiB or 80GB, not '{}'", name, v));
+      }
+      (name == "--memory-limit" ? a.env.memory_limit_bytes : a.env.device_total_bytes) = *bytes;
+    } else {
+      r.fail(fmt::format("unknown option '{}'", name));
+    }
+  }
+  if (!have_trace) r.fail("no trace given: gpumem replay TRACE");
+  if (a.policies.empty()) a.policies = fx::default_policy_names();
+  return a;
+}
+
+int run_replay(const std::vector<std::string_view>& argv) {
+  std::optional<ReplayArgs> args;
+  try {
+    args = parse_args(argv);
+  } catch (const UsageError& e) {
+    std::fputs(fmt::format("{}\n", e.what()).c_str(), stderr);
+    return 2;
+  }
+  if (!args) return 0;  // --help
+
+  // Policies first: a bad name should not wait for a large trace to load.
+  std::vector<fx::PolicySpec> specs;
+  try {
+    for (const auto& p : args->policies) specs.push_back(fx::parse_policy_spec(p, args->env));
+  } catch (const fx::ForensicsError& e) {
+    std::fputs(fmt::format("gpumem replay: {}\n", e.what()).c_str(), stderr);
+    return 2;
+  }
+  try {
+    const fx::LoadedTrace loaded = fx::load_trace(args->trace, args->device);
+    const fx::ReplayScript script = fx::compile_replay(loaded.trace);
+    fx::ReplayReport report{loaded.trace, script, loaded.format, fx::measured_beside(args->trace), {}};
+    fx::ReplayOptions options;
+    options.record_timeline = !args->timeline.empty();
+    options.top_sites = args->top;
+    for (const auto& spec : specs) {
+      ProgressBar bar(fmt::format("replaying {}", spec.name));
+      options.progress = [&bar](std::size_t done, std::size_t total) { bar.update(done, total); };
+      report.policies.push_back(fx::replay_policy(loaded.trace, script, spec.name, spec.make, options));
+    }
+    if (!args->timeline.empty()) {
+      std::ofstream out(args->timeline);
+      if (!out) {
+        std::fputs(fmt::format("gpumem replay: cannot write the timeline to '{}'; check the path\n", args->timeline)
+                       .c_str(),
+                   stderr);
+        return 1;
+      }
+      fx::write_timeline_csv(out, report);
+    }
+    const std::string text = args->json ? fx::format_json(report) : fx::format_table(report);
+    std::fputs(text.c_str(), stdout);
+  } catch (const fx::ForensicsError& e) {
+    std::fputs(fmt::format("gpumem replay: {}\n", e.what()).c_str(), stderr);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command replay_command() {
+  return {"replay", "replay an allocator trace through allocator policies and compare them", &run_replay};
+}
+
+}  // namespace gpumem::cli

@@ -1,0 +1,111 @@
+// Trace replay: drives allocator policies with a trace's requests, in order, and measures what
+// each would reserve.
+//
+// A trace is first compiled into a ReplayScript (policy-independent): `alloc` entries become
+// allocation steps, `free_completed` entries become free steps matched to their allocation by the
+// trace's address (the policy returns addresses of its own). Entries that cannot be matched are
+// skipped and counted: frees of addresses the trace never allocated (the recorder's ring buffer
+// wrapped and lost the alloc), and allocs of an address that is still live (its free was lost;
+// the earlier block is freed first). Segment, snapshot and oom entries drive nothing; the
+// segment entries tell what PyTorch itself reserved (ReplayScript::trace_reserved_peak_bytes).
+// An `oom` entry (a request PyTorch could not serve) becomes a probe: the policy tries the same
+// size; if it succeeds the block is freed at once (the program never got it), and the replay
+// counts which trace OOMs the policy would have served.
+//
+// replay_policy() then runs one policy over the script: after every step it reads the policy's
+// allocated and reserved bytes; it finds the peak moment (reserved at its peak and, among the
+// steps where it is, the most live requested bytes), and replays a fresh policy up to that moment
+// to explain it (WasteBreakdown, the call sites holding the most live bytes).
+//
+// Thread-safety: functions of their arguments; a ReplayScript can be replayed from several
+// threads at once (each with its own policy).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpumem/forensics/replay_policy.h"
+#include "gpumem/forensics/trace.h"
+
+namespace gpumem::forensics {
+
+enum class StepKind : std::uint8_t { alloc, free, oom_probe };
+
+struct ReplayStep {
+  std::uint64_t size_bytes = 0;  // requested bytes (of the allocation, for a free too)
+  std::uint64_t stream = 0;
+  std::uint32_t slot = 0;        // allocation identity, dense from 0
+  std::uint32_t entry = 0;       // index of the trace entry
+  std::uint32_t site = 0;        // the allocation's call site (index into Trace::sites)
+  StepKind kind = StepKind::alloc;
+};
+
+struct ReplayScript {
+  std::vector<ReplayStep> steps;
+  std::uint32_t slots = 0;
+  std::size_t entries = 0;                  // trace entries in all
+  std::size_t allocs = 0;                   // alloc steps
+  std::size_t frees = 0;                    // free steps
+  std::size_t skipped_frees = 0;            // free_requested/free_completed of unknown addresses
+  std::size_t skipped_allocs = 0;           // allocs over a live address
+  std::size_t trace_ooms = 0;               // oom entries in the trace
+  std::size_t peak_requested_bytes = 0;     // peak of live requested bytes (an oom probe counts
+                                            // as live at its moment)
+  std::size_t peak_requested_step = 0;
+  std::size_t trace_reserved_peak_bytes = 0;  // what the trace's segment_* entries add up to
+  std::int64_t duration_us = 0;
+
+  std::size_t skipped_entries() const noexcept { return skipped_frees + skipped_allocs; }
+};
+
+ReplayScript compile_replay(const Trace& trace);
+
+using PolicyFactory = std::function<std::unique_ptr<ReplayPolicy>()>;
+
+struct SiteBytes {
+  std::uint32_t site = 0;
+  std::size_t live_bytes = 0;   // requested bytes live at the moment
+  std::size_t live_blocks = 0;
+};
+
+struct PolicyReplay {
+  std::string policy;
+  std::size_t peak_requested_bytes = 0;
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_reserved_bytes = 0;
+  double ratio = 0.0;                  // peak reserved / peak requested
+  std::size_t peak_step = 0;           // the step with peak reserved and, among those, most requested
+  std::int64_t peak_time_us = 0;
+  WasteBreakdown at_peak;              // the state at peak_step
+  PolicyCounters counters;             // at the end of the replay
+  std::uint64_t segments_at_peak = 0;  // segments (or regions) existing at peak_step
+  std::size_t failed_allocations = 0;  // alloc steps the policy could not serve (OOM)
+  std::size_t trace_ooms_served = 0;   // oom probes the policy served
+  double call_seconds = 0.0;           // estimated time of the counted provider calls on an H200
+  double call_share = 0.0;             // call_seconds / trace duration (0 if no duration)
+  std::vector<SiteBytes> top_sites;    // by live bytes at peak_step, largest first
+  double replay_seconds = 0.0;         // wall time of the measuring pass
+  // Per step (only with ReplayOptions::record_timeline): allocated and reserved bytes after it.
+  std::vector<std::size_t> timeline_allocated_bytes;
+  std::vector<std::size_t> timeline_reserved_bytes;
+};
+
+struct ReplayOptions {
+  bool record_timeline = false;
+  std::size_t top_sites = 5;
+  // Called now and then with (steps done, steps in all) during the measuring pass.
+  std::function<void(std::size_t, std::size_t)> progress;
+};
+
+PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const std::string& policy_name,
+                           const PolicyFactory& make_policy, const ReplayOptions& options = {});
+
+// Live requested bytes per call site after `step` (inclusive), largest first, at most `limit`.
+std::vector<SiteBytes> live_sites_at(const ReplayScript& script, std::size_t step, std::size_t limit);
+
+}  // namespace gpumem::forensics

@@ -1,0 +1,192 @@
+#include "gpumem/forensics/gpumem_policy.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/sim_source.h"
+#include "gpumem/alloc/stream_events.h"
+#include "gpumem/forensics/call_costs.h"
+
+namespace gpumem::forensics {
+namespace {
+
+// Forwards to a SimSource and counts what the replay reports: calls that succeeded and the
+// physical bytes held. Only the replay's thread calls it (the engine serializes source calls).
+class CountingSource final : public alloc::MemorySource {
+ public:
+  explicit CountingSource(alloc::SimSourceOptions options) : inner_(options) {}
+
+  alloc::SourceCaps caps() const noexcept override { return inner_.caps(); }
+  alloc::SourceResult<alloc::VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
+    dirty_ = true;
+    return inner_.reserve(size_bytes, alignment_bytes);
+  }
+  alloc::SourceStatus release(alloc::VaRange range) override {
+    dirty_ = true;
+    return inner_.release(range);
+  }
+  alloc::SourceResult<alloc::PhysHandle> create(std::size_t size_bytes) override {
+    dirty_ = true;
+    auto r = inner_.create(size_bytes);
+    if (r.ok()) ++counters_.creates;
+    return r;
+  }
+  alloc::SourceStatus destroy(alloc::PhysHandle handle) override {
+    dirty_ = true;
+    auto s = inner_.destroy(handle);
+    if (s == alloc::SourceStatus::ok) ++counters_.releases;
+    return s;
+  }
+  alloc::SourceStatus map(std::uintptr_t va, std::size_t size_bytes, alloc::PhysHandle handle) override {
+    auto s = inner_.map(va, size_bytes, handle);
+    if (s == alloc::SourceStatus::ok) ++counters_.maps;
+    return s;
+  }
+  alloc::SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override {
+    auto s = inner_.unmap(va, size_bytes);
+    if (s == alloc::SourceStatus::ok) ++counters_.unmaps;
+    return s;
+  }
+  alloc::ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
+  std::string last_error() const override { return inner_.last_error(); }
+
+  // Physical bytes held (pieces alive, or backed ranges of a non-virtual source).
+  std::size_t physical_bytes() const {
+    if (dirty_) {
+      physical_ = inner_.physical_bytes();
+      dirty_ = false;
+    }
+    return physical_;
+  }
+  const PolicyCounters& counters() const { return counters_; }
+
+ private:
+  alloc::SimSource inner_;
+  PolicyCounters counters_;
+  mutable bool dirty_ = true;
+  mutable std::size_t physical_ = 0;
+};
+
+class GpumemPolicy final : public ReplayPolicy {
+ public:
+  GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes)
+      : name_(std::move(name)),
+        source_(make_options(device_total_bytes)),
+        events_(alloc::make_immediate_events()),
+        engine_(source_, *events_, config) {
+    live_.reserve(4096);
+  }
+
+  const std::string& name() const noexcept override { return name_; }
+
+  std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) override {
+    const alloc::AllocResult r = engine_.allocate(requested_bytes, stream);
+    if (!r.ok() || !r.ptr) return std::nullopt;
+    const auto addr = reinterpret_cast<std::uint64_t>(r.ptr);
+    live_[addr] = Live{r.size_bytes, requested_bytes};
+    allocated_ += r.size_bytes;
+    requested_ += requested_bytes;
+    return addr;
+  }
+
+  void free(std::uint64_t addr) override {
+    auto it = live_.find(addr);
+    if (it == live_.end()) return;
+    allocated_ -= it->second.block_bytes;
+    requested_ -= it->second.requested_bytes;
+    live_.erase(it);
+    engine_.free(reinterpret_cast<void*>(addr));
+  }
+
+  std::size_t allocated_bytes() const noexcept override { return allocated_; }
+  std::size_t reserved_bytes() const noexcept override { return source_.physical_bytes(); }
+
+  PolicyCounters counters() const override {
+    PolicyCounters c = source_.counters();
+    c.segments = engine_.totals().segments;
+    return c;
+  }
+
+  WasteBreakdown breakdown() const override {
+    WasteBreakdown w;
+    w.requested_bytes = requested_;
+    w.allocated_bytes = allocated_;
+    w.reserved_bytes = reserved_bytes();
+    w.rounding_bytes = allocated_ - requested_;
+    const alloc::EngineSnapshot snap = engine_.snapshot();
+    std::size_t accounted = 0;  // bytes of memory the segments hold mapped
+    for (const alloc::SegmentView& seg : snap.segments) {
+      if (!seg.expandable) {
+        bool any_used = false;
+        std::size_t free_bytes = 0;
+        for (const auto& b : seg.blocks) {
+          if (b.state == alloc::BlockState::free) {
+            free_bytes += b.size_bytes;
+          } else if (b.state != alloc::BlockState::unmapped) {
+            any_used = true;
+          }
+        }
+        (any_used ? w.inactive_split_bytes : w.cached_free_bytes) += free_bytes;
+        accounted += seg.mapped_bytes;
+        continue;
+      }
+      // Expandable region: per mapped piece, is any byte of it used?
+      std::vector<const alloc::BlockView*> used;
+      for (const auto& b : seg.blocks) {
+        if (b.state == alloc::BlockState::allocated || b.state == alloc::BlockState::pending_free) used.push_back(&b);
+      }
+      std::size_t u = 0;
+      for (const alloc::PieceView& piece : seg.pieces) {
+        if (!piece.mapped) continue;
+        accounted += piece.size_bytes;
+        const std::uintptr_t lo = piece.addr, hi = piece.addr + piece.size_bytes;
+        while (u < used.size() && used[u]->addr + used[u]->size_bytes <= lo) ++u;
+        std::size_t used_bytes = 0;
+        for (std::size_t k = u; k < used.size() && used[k]->addr < hi; ++k) {
+          const std::uintptr_t a = std::max<std::uintptr_t>(lo, used[k]->addr);
+          const std::uintptr_t z = std::min<std::uintptr_t>(hi, used[k]->addr + used[k]->size_bytes);
+          used_bytes += z - a;
+        }
+        if (used_bytes == 0) {
+          w.cached_free_bytes += piece.size_bytes;
+        } else {
+          w.partly_used_granule_bytes += piece.size_bytes - used_bytes;
+        }
+      }
+    }
+    // Physical pieces held but not mapped anywhere (kept for recycling) are cached too.
+    if (w.reserved_bytes > accounted) w.cached_free_bytes += w.reserved_bytes - accounted;
+    return w;
+  }
+
+  CallCosts call_costs() const noexcept override { return kH200VmmCosts; }
+
+ private:
+  static alloc::SimSourceOptions make_options(std::size_t device_total_bytes) {
+    alloc::SimSourceOptions o;
+    o.capacity_bytes = device_total_bytes;
+    return o;
+  }
+  struct Live {
+    std::size_t block_bytes;
+    std::size_t requested_bytes;
+  };
+
+  std::string name_;
+  CountingSource source_;
+  std::unique_ptr<alloc::StreamEvents> events_;
+  mutable alloc::CachingAllocator engine_;  // snapshot() is not const (it emits an event)
+  std::unordered_map<std::uint64_t, Live> live_;
+  std::size_t allocated_ = 0;
+  std::size_t requested_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
+                                                 std::size_t device_total_bytes) {
+  return std::make_unique<GpumemPolicy>(std::move(name), config, device_total_bytes);
+}
+
+}  // namespace gpumem::forensics

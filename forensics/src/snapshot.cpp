@@ -1,0 +1,62 @@
+#include "gpumem/forensics/snapshot.h"
+
+#include <fmt/format.h>
+
+#include "gpumem/forensics/error.h"
+
+namespace gpumem::forensics {
+namespace {
+
+bool inside_torch(const std::string& filename) {
+  return filename.find("/torch/") != std::string::npos || filename.rfind("torch/", 0) == 0;
+}
+
+}  // namespace
+
+std::string call_site(const std::vector<SnapshotFrame>& frames) {
+  for (const auto& f : frames) {
+    if (f.filename.empty() || f.filename == "??" || inside_torch(f.filename)) continue;
+    const auto slash = f.filename.find_last_of('/');
+    std::string site = fmt::format("{}:{}:{}",
+                                   slash == std::string::npos ? f.filename : f.filename.substr(slash + 1),
+                                   f.line, f.name);
+    for (char& c : site) {
+      if (c == ',' || c == '\n' || c == '\r') c = ';';
+    }
+    return site;
+  }
+  return {};
+}
+
+int first_traced_device(const Snapshot& snapshot) noexcept {
+  for (std::size_t d = 0; d < snapshot.device_traces.size(); ++d) {
+    if (!snapshot.device_traces[d].empty()) return static_cast<int>(d);
+  }
+  return 0;
+}
+
+Trace trace_from_snapshot(const Snapshot& snapshot, int device) {
+  if (device < 0 || static_cast<std::size_t>(device) >= snapshot.device_traces.size()) {
+    throw ForensicsError(fmt::format(
+        "{}: the snapshot has no trace for device {} (it has {} device trace(s)); pick another "
+        "device",
+        snapshot.source, device, snapshot.device_traces.size()));
+  }
+  Trace trace;
+  trace.source = snapshot.source;
+  const auto& entries = snapshot.device_traces[static_cast<std::size_t>(device)];
+  trace.entries.reserve(entries.size());
+  for (const auto& s : entries) {
+    TraceEntry e;
+    e.action = s.action;
+    e.addr = s.addr;
+    e.size_bytes = s.size_bytes;
+    e.stream = s.stream;
+    e.time_us = s.time_us;
+    e.site = trace.intern_site(call_site(s.frames));
+    trace.entries.push_back(e);
+  }
+  return trace;
+}
+
+}  // namespace gpumem::forensics

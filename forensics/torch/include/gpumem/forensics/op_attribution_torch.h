@@ -1,0 +1,26 @@
+// Per-op attribution with libtorch: at::RecordFunction global callbacks that keep OpStack
+// (op_attribution.h) current on every thread, so that gpumem's observers tag each allocator event
+// with the innermost op (aten::mm, autograd's MmBackward0, a C++ RECORD_FUNCTION block) and the
+// innermost user scope (torch.profiler.record_function, RECORD_USER_SCOPE).
+//
+// The callbacks take no lock and allocate nothing after a thread's first call of an op: op names
+// are interned once per thread and name pointer (a thread-local cache checked by content). Their
+// cost is that of any global RecordFunction callback: libtorch builds a RecordFunction for every
+// op once one is installed (about 0.1 us per op; see the GPU benchmark in scripts/gpu/).
+//
+// Thread-safety: install/remove during initialization or while no other thread runs ops
+// (at::addGlobalCallback / at::removeCallback's own rule). installed() is safe anywhere.
+#pragma once
+
+namespace gpumem::forensics {
+
+// Installs the callbacks (FUNCTION, BACKWARD_FUNCTION and USER_SCOPE scopes). A second call is a
+// no-op. Returns true when they are installed.
+bool install_record_function_attribution();
+
+// Removes them; events are then attributed to nothing. No-op when not installed.
+void remove_record_function_attribution();
+
+bool record_function_attribution_installed() noexcept;
+
+}  // namespace gpumem::forensics

@@ -1,0 +1,432 @@
+// The caching engine on SimSource: rounding, pools, splitting and merging, expandable growth,
+// physical page recycling, classic segments, record_stream, caps and OOM, misuse, observers.
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "catch.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/manual_stream_events.h"
+#include "gpumem/alloc/sim_source.h"
+
+using namespace gpumem::alloc;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * 1024;
+
+Config test_config(bool expandable = true) {
+  Config c;
+  c.expandable_segments = expandable;
+  c.check_invariants = true;
+  c.va_reserve_bytes = 1024 * MiB;
+  return c;
+}
+
+struct Recorder final : AllocObserver {
+  std::vector<AllocEvent> events;
+  void on_events(std::span<const AllocEvent> batch) override { events.insert(events.end(), batch.begin(), batch.end()); }
+  std::size_t count(EventKind k) const {
+    std::size_t n = 0;
+    for (const auto& e : events) n += e.kind == k;
+    return n;
+  }
+};
+
+struct Fixture {
+  explicit Fixture(Config c = test_config(), SimSourceOptions o = {})
+      : source(o), events(make_immediate_events()), engine(source, *events, c) {}
+  SimSource source;
+  std::unique_ptr<StreamEvents> events;
+  CachingAllocator engine;
+
+  void* alloc(std::size_t n, StreamId s = 0) {
+    auto r = engine.allocate(n, s);
+    REQUIRE(r.ok());
+    REQUIRE(r.ptr != nullptr);
+    return r.ptr;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("requests are rounded to 512 bytes and routed to the small or large pool", "[engine]") {
+  Fixture f;
+  CHECK(f.engine.round_size(1) == 512);
+  CHECK(f.engine.round_size(512) == 512);
+  CHECK(f.engine.round_size(513) == 1024);
+  CHECK(f.engine.round_size(MiB + 1) == MiB + 512);
+  auto small = f.engine.allocate(1000, 0);
+  REQUIRE(small.ok());
+  CHECK(small.size_bytes == 1024);
+  auto large = f.engine.allocate(3 * MiB, 0);
+  REQUIRE(large.ok());
+  auto snap = f.engine.snapshot();
+  REQUIRE(snap.segments.size() == 2);
+  std::map<PoolKind, std::size_t> mapped;
+  for (const auto& s : snap.segments) mapped[s.pool] = s.mapped_bytes;
+  CHECK(mapped[PoolKind::small] == 2 * MiB);   // one 2 MiB piece
+  CHECK(mapped[PoolKind::large] == 20 * MiB);  // one 20 MiB piece
+  CHECK(f.engine.totals().allocated_bytes == 1024 + 3 * MiB);
+  CHECK(f.engine.totals().requested_bytes == 1000 + 3 * MiB);
+  CHECK(f.engine.free(small.ptr) == FreeStatus::ok);
+  CHECK(f.engine.free(large.ptr) == FreeStatus::ok);
+  CHECK(f.engine.totals().allocated_bytes == 0);
+}
+
+TEST_CASE("roundup_power2_divisions rounds to the next division", "[engine]") {
+  Config c = test_config();
+  c.roundup_power2_divisions.fill(4);
+  Fixture f(c);
+  // 1.1 MiB with 4 divisions between 1 and 2 MiB -> 1.25 MiB
+  CHECK(f.engine.round_size(MiB + 100 * KiB) == MiB + 256 * KiB);
+  CHECK(f.engine.round_size(2 * MiB) == 2 * MiB);
+  // small sizes at or under 512 x divisions stay at 512-byte rounding
+  CHECK(f.engine.round_size(1500) == 1536);
+}
+
+TEST_CASE("a freed block is reused and neighbours merge back", "[engine]") {
+  Fixture f;
+  void* a = f.alloc(4 * KiB);
+  void* b = f.alloc(4 * KiB);
+  void* c = f.alloc(4 * KiB);
+  CHECK(reinterpret_cast<std::uintptr_t>(b) == reinterpret_cast<std::uintptr_t>(a) + 4 * KiB);
+  REQUIRE(f.engine.free(b) == FreeStatus::ok);
+  void* b2 = f.alloc(4 * KiB);
+  CHECK(b2 == b);  // best fit: the hole exactly
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  REQUIRE(f.engine.free(b2) == FreeStatus::ok);
+  REQUIRE(f.engine.free(c) == FreeStatus::ok);
+  auto snap = f.engine.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  REQUIRE(snap.segments[0].blocks.size() >= 1);
+  // Everything mapped is one free block again.
+  std::size_t free_blocks = 0;
+  for (const auto& blk : snap.segments[0].blocks) free_blocks += blk.state == BlockState::free;
+  CHECK(free_blocks == 1);
+  CHECK(f.source.counters().maps == 1);
+}
+
+TEST_CASE("streams keep their own cached blocks", "[engine]") {
+  Fixture f;
+  void* a = f.alloc(64 * KiB, 1);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  void* b = f.alloc(64 * KiB, 2);
+  CHECK(b != a);
+  auto sizes = f.engine.expandable_region_sizes();
+  CHECK(sizes.size() == 2);
+}
+
+TEST_CASE("expandable regions grow piece by piece and serve sizes of any length", "[engine]") {
+  Fixture f;
+  void* a = f.alloc(50 * MiB);  // 3 pieces of 20 MiB
+  CHECK(f.source.counters().maps == 3);
+  CHECK(f.engine.totals().reserved_bytes == 60 * MiB);
+  void* b = f.alloc(10 * MiB);  // fits in the 10 MiB left in the third piece
+  CHECK(f.source.counters().maps == 3);
+  CHECK(reinterpret_cast<std::uintptr_t>(b) == reinterpret_cast<std::uintptr_t>(a) + 50 * MiB);
+  void* c = f.alloc(1 * MiB + 512);  // 20 MiB more mapped after b
+  CHECK(f.source.counters().maps == 4);
+  for (void* p : {a, b, c}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  CHECK(f.engine.totals().reserved_bytes == 80 * MiB);  // cached, not released
+  f.engine.empty_cache();
+  CHECK(f.engine.totals().reserved_bytes == 0);
+  CHECK(f.source.physical_bytes() == 0);
+  CHECK(f.source.counters().unmaps == 4);
+  CHECK(f.source.counters().destroys == 4);
+}
+
+TEST_CASE("physical page recycling maps wholly free pieces where a request lands", "[engine][recycle]") {
+  Fixture f;
+  // Fill 5 pieces with 20 MiB blocks, free the even ones: 3 wholly free pieces, 2 pinned.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(f.alloc(20 * MiB));
+  CHECK(f.source.counters().creates == 5);
+  for (int i = 0; i < 5; i += 2) REQUIRE(f.engine.free(blocks[i]) == FreeStatus::ok);
+  // A 60 MiB request fits nowhere mapped. The cheapest place is the free last piece plus two
+  // slots after it; the two pieces come from the wholly free pieces 0 and 2.
+  void* big = f.alloc(60 * MiB);
+  CHECK(big == blocks[4]);
+  CHECK(f.source.counters().creates == 5);  // nothing new created
+  CHECK(f.source.counters().unmaps == 2);
+  CHECK(f.source.counters().maps == 7);
+  CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+  CHECK(f.source.physical_bytes() == 100 * MiB);
+  REQUIRE(f.engine.free(big) == FreeStatus::ok);
+  REQUIRE(f.engine.free(blocks[1]) == FreeStatus::ok);
+  REQUIRE(f.engine.free(blocks[3]) == FreeStatus::ok);
+  f.engine.check_invariants();
+}
+
+TEST_CASE("without recycling expandable growth creates new pieces", "[engine][recycle]") {
+  Config c = test_config();
+  c.recycle = false;
+  Fixture f(c);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(f.alloc(20 * MiB));
+  for (int i = 0; i < 5; i += 2) REQUIRE(f.engine.free(blocks[i]) == FreeStatus::ok);
+  f.alloc(60 * MiB);
+  CHECK(f.source.counters().creates == 7);
+  CHECK(f.source.counters().unmaps == 0);
+  CHECK(f.engine.totals().reserved_bytes == 140 * MiB);
+}
+
+TEST_CASE("a fragmenting workload keeps reserved close to allocated with recycling", "[engine][recycle]") {
+  Config config = test_config();
+  config.thread_cache = std::getenv("TC") != nullptr;
+  Fixture f(config);
+  std::mt19937_64 rng(42);
+  std::vector<std::pair<void*, std::size_t>> live;
+  std::size_t live_bytes = 0, peak_live = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (live.empty() || rng() % 100 < 52) {
+      // Large short-lived and small long-lived tensors interleaved.
+      std::size_t n = (rng() % 4 == 0) ? (1 + rng() % 8) * 512 * KiB : (21 + rng() % 80) * MiB;
+      auto r = f.engine.allocate(n, 0);
+      REQUIRE(r.ok());
+      live.emplace_back(r.ptr, r.size_bytes);
+      live_bytes += r.size_bytes;
+      peak_live = std::max(peak_live, live_bytes);
+    } else {
+      std::size_t i = rng() % live.size();
+      REQUIRE(f.engine.free(live[i].first) == FreeStatus::ok);
+      live_bytes -= live[i].second;
+      live[i] = live.back();
+      live.pop_back();
+    }
+    if (live_bytes > 1500 * MiB) {  // bound the working set
+      while (live_bytes > 800 * MiB) {
+        REQUIRE(f.engine.free(live.back().first) == FreeStatus::ok);
+        live_bytes -= live.back().second;
+        live.pop_back();
+      }
+    }
+  }
+  const double ratio = static_cast<double>(f.source.physical_bytes()) / static_cast<double>(peak_live);
+  INFO("peak live " << peak_live << " physical " << f.source.physical_bytes());
+  // Physical memory never exceeds the peak of live bytes by more than the pieces partly used.
+  CHECK(ratio < 1.10);
+  for (auto& [p, n] : live) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+}
+
+TEST_CASE("classic segments follow PyTorch's sizes and split rules", "[engine][classic]") {
+  Fixture f(test_config(false));
+  auto a = f.engine.allocate(400, 0);  // small pool: a 2 MiB segment
+  REQUIRE(a.ok());
+  CHECK(a.size_bytes == 512);
+  auto c = f.engine.allocate(12 * MiB + 1, 0);  // > 10 MiB: rounded up to 2 MiB -> 14 MiB
+  REQUIRE(c.ok());
+  auto b = f.engine.allocate(3 * MiB, 0);  // 1-10 MiB: a 20 MiB segment (c's rest is too small)
+  REQUIRE(b.ok());
+  auto snap = f.engine.snapshot();
+  std::vector<std::size_t> sizes;
+  for (const auto& s : snap.segments) sizes.push_back(s.size_bytes);
+  std::sort(sizes.begin(), sizes.end());
+  CHECK(sizes == std::vector<std::size_t>{2 * MiB, 14 * MiB, 20 * MiB});
+  // The 14 MiB segment's remainder (2 MiB - 512) is > 1 MiB, so it was split off.
+  CHECK(c.size_bytes == 12 * MiB + 512);
+  // A remainder of <= 1 MiB in the large pool is not split off.
+  auto d = f.engine.allocate(19 * MiB + 512 * KiB, 0);  // new 20 MiB segment, 512 KiB left
+  REQUIRE(d.ok());
+  CHECK(d.size_bytes == 20 * MiB);
+  for (void* p : {a.ptr, b.ptr, c.ptr, d.ptr}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.engine.totals().reserved_bytes == 0);
+  CHECK(f.engine.totals().segments == 0);
+}
+
+TEST_CASE("classic max_split_size keeps oversize blocks whole", "[engine][classic]") {
+  Config c = test_config(false);
+  c.max_split_size_bytes = 40 * MiB;
+  Fixture f(c);
+  auto big = f.engine.allocate(100 * MiB, 0);
+  REQUIRE(big.ok());
+  REQUIRE(f.engine.free(big.ptr) == FreeStatus::ok);
+  // A small request must not be cut from the oversize cached block.
+  auto small = f.engine.allocate(30 * MiB, 0);
+  REQUIRE(small.ok());
+  CHECK(small.ptr != big.ptr);
+  // A 90 MiB request may use the 100 MiB block (waste < max_non_split_rounding = 20 MiB), unsplit.
+  auto again = f.engine.allocate(90 * MiB, 0);
+  REQUIRE(again.ok());
+  CHECK(again.ptr == big.ptr);
+  CHECK(again.size_bytes == 100 * MiB);
+}
+
+TEST_CASE("record_stream defers reuse until the other stream's work completes", "[engine][streams]") {
+  SimSource source;
+  ManualStreamEvents events;
+  Config config = test_config();
+  config.thread_cache = false;  // b would otherwise come straight back from the thread's cache
+  CachingAllocator engine(source, events, config);
+  auto a = engine.allocate(256 * KiB, 1);
+  REQUIRE(a.ok());
+  REQUIRE(engine.record_stream(a.ptr, 2) == FreeStatus::ok);
+  REQUIRE(engine.record_stream(a.ptr, 1) == FreeStatus::ok);  // own stream: ignored
+  REQUIRE(engine.free(a.ptr) == FreeStatus::ok);
+  CHECK(events.outstanding() == 1);
+  CHECK(engine.totals().active_bytes == 256 * KiB);
+  CHECK(engine.free(a.ptr) == FreeStatus::double_free);
+  auto b = engine.allocate(256 * KiB, 1);
+  REQUIRE(b.ok());
+  CHECK(b.ptr != a.ptr);  // still pending
+  events.complete_stream(2);
+  REQUIRE(engine.free(b.ptr) == FreeStatus::ok);
+  auto c = engine.allocate(256 * KiB, 1);  // processes the completed marker first
+  REQUIRE(c.ok());
+  CHECK(c.ptr == a.ptr);
+  CHECK(events.outstanding() == 0);
+  REQUIRE(engine.free(c.ptr) == FreeStatus::ok);
+}
+
+TEST_CASE("misuse gets one clear status and changes nothing", "[engine][misuse]") {
+  Fixture f;
+  void* a = f.alloc(8 * KiB);
+  void* b = f.alloc(8 * KiB);
+  const auto before = f.engine.totals();
+  CHECK(f.engine.free(static_cast<char*>(a) + 512) == FreeStatus::interior_pointer);
+  int local = 0;
+  CHECK(f.engine.free(&local) == FreeStatus::foreign_pointer);
+  CHECK(f.engine.free(nullptr) == FreeStatus::null_pointer);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  CHECK(f.engine.free(a) == FreeStatus::double_free);
+  CHECK(f.engine.record_stream(a, 3) == FreeStatus::double_free);  // a use after free
+  CHECK(f.engine.totals().allocated_bytes == before.allocated_bytes - 8 * KiB);
+  CHECK(std::string(describe(FreeStatus::double_free)).find("double free") != std::string::npos);
+  REQUIRE(f.engine.free(b) == FreeStatus::ok);
+  f.engine.check_invariants();
+}
+
+TEST_CASE("out of memory is a value with the facts, and frees recover", "[engine][oom]") {
+  SimSourceOptions o;
+  o.capacity_bytes = 200 * MiB;
+  Fixture f(test_config(), o);
+  void* a = f.alloc(100 * MiB);
+  void* b = f.alloc(60 * MiB);
+  auto r = f.engine.allocate(100 * MiB, 0);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.ptr == nullptr);
+  const OomInfo& oom = *r.oom;
+  CHECK(oom.requested_bytes == 100 * MiB);
+  CHECK(oom.rounded_bytes == 100 * MiB);
+  CHECK(oom.allocated_bytes == 160 * MiB);
+  CHECK(oom.reserved_bytes == 160 * MiB);
+  CHECK(oom.cause == SourceStatus::out_of_memory);
+  CHECK_FALSE(oom.cap_reached);
+  CHECK(describe(oom).find("out of memory") != std::string::npos);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  auto again = f.engine.allocate(100 * MiB, 0);
+  REQUIRE(again.ok());
+  REQUIRE(f.engine.free(again.ptr) == FreeStatus::ok);
+  REQUIRE(f.engine.free(b) == FreeStatus::ok);
+}
+
+TEST_CASE("the memory cap refuses growth and reports it", "[engine][oom]") {
+  Fixture f;
+  f.engine.set_memory_limit(100 * MiB);
+  void* a = f.alloc(60 * MiB);
+  auto r = f.engine.allocate(60 * MiB, 0);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.oom->cap_reached);
+  CHECK(r.oom->cap_bytes == 100 * MiB);
+  CHECK(f.source.physical_bytes() == 60 * MiB);
+  f.engine.set_memory_limit(0);
+  f.engine.set_memory_fraction(0.5);  // SimSource default capacity 80 GiB
+  CHECK(f.engine.totals().cap_bytes == 40ull * 1024 * MiB);
+  auto ok = f.engine.allocate(60 * MiB, 0);
+  CHECK(ok.ok());
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+}
+
+TEST_CASE("the OOM retry frees cached memory of the other pool", "[engine][oom]") {
+  SimSourceOptions o;
+  o.capacity_bytes = 40 * MiB;
+  Fixture f(test_config(), o);
+  std::vector<void*> smalls;
+  for (int i = 0; i < 10; ++i) smalls.push_back(f.alloc(MiB));  // 5 small pieces = 10 MiB
+  for (void* p : smalls) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  CHECK(f.source.physical_bytes() == 10 * MiB);
+  // 40 MiB of large pieces need the small pool's cached pieces back.
+  void* big = f.alloc(40 * MiB);
+  CHECK(f.source.physical_bytes() == 40 * MiB);
+  REQUIRE(f.engine.free(big) == FreeStatus::ok);
+}
+
+TEST_CASE("source faults surface as failures and leave the engine consistent", "[engine][faults]") {
+  Fixture f;
+  f.source.fail_nth(SimSource::Op::create, 2);
+  auto r = f.engine.allocate(50 * MiB, 0);  // needs 3 pieces; the second create fails, and again
+  if (!r.ok()) CHECK(r.oom->cause == SourceStatus::fault_injected);
+  f.engine.check_invariants();
+  f.source.fail_nth(SimSource::Op::map, 1);
+  auto s = f.engine.allocate(300 * MiB, 0);
+  f.engine.check_invariants();
+  if (r.ok()) REQUIRE(f.engine.free(r.ptr) == FreeStatus::ok);
+  if (s.ok()) REQUIRE(f.engine.free(s.ptr) == FreeStatus::ok);
+  auto t = f.engine.allocate(30 * MiB, 0);
+  REQUIRE(t.ok());
+  REQUIRE(f.engine.free(t.ptr) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.physical_bytes() == 0);
+}
+
+TEST_CASE("a non-virtual-memory source gets classic segments", "[engine][classic]") {
+  SimSourceOptions o;
+  o.virtual_memory = false;
+  Fixture f(test_config(true), o);
+  auto a = f.engine.allocate(5 * MiB, 0);
+  REQUIRE(a.ok());
+  auto snap = f.engine.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  CHECK_FALSE(snap.segments[0].expandable);
+  CHECK(snap.segments[0].size_bytes == 20 * MiB);
+  REQUIRE(f.engine.free(a.ptr) == FreeStatus::ok);
+}
+
+TEST_CASE("observers see one event per state change, in order", "[engine][events]") {
+  Fixture f;
+  auto rec = std::make_shared<Recorder>();
+  f.engine.attach_observer(rec);
+  void* a = f.alloc(30 * MiB);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  CHECK(rec->count(EventKind::segment_map) == 2);
+  CHECK(rec->count(EventKind::alloc) == 1);
+  CHECK(rec->count(EventKind::free_requested) == 1);
+  CHECK(rec->count(EventKind::free_completed) == 1);
+  for (std::size_t i = 1; i < rec->events.size(); ++i) CHECK(rec->events[i].seq > rec->events[i - 1].seq);
+  const auto& alloc = rec->events[2];
+  CHECK(alloc.kind == EventKind::alloc);
+  CHECK(alloc.requested_bytes == 30 * MiB);
+  CHECK(alloc.addr == reinterpret_cast<std::uintptr_t>(a));
+  f.engine.empty_cache();
+  CHECK(rec->count(EventKind::segment_unmap) == 2);
+  CHECK(rec->count(EventKind::empty_cache) == 1);
+  auto oom = f.engine.allocate(std::size_t{1} << 61, 0);
+  CHECK_FALSE(oom.ok());
+  CHECK(rec->count(EventKind::oom) == 1);
+  f.engine.detach_observer(rec.get());
+  f.alloc(512);
+  CHECK(rec->count(EventKind::alloc) == 1);
+}
+
+TEST_CASE("lookup finds the block and its segment", "[engine]") {
+  Fixture f;
+  void* a = f.alloc(3 * MiB);
+  auto l = f.engine.lookup(a);
+  REQUIRE(l.has_value());
+  CHECK(l->block_addr == reinterpret_cast<std::uintptr_t>(a));
+  CHECK(l->block_size_bytes == 3 * MiB);
+  CHECK(l->expandable);
+  CHECK_FALSE(f.engine.lookup(static_cast<char*>(a) + 512).has_value());
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  CHECK(f.engine.largest_free_block_bytes() == 20 * MiB);
+}
+
+TEST_CASE("size zero returns null without error", "[engine]") {
+  Fixture f;
+  auto r = f.engine.allocate(0, 0);
+  CHECK(r.ok());
+  CHECK(r.ptr == nullptr);
+}

@@ -1,0 +1,615 @@
+// Config parsing: every key, every kind of bad input, the canonical string, the environment.
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "gpumem/alloc/config.h"
+
+using namespace gpumem::alloc;
+
+namespace {
+
+Config parse_ok(const std::string& text) {
+  auto r = parse_config(text);
+  if (auto* e = std::get_if<ConfigError>(&r)) FAIL("unexpected error for '" << text << "': " << e->message);
+  return std::get<Config>(r);
+}
+
+std::string parse_err(const std::string& text) {
+  auto r = parse_config(text);
+  if (std::holds_alternative<Config>(r)) FAIL("'" << text << "' parsed but should have failed");
+  return std::get<ConfigError>(r).message;
+}
+
+// The error names the key and the bad value, says what is accepted, and is one line.
+void check_error(const std::string& text, const std::vector<std::string>& must_contain) {
+  INFO("config: " << text);
+  std::string msg = parse_err(text);
+  INFO("message: " << msg);
+  CHECK(msg.rfind("gpumem config: ", 0) == 0);
+  CHECK(msg.find('\n') == std::string::npos);
+  for (const auto& part : must_contain) CHECK(msg.find(part) != std::string::npos);
+}
+
+struct EnvGuard {  // clears the three variables on entry and exit
+  EnvGuard() { clear(); }
+  ~EnvGuard() { clear(); }
+  static void clear() {
+    unsetenv("GPUMEM_ALLOC_CONF");
+    unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+    unsetenv("PYTORCH_ALLOC_CONF");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
+  for (const char* text : {"", "   ", "\t\n"}) {
+    Config c = parse_ok(text);
+    CHECK(c == Config{});
+    CHECK(c.expandable_segments);
+    CHECK(c.max_split_size_bytes == kNoLimit);
+    CHECK(c.max_non_split_rounding_bytes == 20 * kMiB);
+    CHECK(c.large_segment_size_bytes == 20 * kMiB);
+    for (auto d : c.roundup_power2_divisions) CHECK(d == 0);
+    CHECK(c.garbage_collection_threshold == 0.0);
+    CHECK(c.per_process_memory_fraction == 1.0);
+    CHECK(c.pinned_num_register_threads == 1);
+    CHECK(c.source == SourceKind::cuda_vmm);
+    CHECK(c.small_piece_bytes == 2 * kMiB);
+    CHECK(c.recycle);
+    CHECK(c.thread_cache);
+    CHECK(c.trace_entries == 0);
+    CHECK(c.oom_report_dir.empty());
+    CHECK(c.source_string == text);
+  }
+}
+
+TEST_CASE("config: booleans are exactly True or False", "[config]") {
+  struct BoolKey {
+    const char* key;
+    bool Config::*field;
+  };
+  const BoolKey keys[] = {
+      {"expandable_segments", &Config::expandable_segments},
+      {"release_lock_on_cudamalloc", &Config::release_lock_on_cudamalloc},
+      {"release_lock_on_hipmalloc", &Config::release_lock_on_cudamalloc},
+      {"pinned_use_cuda_host_register", &Config::pinned_use_cuda_host_register},
+      {"pinned_use_hip_host_register", &Config::pinned_use_cuda_host_register},
+      {"pinned_use_background_threads", &Config::pinned_use_background_threads},
+      {"graph_capture_record_stream_reuse", &Config::graph_capture_record_stream_reuse},
+      {"recycle", &Config::recycle},
+      {"thread_cache", &Config::thread_cache},
+      {"check_invariants", &Config::check_invariants},
+      {"record_ops", &Config::record_ops},
+  };
+  for (const auto& k : keys) {
+    std::string key = k.key;
+    CHECK(parse_ok(key + ":True").*k.field == true);
+    CHECK(parse_ok(key + ":False").*k.field == false);
+    check_error(key + ":true", {key + ":true", "exactly True or False", "expected True or False",
+                                "e.g. "});
+    check_error(key + ":1", {key + ":1", "True or False"});
+    check_error(key + ":yes", {key + ":yes", "is not a boolean", "True or False"});
+    check_error(key + ":", {key, "has no value", "True or False"});
+    check_error(key + ":[True]", {key, "is a list", "True or False"});
+  }
+}
+
+TEST_CASE("config: large_segment_size_mb must exceed 10 and is applied first", "[config]") {
+  CHECK(parse_ok("large_segment_size_mb:11").large_segment_size_bytes == 11 * kMiB);
+  CHECK(parse_ok("large_segment_size_mb:64").large_segment_size_bytes == 64 * kMiB);
+  // max_non_split_rounding follows it unless given.
+  CHECK(parse_ok("large_segment_size_mb:64").max_non_split_rounding_bytes == 64 * kMiB);
+  CHECK(parse_ok("large_segment_size_mb:64,max_non_split_rounding_mb:100")
+            .max_non_split_rounding_bytes == 100 * kMiB);
+  check_error("large_segment_size_mb:10", {"large_segment_size_mb:10", "is too small", "> 10"});
+  check_error("large_segment_size_mb:0", {"large_segment_size_mb:0", "> 10"});
+  // Written after max_split_size_mb, it still constrains it (PyTorch parses it first).
+  check_error("max_split_size_mb:30,large_segment_size_mb:40",
+              {"max_split_size_mb:30", "smaller than the large segment size (40 MiB)", ">= 40"});
+  CHECK(parse_ok("max_split_size_mb:40,large_segment_size_mb:40").max_split_size_bytes == 40 * kMiB);
+}
+
+TEST_CASE("config: max_split_size_mb", "[config]") {
+  CHECK(parse_ok("max_split_size_mb:20").max_split_size_bytes == 20 * kMiB);
+  CHECK(parse_ok("max_split_size_mb:512").max_split_size_bytes == 512 * kMiB);
+  CHECK(parse_ok("max_split_size_mb:unlimited").max_split_size_bytes == kNoLimit);
+  check_error("max_split_size_mb:19", {"max_split_size_mb:19", "smaller than the large segment",
+                                       ">= 20", "e.g. max_split_size_mb:512"});
+  check_error("max_split_size_mb:0", {"max_split_size_mb:0", ">= 20"});
+  check_error("max_split_size_mb:lots", {"max_split_size_mb:lots", "not a whole number"});
+}
+
+TEST_CASE("config: max_non_split_rounding_mb", "[config]") {
+  CHECK(parse_ok("max_non_split_rounding_mb:20").max_non_split_rounding_bytes == 20 * kMiB);
+  CHECK(parse_ok("max_non_split_rounding_mb:1024").max_non_split_rounding_bytes == 1024 * kMiB);
+  check_error("max_non_split_rounding_mb:19",
+              {"max_non_split_rounding_mb:19", "smaller than the large segment", ">= 20"});
+  check_error("large_segment_size_mb:32,max_non_split_rounding_mb:20",
+              {"max_non_split_rounding_mb:20", ">= 32"});
+}
+
+TEST_CASE("config: numbers are plain non-negative decimals that fit", "[config]") {
+  check_error("max_split_size_mb:12abc", {"max_split_size_mb:12abc", "is not a whole number",
+                                          "expected a whole number of MiB"});
+  check_error("max_split_size_mb:-512", {"max_split_size_mb:-512", "is negative"});
+  check_error("max_split_size_mb:+512", {"max_split_size_mb:+512", "is not a whole number"});
+  check_error("max_split_size_mb:0x200", {"max_split_size_mb:0x200", "is not a whole number"});
+  check_error("max_split_size_mb:5.5", {"max_split_size_mb:5.5", "is not a whole number"});
+  check_error("max_split_size_mb:99999999999999999999999",
+              {"max_split_size_mb:99999999999999999999999", "is too large"});
+  // Fits in 64 bits as MiB but not as bytes.
+  check_error("memory_limit_mb:18446744073709551615",
+              {"memory_limit_mb:18446744073709551615", "is too large", "64 bits"});
+  check_error("memory_limit_mb:17592186044416", {"memory_limit_mb:17592186044416", "too large"});
+  CHECK(parse_ok("memory_limit_mb:17592186044415").memory_limit_bytes == 17592186044415ull * kMiB);
+  check_error("trace_entries:1e5", {"trace_entries:1e5", "is not a whole number"});
+  check_error("garbage_collection_threshold:0.5x",
+              {"garbage_collection_threshold:0.5x", "is not a number"});
+  check_error("garbage_collection_threshold:1e999",
+              {"garbage_collection_threshold:1e999", "out of range"});
+}
+
+TEST_CASE("config: roundup_power2_divisions", "[config]") {
+  auto buckets = [](const std::string& text) { return parse_ok(text).roundup_power2_divisions; };
+  SECTION("one number for every bucket") {
+    for (auto d : buckets("roundup_power2_divisions:4")) CHECK(d == 4);
+    for (auto d : buckets("roundup_power2_divisions:1")) CHECK(d == 1);
+    for (auto d : buckets("roundup_power2_divisions:0")) CHECK(d == 0);
+    check_error("roundup_power2_divisions:3",
+                {"roundup_power2_divisions:3", "not a power of 2 or 0", "e.g. roundup_power2_divisions:["});
+    check_error("roundup_power2_divisions:4294967296",
+                {"roundup_power2_divisions:4294967296", "too large"});
+    check_error("roundup_power2_divisions:four", {"roundup_power2_divisions:four", "not a whole number"});
+  }
+  SECTION("a list: the first boundary covers the buckets below it, '>' the ones above the last") {
+    auto b = buckets("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
+    for (std::size_t i = 0; i < 8; ++i) CHECK(b[i] == 1);  // 1 MB .. 128 MB
+    CHECK(b[8] == 1);   // [256 MB, 512 MB)
+    CHECK(b[9] == 2);   // [512 MB, 1 GB)
+    CHECK(b[10] == 4);  // [1 GB, 2 GB)
+    for (std::size_t i = 11; i < 16; ++i) CHECK(b[i] == 8);
+  }
+  SECTION("a list without '>' leaves the buckets above the last boundary off") {
+    auto b = buckets("roundup_power2_divisions:[1:2,64:16]");
+    CHECK(b[0] == 2);
+    for (std::size_t i = 1; i < 6; ++i) CHECK(b[i] == 0);
+    CHECK(b[6] == 16);
+    for (std::size_t i = 7; i < 16; ++i) CHECK(b[i] == 0);
+  }
+  SECTION("'>' alone covers every bucket; 32768 MB is the last bucket") {
+    for (auto d : buckets("roundup_power2_divisions:[>:4]")) CHECK(d == 4);
+    auto b = buckets("roundup_power2_divisions:[ 32768 : 2 ]");
+    for (std::size_t i = 0; i < 16; ++i) CHECK(b[i] == 2);
+    b = buckets("roundup_power2_divisions:[2:0,4:2]");
+    CHECK(b[0] == 0);
+    CHECK(b[1] == 0);
+    CHECK(b[2] == 2);
+  }
+  SECTION("bad lists") {
+    check_error("roundup_power2_divisions:[3:4]", {"roundup_power2_divisions:[3:4]", "boundary 3",
+                                                   "not a power of 2", "expected N, or a list"});
+    check_error("roundup_power2_divisions:[0:4]", {"boundary 0", "not a power of 2"});
+    check_error("roundup_power2_divisions:[65536:4]", {"boundary 65536", "between 1 and 32768"});
+    check_error("roundup_power2_divisions:[x:4]", {"boundary 'x'", "not a whole number"});
+    check_error("roundup_power2_divisions:[256:3]", {"division count 3", "not a power of 2 or 0"});
+    check_error("roundup_power2_divisions:[256:-2]", {"division count '-2'", "is negative"});
+    check_error("roundup_power2_divisions:[256:x]", {"division count 'x'", "not a whole number"});
+    check_error("roundup_power2_divisions:[256:8589934592]", {"division count 8589934592", "too large"});
+    check_error("roundup_power2_divisions:[512:2,256:4]", {"boundary 256", "does not increase"});
+    check_error("roundup_power2_divisions:[256:2,256:4]", {"boundary 256", "does not increase"});
+    check_error("roundup_power2_divisions:[>:4,256:2]", {"'>' must be the last item"});
+    check_error("roundup_power2_divisions:[]", {"roundup_power2_divisions:[]", "is an empty list"});
+    check_error("roundup_power2_divisions:[256]", {"roundup_power2_divisions:[256]", "the item '256' has no ':N'"});
+    check_error("roundup_power2_divisions:[256:]", {"roundup_power2_divisions:[256:", "malformed at ']'",
+                                                   "list items look like a:b"});
+    check_error("roundup_power2_divisions:[256:1 512:2]",
+                {"roundup_power2_divisions:[256:1512", "malformed at ':'"});  // white space is dropped
+    check_error("roundup_power2_divisions:[256:1;512:2]", {"roundup_power2_divisions:[256:1;512",
+                                                          "malformed at ':'", "separate list items with ','"});
+    check_error("roundup_power2_divisions:[256:1,512:2", {"'[' after roundup_power2_divisions: is never closed"});
+    check_error("roundup_power2_divisions:[256:[1]]", {"malformed"});
+    check_error("roundup_power2_divisions:", {"roundup_power2_divisions has no value"});
+  }
+}
+
+TEST_CASE("config: garbage_collection_threshold is in (0, 1)", "[config]") {
+  CHECK(parse_ok("garbage_collection_threshold:0.8").garbage_collection_threshold == 0.8);
+  CHECK(parse_ok("garbage_collection_threshold:0.000001").garbage_collection_threshold == 1e-6);
+  CHECK(parse_ok("garbage_collection_threshold:.5").garbage_collection_threshold == 0.5);
+  CHECK(parse_ok("garbage_collection_threshold:0").garbage_collection_threshold == 0.0);  // off
+  check_error("garbage_collection_threshold:1.5",
+              {"gpumem config: garbage_collection_threshold:1.5 is out of range; expected a number in "
+               "(0, 1)",
+               "e.g. garbage_collection_threshold:0.8"});
+  check_error("garbage_collection_threshold:1", {"garbage_collection_threshold:1 is out of range"});
+  check_error("garbage_collection_threshold:-0.2", {"garbage_collection_threshold:-0.2", "out of range"});
+  check_error("garbage_collection_threshold:nan", {"garbage_collection_threshold:nan", "out of range"});
+  check_error("garbage_collection_threshold:inf", {"garbage_collection_threshold:inf", "out of range"});
+  check_error("garbage_collection_threshold:high", {"garbage_collection_threshold:high", "not a number"});
+}
+
+TEST_CASE("config: per_process_memory_fraction is in [0, 1]", "[config]") {
+  CHECK(parse_ok("per_process_memory_fraction:0").per_process_memory_fraction == 0.0);
+  CHECK(parse_ok("per_process_memory_fraction:1").per_process_memory_fraction == 1.0);
+  CHECK(parse_ok("per_process_memory_fraction:0.25").per_process_memory_fraction == 0.25);
+  check_error("per_process_memory_fraction:1.01",
+              {"per_process_memory_fraction:1.01 is out of range", "[0, 1]"});
+  check_error("per_process_memory_fraction:-0.5", {"per_process_memory_fraction:-0.5", "[0, 1]"});
+  check_error("per_process_memory_fraction:half", {"per_process_memory_fraction:half", "not a number"});
+}
+
+TEST_CASE("config: pinned allocator keys", "[config]") {
+  for (unsigned n : {1u, 2u, 8u, 64u, 128u})
+    CHECK(parse_ok("pinned_num_register_threads:" + std::to_string(n)).pinned_num_register_threads == n);
+  check_error("pinned_num_register_threads:3", {"pinned_num_register_threads:3", "not a power of 2",
+                                                "a power of 2 from 1 to 128"});
+  check_error("pinned_num_register_threads:0", {"pinned_num_register_threads:0", "not a power of 2"});
+  check_error("pinned_num_register_threads:256", {"pinned_num_register_threads:256", "too large"});
+  CHECK(parse_ok("pinned_reserve_segment_size_mb:256").pinned_reserve_segment_size_bytes == 256 * kMiB);
+  CHECK(parse_ok("pinned_reserve_segment_size_mb:0").pinned_reserve_segment_size_bytes == 0);
+  check_error("pinned_reserve_segment_size_mb:-1", {"pinned_reserve_segment_size_mb:-1", "negative"});
+}
+
+TEST_CASE("config: backend", "[config]") {
+  CHECK(parse_ok("backend:native") == Config{});
+  check_error("backend:cudaMallocAsync",
+              {"backend:cudaMallocAsync", "gpumem replaces", "backend:native"});
+  check_error("backend:rmm", {"backend:rmm", "not a known backend", "native"});
+  check_error("backend:[native]", {"backend", "is a list"});
+}
+
+TEST_CASE("config: gpumem's own keys", "[config]") {
+  CHECK(parse_ok("source:cuda_vmm").source == SourceKind::cuda_vmm);
+  CHECK(parse_ok("source:cuda_malloc").source == SourceKind::cuda_malloc);
+  CHECK(parse_ok("source:host_vmm").source == SourceKind::host_vmm);
+  CHECK(parse_ok("source:sim").source == SourceKind::sim);
+  check_error("source:gpu", {"source:gpu", "not a known memory source", "cuda_vmm, cuda_malloc, host_vmm or sim"});
+  check_error("source:SIM", {"source:SIM", "cuda_vmm"});
+
+  CHECK(parse_ok("memory_limit_mb:40960").memory_limit_bytes == 40960 * kMiB);
+  CHECK(parse_ok("memory_limit_mb:0").memory_limit_bytes == 0);
+
+  CHECK(parse_ok("small_piece_size_mb:2").small_piece_bytes == 2 * kMiB);
+  CHECK(parse_ok("small_piece_size_mb:8").small_piece_bytes == 8 * kMiB);
+  check_error("small_piece_size_mb:3", {"small_piece_size_mb:3", "positive multiple of 2"});
+  check_error("small_piece_size_mb:0", {"small_piece_size_mb:0", "positive multiple of 2"});
+
+  CHECK(parse_ok("va_reserve_mb:0").va_reserve_bytes == 0);
+  CHECK(parse_ok("va_reserve_mb:20").va_reserve_bytes == 20 * kMiB);
+  CHECK(parse_ok("va_reserve_mb:262144").va_reserve_bytes == 262144 * kMiB);
+  check_error("va_reserve_mb:8", {"va_reserve_mb:8", "cannot hold one piece (20 MiB", ">= 20"});
+  // Checked against both piece sizes whatever the order.
+  check_error("va_reserve_mb:30,small_piece_size_mb:32", {"va_reserve_mb:30", ">= 32"});
+  check_error("va_reserve_mb:30,large_segment_size_mb:40", {"va_reserve_mb:30", ">= 40"});
+
+  CHECK(parse_ok("trace_entries:100000").trace_entries == 100000);
+  CHECK(parse_ok("trace_entries:1073741824").trace_entries == 1073741824);
+  check_error("trace_entries:1073741825", {"trace_entries:1073741825", "too large", "1073741824"});
+
+  CHECK(parse_ok("oom_report_dir:/tmp/oom").oom_report_dir == "/tmp/oom");
+  CHECK(parse_ok("oom_report_dir: /tmp/my reports ").oom_report_dir == "/tmp/my reports");
+  CHECK(parse_ok("oom_report_dir:,record_ops:True").oom_report_dir.empty());
+  CHECK(parse_ok("oom_report_dir:").oom_report_dir.empty());
+  check_error("oom_report_dir:/a:b", {"unexpected ':' after oom_report_dir:/a", "cannot contain"});
+  check_error("oom_report_dir:[x:y]", {"oom_report_dir", "is a list"});
+}
+
+TEST_CASE("config: syntax errors say what was expected", "[config]") {
+  check_error("expandable_segments", {"expandable_segments has no ':' and no value", "True or False"});
+  check_error("expandable_segments:True:False",
+              {"unexpected ':' after expandable_segments:True", "separate entries with ','"});
+  check_error("expandable_segments:True max_split_size_mb:512",
+              {"expandable_segments:Truemax_split_size_mb", "separate entries"});
+  check_error(",expandable_segments:True", {"empty entry"});
+  check_error("expandable_segments:True,,recycle:False", {"empty entry"});
+  check_error(":True", {"found ':' where a key was expected"});
+  check_error("]", {"found ']' where a key was expected"});
+  check_error("[a:b]", {"found '[' where a key was expected"});
+  check_error("expandable_segments:True]", {"unexpected ']' after expandable_segments:True"});
+  // A trailing ',' is accepted, as PyTorch does.
+  CHECK_FALSE(parse_ok("expandable_segments:False,").expandable_segments);
+}
+
+TEST_CASE("config: unknown keys are named, with the accepted keys and a suggestion", "[config]") {
+  check_error("foo:1", {"unknown key 'foo'", "accepted keys: large_segment_size_mb, expandable_segments",
+                        "record_ops"});
+  check_error("expandable_segment:True", {"unknown key 'expandable_segment'",
+                                          "did you mean 'expandable_segments'?"});
+  check_error("max_split_size:512", {"did you mean 'max_split_size_mb'?"});
+  // Keys of newer PyTorch versions than 2.11 are unknown here.
+  check_error("throw_on_cudamalloc_oom:True", {"unknown key 'throw_on_cudamalloc_oom'"});
+  check_error("pinned_max_cached_size_mb:64", {"unknown key 'pinned_max_cached_size_mb'"});
+  // Unknown keys are reported before anything else is checked.
+  check_error("garbage_collection_threshold:7,bogus:1", {"unknown key 'bogus'"});
+}
+
+TEST_CASE("config: a key given twice is an error (aliases count)", "[config]") {
+  check_error("expandable_segments:True,expandable_segments:False",
+              {"expandable_segments is given twice", "expandable_segments:True and "
+                                                     "expandable_segments:False"});
+  check_error("release_lock_on_cudamalloc:True,release_lock_on_hipmalloc:False",
+              {"release_lock_on_cudamalloc is given twice", "release_lock_on_hipmalloc:False"});
+}
+
+TEST_CASE("config: white space is ignored", "[config]") {
+  Config c = parse_ok("  expandable_segments : False ,\n max_split_size_mb : 1 28 ,"
+                      " roundup_power2_divisions : [ 256 : 1 , > : 4 ] ");
+  CHECK_FALSE(c.expandable_segments);
+  CHECK(c.max_split_size_bytes == 128 * kMiB);
+  CHECK(c.roundup_power2_divisions[8] == 1);
+  CHECK(c.roundup_power2_divisions[9] == 4);
+}
+
+TEST_CASE("config: a PyTorch-style string keeps its meaning", "[config]") {
+  Config c = parse_ok(
+      "backend:native,max_split_size_mb:128,max_non_split_rounding_mb:64,"
+      "garbage_collection_threshold:0.6,expandable_segments:False,"
+      "roundup_power2_divisions:[64:8,256:4,1024:4,>:1],pinned_use_background_threads:True,"
+      "per_process_memory_fraction:0.5,pinned_num_register_threads:8");
+  CHECK(c.max_split_size_bytes == 128 * kMiB);
+  CHECK(c.max_non_split_rounding_bytes == 64 * kMiB);
+  CHECK(c.garbage_collection_threshold == 0.6);
+  CHECK_FALSE(c.expandable_segments);
+  CHECK(c.roundup_power2_divisions[0] == 8);
+  CHECK(c.roundup_power2_divisions[6] == 8);
+  CHECK(c.roundup_power2_divisions[7] == 0);
+  CHECK(c.roundup_power2_divisions[8] == 4);
+  CHECK(c.roundup_power2_divisions[10] == 4);
+  CHECK(c.roundup_power2_divisions[11] == 1);
+  CHECK(c.roundup_power2_divisions[15] == 1);
+  CHECK(c.pinned_use_background_threads);
+  CHECK(c.per_process_memory_fraction == 0.5);
+  CHECK(c.pinned_num_register_threads == 8);
+}
+
+TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
+  SECTION("defaults") {
+    Config d;
+    std::string s = to_string(d);
+    CHECK(s.find("expandable_segments:True") != std::string::npos);
+    CHECK(s.find("max_split_size_mb:unlimited") != std::string::npos);
+    CHECK(parse_ok(s) == d);
+    CHECK(to_string(parse_ok(s)) == s);
+    // It names every canonical key once.
+    for (const Config& c : {d}) {
+      std::string text = to_string(c);
+      std::size_t canonical = 0;
+      for (auto k : config_keys()) {
+        if (k == "release_lock_on_hipmalloc" || k == "pinned_use_hip_host_register") continue;
+        if (k == "backend") continue;  // not a setting of Config: nothing to show
+        ++canonical;
+        CHECK(text.find(std::string(k) + ":") != std::string::npos);
+      }
+      CHECK(std::count(text.begin(), text.end(), ',') + 1 == static_cast<long>(canonical));
+    }
+  }
+  SECTION("every key away from its default") {
+    std::string text =
+        "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
+        "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
+        "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
+        "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True,"
+        "pinned_num_register_threads:16,pinned_reserve_segment_size_mb:64,"
+        "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,source:sim,"
+        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,thread_cache:False,"
+        "va_reserve_mb:4096,check_invariants:True,trace_entries:5000,oom_report_dir:/tmp/o,"
+        "record_ops:True";
+    Config c = parse_ok(text);
+    Config d;
+    CHECK(c.large_segment_size_bytes != d.large_segment_size_bytes);
+    CHECK(c.expandable_segments != d.expandable_segments);
+    CHECK(c.max_split_size_bytes != d.max_split_size_bytes);
+    CHECK(c.max_non_split_rounding_bytes != d.max_non_split_rounding_bytes);
+    CHECK(c.roundup_power2_divisions != d.roundup_power2_divisions);
+    CHECK(c.garbage_collection_threshold != d.garbage_collection_threshold);
+    CHECK(c.per_process_memory_fraction != d.per_process_memory_fraction);
+    CHECK(c.release_lock_on_cudamalloc != d.release_lock_on_cudamalloc);
+    CHECK(c.pinned_use_cuda_host_register != d.pinned_use_cuda_host_register);
+    CHECK(c.pinned_num_register_threads != d.pinned_num_register_threads);
+    CHECK(c.pinned_reserve_segment_size_bytes != d.pinned_reserve_segment_size_bytes);
+    CHECK(c.pinned_use_background_threads != d.pinned_use_background_threads);
+    CHECK(c.graph_capture_record_stream_reuse != d.graph_capture_record_stream_reuse);
+    CHECK(c.source != d.source);
+    CHECK(c.memory_limit_bytes != d.memory_limit_bytes);
+    CHECK(c.small_piece_bytes != d.small_piece_bytes);
+    CHECK(c.recycle != d.recycle);
+    CHECK(c.thread_cache != d.thread_cache);
+    CHECK(c.va_reserve_bytes != d.va_reserve_bytes);
+    CHECK(c.check_invariants != d.check_invariants);
+    CHECK(c.trace_entries != d.trace_entries);
+    CHECK(c.oom_report_dir != d.oom_report_dir);
+    CHECK(c.record_ops != d.record_ops);
+    CHECK_FALSE(c == d);
+
+    std::string canonical = to_string(c);
+    INFO(canonical);
+    Config back = parse_ok(canonical);
+    CHECK(back == c);
+    CHECK(back.source_string == canonical);
+    CHECK(to_string(back) == canonical);
+    CHECK(canonical.find("release_lock_on_cudamalloc:True") != std::string::npos);
+    CHECK(canonical.find("roundup_power2_divisions:[1:4,2:4,4:0,") != std::string::npos);
+  }
+  SECTION("equality ignores source_string, and each field matters") {
+    Config a = parse_ok("recycle:False");
+    Config b = parse_ok(" recycle : False , ");
+    CHECK(a.source_string != b.source_string);
+    CHECK(a == b);
+    b.trace_entries = 1;
+    CHECK_FALSE(a == b);
+  }
+  SECTION("seeded random configurations") {
+    std::mt19937_64 rng(20250611);
+    auto pick = [&](std::initializer_list<const char*> xs) {
+      std::vector<const char*> v(xs);
+      return std::string(v[rng() % v.size()]);
+    };
+    for (int iter = 0; iter < 2000; ++iter) {
+      std::vector<std::string> parts;
+      auto maybe = [&](const std::string& part) {
+        if (rng() % 2) parts.push_back(part);
+      };
+      maybe("large_segment_size_mb:" + pick({"11", "20", "32", "64"}));
+      maybe("expandable_segments:" + pick({"True", "False"}));
+      maybe("max_split_size_mb:" + pick({"64", "100", "unlimited", "4096"}));
+      maybe("max_non_split_rounding_mb:" + pick({"64", "80", "1000"}));
+      maybe("roundup_power2_divisions:" + pick({"0", "2", "[1:2,>:8]", "[16:4,64:0,1024:2]",
+                                                "[>:1]", "[2:8,4:4,8:2,16:1]"}));
+      maybe("garbage_collection_threshold:" + pick({"0", "0.1", "0.3333333333333333", "0.95"}));
+      maybe("per_process_memory_fraction:" + pick({"0", "0.5", "1", "0.123456789"}));
+      maybe("release_lock_on_cudamalloc:" + pick({"True", "False"}));
+      maybe("pinned_num_register_threads:" + pick({"1", "4", "128"}));
+      maybe("pinned_reserve_segment_size_mb:" + pick({"0", "1", "512"}));
+      maybe("source:" + pick({"cuda_vmm", "cuda_malloc", "host_vmm", "sim"}));
+      maybe("memory_limit_mb:" + pick({"0", "1", "81920"}));
+      maybe("small_piece_size_mb:" + pick({"2", "4", "16"}));
+      maybe("va_reserve_mb:" + pick({"0", "65536"}));
+      maybe("trace_entries:" + pick({"0", "1", "400000"}));
+      maybe("oom_report_dir:" + pick({"", "/tmp/x", "rel/dir"}));
+      maybe("record_ops:" + pick({"True", "False"}));
+      std::shuffle(parts.begin(), parts.end(), rng);
+      std::string text;
+      for (const auto& p : parts) text += (text.empty() ? "" : ",") + p;
+      INFO(text);
+      auto r = parse_config(text);
+      if (auto* e = std::get_if<ConfigError>(&r)) {
+        // Only the cross-key size rules may refuse these combinations.
+        CHECK((e->message.find("smaller than the large segment size") != std::string::npos ||
+               e->message.find("cannot hold one piece") != std::string::npos));
+        continue;
+      }
+      const Config& c = std::get<Config>(r);
+      std::string canonical = to_string(c);
+      INFO(canonical);
+      Config back = parse_ok(canonical);
+      REQUIRE(back == c);
+      REQUIRE(to_string(back) == canonical);
+    }
+  }
+}
+
+TEST_CASE("config: cap_bytes combines the fraction and the absolute limit", "[config]") {
+  const std::size_t total = 80ull << 30;
+  Config c;
+  CHECK(c.cap_bytes(total) == kNoLimit);
+  c.per_process_memory_fraction = 0.5;
+  CHECK(c.cap_bytes(total) == total / 2);
+  CHECK(c.cap_bytes(0) == kNoLimit);  // unknown total: no fraction cap
+  c.memory_limit_bytes = 10ull << 30;
+  CHECK(c.cap_bytes(total) == 10ull << 30);
+  c.memory_limit_bytes = 50ull << 30;
+  CHECK(c.cap_bytes(total) == total / 2);
+  CHECK(c.cap_bytes(0) == 50ull << 30);
+  c.per_process_memory_fraction = 0.0;
+  CHECK(c.cap_bytes(total) == 0);
+  c = parse_ok("per_process_memory_fraction:0.999999999");
+  CHECK(c.cap_bytes(kNoLimit) < kNoLimit);
+  CHECK(c.cap_bytes(kNoLimit) > kNoLimit / 2);
+}
+
+TEST_CASE("config: the environment, in precedence order", "[config][env]") {
+  EnvGuard guard;
+  auto from_env = [] {
+    auto r = config_from_environment();
+    if (auto* e = std::get_if<ConfigError>(&r)) FAIL("unexpected error: " << e->message);
+    return std::get<Config>(r);
+  };
+  auto env_error = [] {
+    auto r = config_from_environment();
+    REQUIRE(std::holds_alternative<ConfigError>(r));
+    return std::get<ConfigError>(r).message;
+  };
+
+  CHECK(from_env() == Config{});  // nothing set
+
+  setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:300", 1);
+  CHECK(from_env().max_split_size_bytes == 300 * kMiB);
+
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:200", 1);
+  CHECK(from_env().max_split_size_bytes == 200 * kMiB);  // PYTORCH_CUDA_ALLOC_CONF beats it
+
+  setenv("GPUMEM_ALLOC_CONF", "max_split_size_mb:100,source:sim", 1);
+  Config c = from_env();
+  CHECK(c.max_split_size_bytes == 100 * kMiB);  // GPUMEM_ALLOC_CONF beats both
+  CHECK(c.source == SourceKind::sim);
+  CHECK(c.source_string == "max_split_size_mb:100,source:sim");
+
+  setenv("GPUMEM_ALLOC_CONF", "", 1);  // set but empty: still wins, the variables are not merged
+  CHECK(from_env() == Config{});
+
+  setenv("GPUMEM_ALLOC_CONF", "garbage_collection_threshold:1.5", 1);
+  std::string msg = env_error();
+  CHECK(msg.rfind("gpumem config (from GPUMEM_ALLOC_CONF): garbage_collection_threshold:1.5 is out "
+                  "of range", 0) == 0);
+
+  unsetenv("GPUMEM_ALLOC_CONF");
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
+  msg = env_error();
+  CHECK(msg.find("(from PYTORCH_CUDA_ALLOC_CONF)") != std::string::npos);
+  CHECK(msg.find("gpumem replaces") != std::string::npos);
+
+  // PyTorch's keys keep their meaning in PyTorch's variables.
+  setenv("PYTORCH_CUDA_ALLOC_CONF",
+         "backend:native,expandable_segments:False,release_lock_on_cudamalloc:True,"
+         "pinned_use_cuda_host_register:True,pinned_num_register_threads:4",
+         1);
+  c = from_env();
+  CHECK_FALSE(c.expandable_segments);
+  CHECK(c.release_lock_on_cudamalloc);
+  CHECK(c.pinned_use_cuda_host_register);
+  CHECK(c.pinned_num_register_threads == 4);
+
+  unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  setenv("PYTORCH_ALLOC_CONF", "bogus:1", 1);
+  msg = env_error();
+  CHECK(msg.rfind("gpumem config (from PYTORCH_ALLOC_CONF): unknown key 'bogus'", 0) == 0);
+}
+
+TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
+  CHECK(std::string(to_string(SourceKind::cuda_vmm)) == "cuda_vmm");
+  CHECK(std::string(to_string(SourceKind::cuda_malloc)) == "cuda_malloc");
+  CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
+  CHECK(std::string(to_string(SourceKind::sim)) == "sim");
+  auto keys = config_keys();
+  CHECK(keys.size() == 26);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 10 of gpumem's
+  for (auto k : keys) {
+    // Every key is known: a nonsense value is refused for the value, never as an unknown key.
+    auto r = parse_config(std::string(k) + ":@");
+    if (k == "oom_report_dir") {
+      CHECK(std::holds_alternative<Config>(r));  // "@" is a valid (relative) directory name
+      continue;
+    }
+    REQUIRE(std::holds_alternative<ConfigError>(r));
+    std::string msg = std::get<ConfigError>(r).message;
+    INFO(msg);
+    CHECK(msg.find("unknown key") == std::string::npos);
+    CHECK(msg.find(std::string(k) + ":@") != std::string::npos);
+    CHECK(msg.find("expected") != std::string::npos);
+  }
+}
+
+TEST_CASE("config: docs/config.md documents every key", "[config][docs]") {
+  std::string root;
+  if (const char* dir = std::getenv("GPUMEM_SOURCE_DIR")) {
+    root = dir;
+  } else {
+    root = __FILE__;
+    root = root.substr(0, root.rfind("/tests/"));
+  }
+  std::ifstream in(root + "/docs/config.md");
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string doc = ss.str();
+  for (auto k : config_keys()) {
+    INFO(k);
+    CHECK(doc.find("`" + std::string(k)) != std::string::npos);
+  }
+}

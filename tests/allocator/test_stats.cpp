@@ -1,0 +1,498 @@
+// StatsObserver: PyTorch DeviceStats semantics from handmade event sequences, the flat
+// memory_stats keys, thread safety, and the real PyTorch 2.11 traces.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.h"
+#include "gpumem/alloc/stats.h"
+
+using namespace gpumem::alloc;
+
+namespace {
+
+constexpr std::size_t kAll = 0, kSmall = 1, kLarge = 2;
+
+AllocEvent ev(EventKind kind, PoolKind pool, std::uintptr_t addr, std::size_t size,
+              std::size_t requested = 0, std::uint16_t pieces = 0) {
+  AllocEvent e;
+  e.kind = kind;
+  e.pool = pool;
+  e.addr = addr;
+  e.size_bytes = size;
+  e.requested_bytes = requested;
+  e.pieces_created_or_destroyed = pieces;
+  return e;
+}
+
+void feed(StatsObserver& obs, std::initializer_list<AllocEvent> events) {
+  std::vector<AllocEvent> v(events);
+  static std::uint64_t seq = 0;
+  for (auto& e : v) e.seq = ++seq;
+  obs.on_events(v);
+}
+
+Stat stat(std::int64_t current, std::int64_t peak, std::int64_t allocated, std::int64_t freed) {
+  return Stat{current, peak, allocated, freed};
+}
+
+std::int64_t lookup(const std::vector<std::pair<std::string, std::int64_t>>& kv, const std::string& key) {
+  for (const auto& [k, v] : kv)
+    if (k == key) return v;
+  FAIL("key " << key << " missing");
+  return 0;
+}
+
+constexpr std::size_t MiB = kMiB;
+
+// Compares every number of two views, key by key, so a failure names the number.
+void check_same(const DeviceStatsView& got, const DeviceStatsView& want) {
+  auto g = to_memory_stats(got), w = to_memory_stats(want);
+  auto g2 = to_gpumem_stats(got), w2 = to_gpumem_stats(want);
+  g.insert(g.end(), g2.begin(), g2.end());
+  w.insert(w.end(), w2.begin(), w2.end());
+  REQUIRE(g.size() == w.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO(w[i].first);
+    CHECK(g[i].first == w[i].first);
+    CHECK(g[i].second == w[i].second);
+  }
+  CHECK(got == want);  // also catches a field missing from the flat lists
+}
+
+}  // namespace
+
+TEST_CASE("stats: Stat follows c10::Stat", "[stats]") {
+  Stat s;
+  s.increase(10);
+  s.increase(5);
+  s.decrease(12);
+  CHECK(s == stat(3, 15, 15, 12));
+  s.reset_peak();
+  CHECK(s == stat(3, 3, 15, 12));
+  s.increase(1);
+  CHECK(s.peak == 4);
+  s.reset_accumulated();
+  CHECK(s == stat(4, 4, 0, 0));
+}
+
+TEST_CASE("stats: an expandable-mode sequence, every number", "[stats]") {
+  StatsObserver obs(StatsObserverOptions{100 * MiB, true});
+  const std::uintptr_t L = 0x7f0000000000, S = 0x7e0000000000;
+
+  feed(obs, {ev(EventKind::segment_map, PoolKind::large, L, 40 * MiB, 0, 2)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, L, 4 * MiB, 4000000)});
+  feed(obs, {ev(EventKind::segment_map, PoolKind::small, S, 2 * MiB, 0, 1)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::small, S, 512, 100)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::small, S + 512, 1024, 1000)});
+  // The large block is freed but waits for another stream: allocation drops, active stays.
+  feed(obs, {ev(EventKind::free_requested, PoolKind::large, L, 4 * MiB, 4000000)});
+
+  DeviceStatsView mid = obs.stats();
+  CHECK(mid.allocation[kAll] == stat(2, 3, 3, 1));
+  CHECK(mid.allocation[kLarge] == stat(0, 1, 1, 1));
+  CHECK(mid.allocation[kSmall] == stat(2, 2, 2, 0));
+  CHECK(mid.active[kAll] == stat(3, 3, 3, 0));
+  CHECK(mid.active_bytes[kLarge] == stat(4 * MiB, 4 * MiB, 4 * MiB, 0));
+  CHECK(mid.requested_bytes[kAll] == stat(4001100, 4001100, 4001100, 0));
+
+  feed(obs, {ev(EventKind::free_completed, PoolKind::large, L, 4 * MiB, 4000000)});
+  feed(obs, {ev(EventKind::free_requested, PoolKind::small, S, 512, 100),
+             ev(EventKind::free_completed, PoolKind::small, S, 512, 100)});
+  feed(obs, {ev(EventKind::segment_unmap, PoolKind::large, L + 20 * MiB, 20 * MiB, 0, 1)});
+  feed(obs, {ev(EventKind::oom, PoolKind::large, 0, 200 * MiB, 200000000)});
+  feed(obs, {ev(EventKind::empty_cache, PoolKind::large, 0, 20 * MiB)});
+  feed(obs, {ev(EventKind::segment_unmap, PoolKind::large, L, 20 * MiB, 0, 0)});
+  feed(obs, {ev(EventKind::snapshot, PoolKind::large, 0, 1024)});
+  obs.add_alloc_retries(2);
+  obs.add_sync_all_streams(1);
+
+  DeviceStatsView want;
+  want.allocation[kAll] = stat(1, 3, 3, 2);
+  want.allocation[kSmall] = stat(1, 2, 2, 1);
+  want.allocation[kLarge] = stat(0, 1, 1, 1);
+  want.active = want.allocation;
+  want.allocated_bytes[kAll] = stat(1024, 4 * MiB + 1536, 4 * MiB + 1536, 4 * MiB + 512);
+  want.allocated_bytes[kSmall] = stat(1024, 1536, 1536, 512);
+  want.allocated_bytes[kLarge] = stat(0, 4 * MiB, 4 * MiB, 4 * MiB);
+  want.active_bytes = want.allocated_bytes;
+  want.requested_bytes[kAll] = stat(1000, 4001100, 4001100, 4000100);
+  want.requested_bytes[kSmall] = stat(1000, 1100, 1100, 100);
+  want.requested_bytes[kLarge] = stat(0, 4000000, 4000000, 4000000);
+  want.reserved_bytes[kAll] = stat(2 * MiB, 42 * MiB, 42 * MiB, 40 * MiB);
+  want.reserved_bytes[kSmall] = stat(2 * MiB, 2 * MiB, 2 * MiB, 0);
+  want.reserved_bytes[kLarge] = stat(0, 40 * MiB, 40 * MiB, 40 * MiB);
+  // segment, inactive_split(_bytes), oversize_*: untouched in expandable mode.
+  want.num_alloc_retries = 2;
+  want.num_ooms = 1;
+  want.num_sync_all_streams = 2;  // the empty_cache event + the one added
+  want.num_device_alloc = 2;
+  want.num_device_free = 2;
+  want.max_split_size = 100 * MiB;
+  want.num_segment_maps = 2;
+  want.num_segment_unmaps = 2;
+  want.num_pieces_created = 3;
+  want.num_pieces_destroyed = 1;
+  want.num_empty_cache = 1;
+  want.num_events = 14;
+  want.num_inconsistent_events = 0;
+  check_same(obs.stats(), want);
+
+  SECTION("reset_peak") {
+    obs.reset_peak();
+    DeviceStatsView v = obs.stats();
+    CHECK(v.allocation[kAll] == stat(1, 1, 3, 2));
+    CHECK(v.reserved_bytes[kAll] == stat(2 * MiB, 2 * MiB, 42 * MiB, 40 * MiB));
+    CHECK(v.requested_bytes[kLarge] == stat(0, 0, 4000000, 4000000));
+    CHECK(v.num_ooms == 1);  // counters are not peaks
+  }
+  SECTION("reset_accumulated") {
+    obs.reset_accumulated();
+    DeviceStatsView v = obs.stats();
+    CHECK(v.allocation[kAll] == stat(1, 3, 0, 0));
+    CHECK(v.reserved_bytes[kLarge] == stat(0, 40 * MiB, 0, 0));
+    CHECK(v.num_alloc_retries == 0);
+    CHECK(v.num_ooms == 0);
+    CHECK(v.num_sync_all_streams == 0);
+    CHECK(v.num_device_alloc == 0);
+    CHECK(v.num_device_free == 0);
+    CHECK(v.num_segment_maps == 0);
+    CHECK(v.num_pieces_created == 0);
+    CHECK(v.num_events == 14);
+    CHECK(v.max_split_size == 100 * MiB);
+  }
+}
+
+TEST_CASE("stats: classic segments, inactive_split as PyTorch counts it", "[stats]") {
+  // Numbers checked against PyTorch's alloc_found_block / free_block bookkeeping, step by step.
+  StatsObserver obs;  // max_split_size unlimited
+  const std::uintptr_t B = 0x10000000;
+  auto split = [&] { return std::pair{obs.stats().inactive_split, obs.stats().inactive_split_bytes}; };
+
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::large, B, 20 * MiB)});
+  CHECK(split().first[kAll] == stat(0, 0, 0, 0));  // one unsplit free block
+
+  // a = [0, 2): the rest becomes one split free block (PyTorch: increase(1), increase(18 MiB)).
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, B, 2 * MiB, 2 * MiB)});
+  CHECK(split().first[kLarge] == stat(1, 1, 1, 0));
+  CHECK(split().second[kLarge] == stat(18 * MiB, 18 * MiB, 18 * MiB, 0));
+  // b = [2, 4), c = [4, 6): the split block shrinks (decrease(2 MiB) each).
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, B + 2 * MiB, 2 * MiB, 2 * MiB)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, B + 4 * MiB, 2 * MiB, 2 * MiB)});
+  CHECK(split().first[kLarge] == stat(1, 1, 1, 0));
+  CHECK(split().second[kLarge] == stat(14 * MiB, 18 * MiB, 18 * MiB, 4 * MiB));
+  // free a: no free neighbour, the block is split: +1 block, +2 MiB.
+  feed(obs, {ev(EventKind::free_requested, PoolKind::large, B, 2 * MiB, 2 * MiB),
+             ev(EventKind::free_completed, PoolKind::large, B, 2 * MiB, 2 * MiB)});
+  CHECK(split().first[kLarge] == stat(2, 2, 2, 0));
+  CHECK(split().second[kLarge] == stat(16 * MiB, 18 * MiB, 20 * MiB, 4 * MiB));
+  // free b: merges with a (-1 block, -2 MiB) and is split (+1, +4 MiB): net 0 blocks, +2 MiB.
+  feed(obs, {ev(EventKind::free_requested, PoolKind::large, B + 2 * MiB, 2 * MiB, 2 * MiB),
+             ev(EventKind::free_completed, PoolKind::large, B + 2 * MiB, 2 * MiB, 2 * MiB)});
+  CHECK(split().first[kLarge] == stat(2, 2, 2, 0));
+  CHECK(split().second[kLarge] == stat(18 * MiB, 18 * MiB, 22 * MiB, 4 * MiB));
+  // free c: merges both sides into the whole segment, no longer split: -2 blocks, -18 MiB.
+  feed(obs, {ev(EventKind::free_requested, PoolKind::large, B + 4 * MiB, 2 * MiB, 2 * MiB),
+             ev(EventKind::free_completed, PoolKind::large, B + 4 * MiB, 2 * MiB, 2 * MiB)});
+  CHECK(split().first[kLarge] == stat(0, 2, 2, 2));
+  CHECK(split().second[kLarge] == stat(0, 18 * MiB, 22 * MiB, 22 * MiB));
+  CHECK(split().first[kSmall] == stat(0, 0, 0, 0));
+  CHECK(split().first[kAll] == split().first[kLarge]);
+
+  // A block that takes the whole segment never splits it.
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, B, 20 * MiB, 19 * MiB)});
+  CHECK(split().first[kLarge].current == 0);
+  feed(obs, {ev(EventKind::free_requested, PoolKind::large, B, 20 * MiB, 19 * MiB),
+             ev(EventKind::free_completed, PoolKind::large, B, 20 * MiB, 19 * MiB)});
+
+  // A small segment, and a block in the middle of a free run (both sides stay free).
+  const std::uintptr_t SB = 0x20000000;
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::small, SB, 2 * MiB)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::small, SB + 4096, 512, 500)});
+  CHECK(split().first[kSmall] == stat(2, 2, 2, 0));
+  CHECK(split().second[kSmall] == stat(2 * MiB - 512, 2 * MiB - 512, 2 * MiB - 512, 0));
+  CHECK(split().first[kAll].current == 2);
+  feed(obs, {ev(EventKind::free_requested, PoolKind::small, SB + 4096, 512, 500),
+             ev(EventKind::free_completed, PoolKind::small, SB + 4096, 512, 500)});
+  feed(obs, {ev(EventKind::segment_free, PoolKind::small, SB, 2 * MiB)});
+  feed(obs, {ev(EventKind::segment_free, PoolKind::large, B, 20 * MiB)});
+
+  DeviceStatsView v = obs.stats();
+  CHECK(v.segment[kAll] == stat(0, 2, 2, 2));
+  CHECK(v.segment[kLarge] == stat(0, 1, 1, 1));
+  CHECK(v.segment[kSmall] == stat(0, 1, 1, 1));
+  CHECK(v.reserved_bytes[kAll] == stat(0, 22 * MiB, 22 * MiB, 22 * MiB));
+  CHECK(v.inactive_split[kAll].current == 0);
+  CHECK(v.inactive_split_bytes[kAll].current == 0);
+  CHECK(v.allocation[kAll] == stat(0, 3, 5, 5));
+  CHECK(v.requested_bytes[kAll] == stat(0, 19 * MiB, 25 * MiB + 500, 25 * MiB + 500));
+  CHECK(v.num_device_alloc == 2);
+  CHECK(v.num_device_free == 2);
+  CHECK(v.num_inconsistent_events == 0);
+  CHECK(v.max_split_size == -1);
+}
+
+TEST_CASE("stats: oversize allocations and segments", "[stats]") {
+  Config config = std::get<Config>(parse_config("max_split_size_mb:100"));
+  StatsObserver obs(config);
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::large, 0x1000000, 200 * MiB),
+             ev(EventKind::alloc, PoolKind::large, 0x1000000, 200 * MiB, 150 * MiB)});
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::large, 0x40000000, 20 * MiB),
+             ev(EventKind::alloc, PoolKind::large, 0x40000000, 99 * MiB / 10, 9 * MiB)});
+  DeviceStatsView v = obs.stats();
+  CHECK(v.oversize_allocations == stat(1, 1, 1, 0));
+  CHECK(v.oversize_segments == stat(1, 1, 1, 0));
+  CHECK(v.max_split_size == 100 * MiB);
+  feed(obs, {ev(EventKind::free_requested, PoolKind::large, 0x1000000, 200 * MiB, 150 * MiB),
+             ev(EventKind::free_completed, PoolKind::large, 0x1000000, 200 * MiB, 150 * MiB),
+             ev(EventKind::segment_free, PoolKind::large, 0x1000000, 200 * MiB)});
+  v = obs.stats();
+  CHECK(v.oversize_allocations == stat(0, 1, 1, 1));
+  CHECK(v.oversize_segments == stat(0, 1, 1, 1));
+  obs.reset_peak();
+  obs.reset_accumulated();
+  CHECK(obs.stats().oversize_allocations == stat(0, 0, 0, 0));
+}
+
+TEST_CASE("stats: events that contradict the layout are counted, not fatal", "[stats]") {
+  StatsObserver obs;
+  const std::uintptr_t B = 0x10000000;
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::large, B, 20 * MiB)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, B, 4 * MiB, 4 * MiB)});
+  feed(obs, {ev(EventKind::alloc, PoolKind::large, B + 2 * MiB, 4 * MiB, 4 * MiB)});  // overlaps
+  CHECK(obs.stats().num_inconsistent_events == 1);
+  feed(obs, {ev(EventKind::free_completed, PoolKind::large, B + 8 * MiB, 2 * MiB, 0)});  // unknown
+  CHECK(obs.stats().num_inconsistent_events == 2);
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::large, B + 10 * MiB, 20 * MiB)});  // overlaps
+  CHECK(obs.stats().num_inconsistent_events == 3);
+  // Freed with an active block left: inconsistent, and its contribution is taken back.
+  feed(obs, {ev(EventKind::segment_free, PoolKind::large, B, 20 * MiB)});
+  CHECK(obs.stats().num_inconsistent_events == 4);
+  CHECK(obs.stats().inactive_split[kAll].current == 0);
+  CHECK(obs.stats().inactive_split_bytes[kAll].current == 0);
+  feed(obs, {ev(EventKind::segment_free, PoolKind::large, 0x90000000, 20 * MiB)});  // never seen
+  CHECK(obs.stats().num_inconsistent_events == 5);
+}
+
+TEST_CASE("stats: inactive_split tracking can be turned off", "[stats]") {
+  StatsObserver obs(StatsObserverOptions{kNoLimit, false});
+  feed(obs, {ev(EventKind::segment_alloc, PoolKind::large, 0x10000000, 20 * MiB),
+             ev(EventKind::alloc, PoolKind::large, 0x10000000, 2 * MiB, 2 * MiB)});
+  DeviceStatsView v = obs.stats();
+  CHECK(v.inactive_split[kAll] == stat(0, 0, 0, 0));
+  CHECK(v.inactive_split_bytes[kAll] == stat(0, 0, 0, 0));
+  CHECK(v.allocation[kAll].current == 1);
+}
+
+TEST_CASE("stats: PyTorch's flat memory_stats keys", "[stats]") {
+  StatsObserver obs(StatsObserverOptions{64 * MiB, true});
+  feed(obs, {ev(EventKind::segment_map, PoolKind::small, 0x1000, 2 * MiB, 0, 1),
+             ev(EventKind::alloc, PoolKind::small, 0x1000, 1536, 1500)});
+  auto kv = to_memory_stats(obs.stats());
+  CHECK(kv.size() == 122);
+  CHECK(std::is_sorted(kv.begin(), kv.end()));
+  std::set<std::string> keys;
+  for (const auto& [k, v] : kv) keys.insert(k);
+  CHECK(keys.size() == kv.size());
+  for (const char* a : {"allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                        "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes"})
+    for (const char* t : {"all", "small_pool", "large_pool"})
+      for (const char* f : {"current", "peak", "allocated", "freed"})
+        CHECK(keys.count(std::string(a) + "." + t + "." + f) == 1);
+  for (const char* a : {"oversize_allocations", "oversize_segments"})
+    for (const char* f : {"current", "peak", "allocated", "freed"}) CHECK(keys.count(std::string(a) + "." + f) == 1);
+  for (const char* k : {"num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                        "num_device_free", "max_split_size"})
+    CHECK(keys.count(k) == 1);
+  CHECK(keys.count("allocated.all.current") == 0);  // the docstring's name is not the real key
+
+  CHECK(lookup(kv, "allocated_bytes.all.current") == 1536);
+  CHECK(lookup(kv, "allocated_bytes.small_pool.peak") == 1536);
+  CHECK(lookup(kv, "allocated_bytes.large_pool.current") == 0);
+  CHECK(lookup(kv, "requested_bytes.all.allocated") == 1500);
+  CHECK(lookup(kv, "reserved_bytes.all.current") == static_cast<std::int64_t>(2 * MiB));
+  CHECK(lookup(kv, "num_device_alloc") == 1);
+  CHECK(lookup(kv, "max_split_size") == static_cast<std::int64_t>(64 * MiB));
+  CHECK(lookup(to_memory_stats(StatsObserver().stats()), "max_split_size") == -1);
+
+  auto extra = to_gpumem_stats(obs.stats());
+  CHECK(lookup(extra, "gpumem.num_segment_maps") == 1);
+  CHECK(lookup(extra, "gpumem.num_pieces_created") == 1);
+  CHECK(lookup(extra, "gpumem.num_events") == 2);
+}
+
+TEST_CASE("stats: concurrent publishers", "[stats][threads]") {
+  StatsObserver obs;
+  constexpr int kThreads = 4, kRounds = 20000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&obs, t] {
+      const PoolKind pool = t % 2 ? PoolKind::small : PoolKind::large;
+      const std::uintptr_t base = 0x100000000ull * (t + 1);
+      for (int i = 0; i < kRounds; ++i) {
+        std::size_t size = 512 * static_cast<std::size_t>(1 + i % 8);
+        AllocEvent a = ev(EventKind::alloc, pool, base, size, size - 7);
+        obs.on_events(std::span(&a, 1));
+        AllocEvent f[2] = {ev(EventKind::free_requested, pool, base, size, size - 7),
+                           ev(EventKind::free_completed, pool, base, size, size - 7)};
+        obs.on_events(f);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  DeviceStatsView v = obs.stats();
+  std::int64_t bytes_per_thread = 0;
+  for (int i = 0; i < kRounds; ++i) bytes_per_thread += 512 * (1 + i % 8);
+  CHECK(v.num_events == kThreads * kRounds * 3);
+  CHECK(v.allocation[kAll].current == 0);
+  CHECK(v.allocation[kAll].allocated == kThreads * kRounds);
+  CHECK(v.allocation[kAll].peak >= 1);
+  CHECK(v.allocation[kAll].peak <= kThreads);
+  CHECK(v.allocation[kSmall].allocated == 2 * kRounds);
+  CHECK(v.allocated_bytes[kAll] .allocated == kThreads * bytes_per_thread);
+  CHECK(v.allocated_bytes[kAll].freed == kThreads * bytes_per_thread);
+  CHECK(v.requested_bytes[kAll].current == 0);
+  CHECK(v.requested_bytes[kAll].allocated == kThreads * (bytes_per_thread - 7 * kRounds));
+  CHECK(v.active_bytes[kLarge].current == 0);
+}
+
+// ---- the real PyTorch 2.11 traces (../shared/traces/README.md) ----
+
+namespace {
+
+std::string traces_dir() {
+  // The shared traces, else the copy of resnet50.native kept in the repository.
+  for (const char* var : {"GPUMEM_SHARED_DIR"}) {
+    if (const char* d = std::getenv(var)) {
+      std::string dir = std::string(d) + "/traces";
+      if (std::ifstream(dir + "/README.md").good()) return dir;
+    }
+  }
+  std::string root = __FILE__;
+  root = root.substr(0, root.rfind("/tests/"));
+  for (std::string dir : {root + "/../shared/traces", root + "/../../shared/traces"})
+    if (std::ifstream(dir + "/README.md").good()) return dir;
+  return "";
+}
+
+std::string repo_traces_dir() {
+  if (const char* d = std::getenv("GPUMEM_SOURCE_DIR")) return std::string(d) + "/traces";
+  std::string root = __FILE__;
+  return root.substr(0, root.rfind("/tests/")) + "/traces";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Feeds a trace CSV to the observer. Sizes of alloc/free lines are the requests (the trace
+// does not have the rounded block sizes), so only segment-level numbers are compared exactly.
+bool replay_csv(const std::string& path, StatsObserver& obs) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) return false;
+  char line[4096];
+  bool header = true;
+  std::vector<AllocEvent> batch(1);
+  while (gzgets(f, line, sizeof line)) {
+    if (header) {
+      header = false;
+      continue;
+    }
+    std::string s(line);
+    std::size_t c1 = s.find(','), c2 = s.find(',', c1 + 1), c3 = s.find(',', c2 + 1);
+    std::string action = s.substr(0, c1);
+    std::uintptr_t addr = std::stoull(s.substr(c1 + 1, c2 - c1 - 1));
+    std::size_t size = std::stoull(s.substr(c2 + 1, c3 - c2 - 1));
+    AllocEvent e;
+    e.addr = addr;
+    e.size_bytes = size;
+    e.requested_bytes = size;
+    bool segment = action.rfind("segment_", 0) == 0;
+    // Pools: small segments and pieces are 2 MiB; small requests are <= 1 MiB.
+    e.pool = (segment ? size == 2 * MiB : size <= MiB) ? PoolKind::small : PoolKind::large;
+    if (action == "alloc") e.kind = EventKind::alloc;
+    else if (action == "free_requested") e.kind = EventKind::free_requested;
+    else if (action == "free_completed") e.kind = EventKind::free_completed;
+    else if (action == "segment_alloc") e.kind = EventKind::segment_alloc;
+    else if (action == "segment_free") e.kind = EventKind::segment_free;
+    else if (action == "segment_map") e.kind = EventKind::segment_map;
+    else if (action == "segment_unmap") e.kind = EventKind::segment_unmap;
+    else if (action == "oom") e.kind = EventKind::oom;
+    else if (action == "snapshot") e.kind = EventKind::snapshot;
+    else FAIL("unknown action " << action);
+    batch[0] = e;
+    obs.on_events(batch);
+  }
+  gzclose(f);
+  return true;
+}
+
+std::int64_t json_int(const std::string& json, const std::string& key) {
+  std::smatch m;
+  REQUIRE(std::regex_search(json, m, std::regex("\"" + key + "\": (-?[0-9]+)")));
+  return std::stoll(m[1]);
+}
+
+// Sums total_size over segments_end, for segments whose segment_type is type ("" = all).
+std::int64_t segments_end_bytes(const std::string& json, const std::string& type, int* count) {
+  std::regex seg("\"total_size\": ([0-9]+),[^}]*\"segment_type\": \"([a-z]+)\"");
+  std::int64_t sum = 0;
+  *count = 0;
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), seg); it != std::sregex_iterator(); ++it) {
+    if (!type.empty() && (*it)[2] != type) continue;
+    sum += std::stoll((*it)[1]);
+    ++*count;
+  }
+  return sum;
+}
+
+void check_trace(const std::string& trace, const std::string& json_path, bool expandable) {
+  INFO(trace);
+  StatsObserver obs;
+  REQUIRE(replay_csv(trace, obs));
+  std::string json = read_text(json_path);
+  DeviceStatsView v = obs.stats();
+  // PyTorch's own end-of-run numbers.
+  CHECK(v.reserved_bytes[kAll].peak == json_int(json, "peak_reserved"));
+  CHECK(v.num_ooms == json_int(json, "num_ooms"));
+  // The segments that existed at the end.
+  int n_all = 0, n_small = 0, n_large = 0;
+  CHECK(v.reserved_bytes[kAll].current == segments_end_bytes(json, "", &n_all));
+  CHECK(v.reserved_bytes[kSmall].current == segments_end_bytes(json, "small", &n_small));
+  CHECK(v.reserved_bytes[kLarge].current == segments_end_bytes(json, "large", &n_large));
+  if (!expandable) {
+    CHECK(v.segment[kAll].current == n_all);
+    CHECK(v.segment[kSmall].current == n_small);
+    CHECK(v.segment[kLarge].current == n_large);
+    CHECK(v.num_device_alloc - v.num_device_free == n_all);
+  } else {
+    CHECK(v.segment[kAll].allocated == 0);
+  }
+  CHECK(v.num_inconsistent_events == 0);
+  CHECK(v.allocation[kAll].current == v.active[kAll].current);  // nothing waits at the end
+}
+
+}  // namespace
+
+TEST_CASE("stats: PyTorch 2.11 traces reproduce PyTorch's reserved numbers", "[stats][traces]") {
+  std::string repo = repo_traces_dir();
+  check_trace(repo + "/resnet50.native.trace.csv.gz", repo + "/resnet50.native.json", false);
+  std::string dir = traces_dir();
+  if (dir.empty()) GPUMEM_SKIP("../shared/traces not found; checked only the repository's copy");
+  for (const char* name : {"resnet50", "bert_varlen", "vit"}) {
+    check_trace(dir + "/native/" + name + ".trace.csv.gz", dir + "/native/" + name + ".json", false);
+    check_trace(dir + "/expandable/" + name + ".trace.csv.gz", dir + "/expandable/" + name + ".json", true);
+  }
+  check_trace(dir + "/native/oom.trace.csv.gz", dir + "/native/oom.json", false);
+}

@@ -1,0 +1,89 @@
+// Thread caches of recently freed blocks: off until the engine's lock is contended; then a thread's
+// exact repeats skip the lock, double frees are still caught, totals and snapshots stay exact, and
+// caches go back to the engine when their thread exits.
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "catch.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/sim_source.h"
+
+using namespace gpumem::alloc;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+
+// Hammers the engine from 4 threads until it has seen contention (bounded).
+void contend(CachingAllocator& engine) {
+  for (int round = 0; round < 50 && engine.totals().thread_caches == 0; ++round) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&] {
+        for (int i = 0; i < 20000; ++i) engine.free(engine.allocate(4 * KiB + 512 * (i % 7), 0).ptr);
+      });
+    for (auto& th : threads) th.join();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  for (int i = 0; i < 1000; ++i) REQUIRE(engine.free(engine.allocate(8 * KiB, 0).ptr) == FreeStatus::ok);
+  CHECK(engine.totals().thread_caches == 0);
+}
+
+TEST_CASE("thread caches serve repeats and keep every number exact", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  contend(engine);
+  engine.check_invariants();
+  if (engine.totals().thread_caches == 0) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+
+  auto a = engine.allocate(24 * KiB, 0);
+  REQUIRE(a.ok());
+  REQUIRE(engine.free(a.ptr) == FreeStatus::ok);
+  // The block waits in this thread's cache: it is free memory, not allocated.
+  EngineTotals t = engine.totals();
+  CHECK(t.allocated_bytes == 0);
+  CHECK(t.thread_cached_bytes == 24 * KiB);
+  CHECK(engine.free(a.ptr) == FreeStatus::double_free);
+  CHECK(engine.record_stream(a.ptr, 5) == FreeStatus::double_free);
+  CHECK_FALSE(engine.lookup(a.ptr).has_value());
+  // The same size comes straight back.
+  auto b = engine.allocate(24 * KiB, 0);
+  REQUIRE(b.ok());
+  CHECK(b.ptr == a.ptr);
+  CHECK(engine.totals().allocated_bytes == 24 * KiB);
+  CHECK(engine.totals().requested_bytes == 24 * KiB);
+  REQUIRE(engine.free(b.ptr) == FreeStatus::ok);
+  // A snapshot hands cached blocks back first: they show as free memory.
+  auto snap = engine.snapshot();
+  for (const auto& seg : snap.segments)
+    for (const auto& blk : seg.blocks) CHECK(blk.state != BlockState::cached);
+  CHECK(engine.totals().thread_cached_bytes == 0);
+  engine.check_invariants();
+  engine.empty_cache();
+  CHECK(source.physical_bytes() == 0);
+}
+
+TEST_CASE("a thread's cache goes back to the engine when the thread exits", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  contend(engine);
+  if (engine.totals().thread_caches == 0) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  std::thread worker([&] {
+    for (int i = 0; i < 4; ++i) engine.free(engine.allocate(64 * KiB, 0).ptr);
+  });
+  worker.join();
+  const EngineTotals t = engine.totals();
+  CHECK(t.allocated_bytes == 0);
+  CHECK(t.thread_cached_bytes == 0);  // the exited threads' caches were drained
+  engine.check_invariants();
+}

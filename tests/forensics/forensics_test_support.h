@@ -1,0 +1,91 @@
+// Helpers shared by the forensics tests: where the shared traces are, a Python interpreter for
+// writing pickles, temporary files, and small handmade traces.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "gpumem/forensics/trace.h"
+
+namespace gpumem::forensics::testing {
+
+// $GPUMEM_SHARED_DIR (../shared: traces/ and design/), if it holds the traces.
+inline std::optional<std::string> shared_dir() {
+  const char* d = std::getenv("GPUMEM_SHARED_DIR");
+  if (!d || !*d || !std::filesystem::exists(std::filesystem::path(d) / "traces")) return std::nullopt;
+  return std::string(d);
+}
+
+// $GPUMEM_PYTHON, if set and runnable.
+inline std::optional<std::string> python() {
+  const char* p = std::getenv("GPUMEM_PYTHON");
+  if (!p || !*p || !std::filesystem::exists(p)) return std::nullopt;
+  return std::string(p);
+}
+
+// A fresh temporary directory, removed when the object goes.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "gpumem-test-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Runs `python script` with arguments; returns the exit status.
+inline int run_python(const std::string& python, const std::string& script_path, const std::string& args) {
+  const std::string cmd = "'" + python + "' '" + script_path + "' " + args;
+  return std::system(cmd.c_str());
+}
+
+struct E {
+  TraceAction action;
+  std::uint64_t addr;
+  std::uint64_t size;
+  std::uint64_t stream = 0;
+};
+
+// A trace from (action, addr, size[, stream]) tuples, one microsecond apart.
+inline Trace make_trace(std::initializer_list<E> entries) {
+  Trace t;
+  t.source = "handmade";
+  std::int64_t time = 1000;
+  for (const E& e : entries) {
+    TraceEntry x;
+    x.action = e.action;
+    x.addr = e.addr;
+    x.size_bytes = e.size;
+    x.stream = e.stream;
+    x.time_us = time++;
+    t.entries.push_back(x);
+  }
+  return t;
+}
+
+}  // namespace gpumem::forensics::testing

@@ -1,0 +1,177 @@
+// The replay driver: matching frees to allocations by address, truncated traces (frees of
+// addresses never allocated are skipped and counted), OOM probes, the peak moment and its
+// breakdown, call sites, timeline and JSON output.
+#include <sstream>
+
+#include "catch.h"
+#include "forensics_test_support.h"
+#include "gpumem/forensics/error.h"
+#include "gpumem/forensics/policy_factory.h"
+#include "gpumem/forensics/replay.h"
+#include "gpumem/forensics/replay_report.h"
+
+namespace fx = gpumem::forensics;
+using fx::TraceAction;
+using fx::testing::E;
+using fx::testing::make_trace;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+fx::PolicyReplay run(const fx::Trace& t, const fx::ReplayScript& s, const std::string& policy,
+                     fx::ReplayOptions options = {}) {
+  return fx::replay_policy(t, s, policy, fx::parse_policy_spec(policy).make, options);
+}
+
+}  // namespace
+
+TEST_CASE("frees are matched by the trace's address; unknown frees are skipped and counted", "[replay]") {
+  // The recorder's ring buffer wrapped: the first two entries free blocks whose alloc was lost.
+  const fx::Trace t = make_trace({
+      {TraceAction::free_requested, 0xdead000, 4096},
+      {TraceAction::free_completed, 0xdead000, 4096},
+      {TraceAction::alloc, 0x1000, 12 * MiB},
+      {TraceAction::alloc, 0x2000, 3 * MiB},
+      {TraceAction::free_requested, 0x1000, 12 * MiB},
+      {TraceAction::free_completed, 0x1000, 12 * MiB},
+      {TraceAction::alloc, 0x1000, 1 * MiB},  // the address is reused by a new allocation
+      {TraceAction::alloc, 0x2000, 2 * MiB},  // 0x2000's free was lost: it is freed first
+  });
+  const fx::ReplayScript s = fx::compile_replay(t);
+  CHECK(s.entries == 8);
+  CHECK(s.allocs == 4);
+  CHECK(s.frees == 2);  // 0x1000's free, and the implied free of the old 0x2000
+  CHECK(s.skipped_frees == 2);
+  CHECK(s.skipped_allocs == 1);
+  CHECK(s.skipped_entries() == 3);
+  CHECK(s.peak_requested_bytes == 15 * MiB);
+  CHECK(s.peak_requested_step == 1);
+
+  const fx::PolicyReplay r = run(t, s, "pytorch");
+  CHECK(r.peak_requested_bytes == 15 * MiB);
+  // 12 MiB segment + 20 MiB segment (3 MiB block); the 1 MiB request reuses the 12 MiB block?
+  // No: 1 MiB goes to the small pool (2 MiB segment). The 2 MiB request reuses the 20 MiB
+  // segment's free space. Peak reserved: 12 + 20 + 2.
+  CHECK(r.peak_reserved_bytes == 34 * MiB);
+  CHECK(r.counters.creates == 3);
+  CHECK(r.failed_allocations == 0);
+}
+
+TEST_CASE("the peak moment is explained: breakdown and call sites", "[replay]") {
+  fx::Trace t;
+  t.source = "handmade";
+  auto add = [&](TraceAction a, std::uint64_t addr, std::uint64_t size, const char* where) {
+    fx::TraceEntry e;
+    e.action = a;
+    e.addr = addr;
+    e.size_bytes = size;
+    e.time_us = static_cast<std::int64_t>(t.entries.size()) * 10;
+    e.site = t.intern_site(where);
+    t.entries.push_back(e);
+  };
+  add(TraceAction::alloc, 0x1000, 5 * MiB, "model.py:10:forward");      // 20 MiB segment
+  add(TraceAction::alloc, 0x2000, 5 * MiB, "model.py:11:forward");
+  add(TraceAction::alloc, 0x3000, 100, "optim.py:3:step");               // 2 MiB small segment
+  add(TraceAction::free_completed, 0x2000, 5 * MiB, "model.py:11:forward");
+  const fx::ReplayScript s = fx::compile_replay(t);
+  fx::ReplayOptions options;
+  options.record_timeline = true;
+  const fx::PolicyReplay r = run(t, s, "pytorch", options);
+  CHECK(r.peak_reserved_bytes == 22 * MiB);
+  CHECK(r.peak_step == 2);  // reserved is at its peak from step 2 on; requested is highest there
+  CHECK(r.at_peak.requested_bytes == 10 * MiB + 100);
+  CHECK(r.at_peak.rounding_bytes == 512 - 100);
+  CHECK(r.at_peak.inactive_split_bytes == 10 * MiB + (2 * MiB - 512));
+  CHECK(r.at_peak.requested_bytes + r.at_peak.rounding_bytes + r.at_peak.inactive_split_bytes +
+            r.at_peak.cached_free_bytes + r.at_peak.partly_used_granule_bytes ==
+        r.at_peak.reserved_bytes);
+  REQUIRE(r.top_sites.size() == 3);
+  CHECK(t.sites[r.top_sites[0].site] == "model.py:10:forward");  // ties by site order
+  CHECK(r.top_sites[0].live_bytes == 5 * MiB);
+  CHECK(t.sites[r.top_sites[2].site] == "optim.py:3:step");
+  CHECK(r.peak_time_us == 20);
+  REQUIRE(r.timeline_reserved_bytes.size() == 4);
+  CHECK(r.timeline_reserved_bytes[0] == 20 * MiB);
+  CHECK(r.timeline_allocated_bytes[3] == 5 * MiB + 512);
+  CHECK(r.ratio == double(22 * MiB) / double(10 * MiB + 100));
+
+  fx::ReplayReport report{t, s, fx::TraceFormat::csv, std::nullopt, {r}};
+  std::ostringstream csv;
+  fx::write_timeline_csv(csv, report);
+  const std::string text = csv.str();
+  CHECK(text.rfind("step,entry,time_us,action,requested_bytes,pytorch.allocated_bytes,pytorch.reserved_bytes\n", 0) == 0);
+  CHECK(text.find("\n3,3,30,free,5242980,5243392,23068672\n") != std::string::npos);
+
+  const std::string table = fx::format_table(report);
+  CHECK(table.find("peak reserved / peak requested") != std::string::npos);
+  CHECK(table.find("model.py:10:forward") != std::string::npos);
+}
+
+TEST_CASE("oom entries are probes: would the policy have served the request?", "[replay]") {
+  const fx::Trace t = make_trace({
+      {TraceAction::alloc, 0x1000, 40 * MiB},
+      {TraceAction::free_completed, 0x1000, 40 * MiB},
+      {TraceAction::alloc, 0x2000, 30 * MiB},
+      {TraceAction::oom, 0, 50 * MiB},
+  });
+  const fx::ReplayScript s = fx::compile_replay(t);
+  CHECK(s.trace_ooms == 1);
+  CHECK(s.peak_requested_bytes == 80 * MiB);  // 30 MiB live + the 50 MiB the program asked for
+  fx::ReplayEnvironment env;
+  env.memory_limit_bytes = 80 * MiB;
+  // PyTorch: 40 MiB cached + 30 MiB... the 30 MiB request is served by the cached 40 MiB block
+  // (best fit, split: 10 MiB left), so 50 MiB more passes the cap (40 + 50 > 80) even after
+  // freeing unsplit blocks (none): the OOM is reproduced.
+  const fx::PolicyReplay torch = fx::replay_policy(t, s, "pytorch", fx::parse_policy_spec("pytorch", env).make);
+  CHECK(torch.trace_ooms_served == 0);
+  CHECK(torch.counters.alloc_retries == 1);
+  CHECK(torch.peak_reserved_bytes == 40 * MiB);
+  // Without the cap it is served, and the probe's block is freed at once.
+  const fx::PolicyReplay free_run = run(t, s, "pytorch");
+  CHECK(free_run.trace_ooms_served == 1);
+  CHECK(free_run.peak_allocated_bytes == 40 * MiB);
+  CHECK(free_run.peak_reserved_bytes == 90 * MiB);
+}
+
+TEST_CASE("the JSON output has the fields scripts rely on", "[replay]") {
+  const fx::Trace t = make_trace({{TraceAction::alloc, 0x1000, 3 * MiB}, {TraceAction::free_completed, 0x1000, 3 * MiB}});
+  const fx::ReplayScript s = fx::compile_replay(t);
+  fx::ReplayReport report{t, s, fx::TraceFormat::csv, std::nullopt,
+                          {run(t, s, "pytorch"), run(t, s, "pytorch:expandable")}};
+  const std::string json = fx::format_json(report);
+  for (const char* key : {"\"trace\": \"handmade\"", "\"entries\": 2", "\"skipped_entries\": 0", "\"policies\": [",
+                          "\"policy\": \"pytorch\"", "\"policy\": \"pytorch:expandable\"", "\"peak_requested_bytes\": 3145728",
+                          "\"peak_allocated_bytes\": 3145728", "\"peak_reserved_bytes\": 20971520", "\"ratio\": 6.66667",
+                          "\"segments\": 1", "\"maps\": 1", "\"unmaps\": 0", "\"creates\": 1", "\"releases\": 0"}) {
+    INFO(key);
+    CHECK(json.find(key) != std::string::npos);
+  }
+  const auto python = fx::testing::python();
+  if (python) {
+    fx::testing::TempDir dir;
+    fx::testing::write_file(dir.file("r.json"), json);
+    fx::testing::write_file(dir.file("check.py"),
+                            "import json,sys\nd=json.load(open(sys.argv[1]))\n"
+                            "assert [p['policy'] for p in d['policies']] == ['pytorch', 'pytorch:expandable']\n"
+                            "assert d['policies'][1]['at_peak']['partly_used_granule_bytes'] == 17825792\n");
+    CHECK(fx::testing::run_python(*python, dir.file("check.py"), dir.file("r.json")) == 0);
+  }
+}
+
+TEST_CASE("policy names: accepted forms and one clear error otherwise", "[replay]") {
+  CHECK(fx::parse_policy_spec("pytorch").name == "pytorch");
+  CHECK(fx::parse_policy_spec("pytorch:expandable").make()->name() == "pytorch:expandable");
+  auto message = [](const char* spec) {
+    try {
+      fx::parse_policy_spec(spec);
+    } catch (const fx::ForensicsError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK(message("jemalloc").find("unknown policy 'jemalloc'") != std::string::npos);
+  CHECK(message("pytorch:").find("nothing after ':'") != std::string::npos);
+  CHECK(message("pytorch:recycle:True").find("'recycle' is not a PYTORCH_CUDA_ALLOC_CONF key") != std::string::npos);
+  CHECK(fx::default_policy_names() == std::vector<std::string>{"gpumem", "pytorch", "pytorch:expandable"});
+}
