@@ -9,7 +9,7 @@
 // Modes: none (no checkpointing), every (each layer one checkpointed segment, like transformers'
 // gradient_checkpointing_enable), sqrt (Chen et al.: ceil(sqrt(layers)) segments of layers),
 // planner (the DP planner over the whole chain at --budget bytes, or at --budget-fraction of
-// the activation memory of "none"). Every mode first profiles the chain without checkpointing
+// the activation memory of "none"), plan (the segments given by --plan). Every mode first profiles the chain without checkpointing
 // and prints the predicted peak and step time next to the measured ones.
 //
 //   checkpoint_llama --mode planner --budget-fraction 0.5          (GPU, the benchmark config)
@@ -41,6 +41,7 @@ namespace {
 
 struct Options {
   std::string mode = "planner";
+  std::string plan;  // --mode plan: segments as Plan::to_string writes them
   std::int64_t budget_bytes = 0;  // 0: use budget_fraction
   double budget_fraction = 0.5;
   std::string device;  // cuda if available, else cpu
@@ -56,9 +57,10 @@ struct Options {
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
                "checkpoint_llama: %s\n"
-               "usage: checkpoint_llama [--mode none|every|sqrt|planner] [--budget BYTES | "
+               "usage: checkpoint_llama [--mode none|every|sqrt|planner|plan] [--budget BYTES | "
                "--budget-fraction F]\n"
-               "       [--device cpu|cuda] [--probe cpu-events|cuda-native] [--hidden N] "
+               "       [--plan \"ckpt[b,e) ...\" (with --mode plan)]\n"
+               "       [--device cpu|cuda] [--probe gpumem-cpu|gpumem-cuda|cpu-events|cuda-native] [--hidden N] "
                "[--intermediate N]\n"
                "       [--layers N] [--heads N] [--vocab N] [--batch N] [--seq N] [--steps N] "
                "[--warmup N]\n"
@@ -93,10 +95,12 @@ Options parse_options(int argc, char** argv) {
     if (i + 1 >= argc) usage_error(flag + " needs a value");
     const std::string v = argv[++i];
     if (flag == "--mode") {
-      if (v != "none" && v != "every" && v != "sqrt" && v != "planner") {
-        usage_error("--mode must be none, every, sqrt or planner, got '" + v + "'");
+      if (v != "none" && v != "every" && v != "sqrt" && v != "planner" && v != "plan") {
+        usage_error("--mode must be none, every, sqrt, planner or plan, got '" + v + "'");
       }
       o.mode = v;
+    } else if (flag == "--plan") {
+      o.plan = v;
     } else if (flag == "--budget") {
       try {
         o.budget_bytes = ckpt::parse_bytes(v);
@@ -145,11 +149,14 @@ Options parse_options(int argc, char** argv) {
     usage_error("--hidden must be a multiple of --heads with an even head size (hidden " +
                 std::to_string(o.hidden) + ", heads " + std::to_string(o.heads) + ")");
   }
+  if ((o.mode == "plan") != !o.plan.empty()) {
+    usage_error("--mode plan and --plan \"ckpt[b,e) ...\" go together");
+  }
   if (o.device.empty()) o.device = ckpt::cuda_available() ? "cuda" : "cpu";
   if (o.device == "cuda" && !ckpt::cuda_available()) {
     usage_error("--device cuda: no CUDA device is visible; use --device cpu");
   }
-  if (o.probe.empty()) o.probe = o.device == "cuda" ? "cuda-native" : "cpu-events";
+  if (o.probe.empty()) o.probe = o.device == "cuda" ? "gpumem-cuda" : "gpumem-cpu";
   if (o.autocast < 0) o.autocast = o.device == "cuda";
   return o;
 }
@@ -344,6 +351,8 @@ int main(int argc, char** argv) {
       plan = layer_plan(n, ckpt::Plan::every(static_cast<std::size_t>(o.layers)));
     } else if (o.mode == "sqrt") {
       plan = layer_plan(n, ckpt::Plan::sqrt_n(static_cast<std::size_t>(o.layers)));
+    } else if (o.mode == "plan") {
+      plan = ckpt::Plan::parse(n, o.plan);
     } else if (o.mode == "planner") {
       budget = o.budget_bytes > 0
                    ? o.budget_bytes

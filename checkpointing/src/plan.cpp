@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <stdexcept>
 
@@ -106,6 +108,43 @@ std::string Plan::to_string() const {
     out += fmt::format("ckpt[{},{})", s.begin, s.end);
   }
   return out;
+}
+
+Plan Plan::parse(std::size_t n_modules, const std::string& text) {
+  auto fail = [&](const std::string& why) -> Plan {
+    throw std::invalid_argument(fmt::format(
+        "plan '{}': {}; write \"none\" or segments like \"ckpt[1,3) ckpt[5,6)\" (half-open "
+        "module ranges, sorted)",
+        text, why));
+  };
+  std::string t;
+  for (char c : text) {
+    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
+  }
+  if (t == "none" || t.empty()) return none(n_modules);
+  std::vector<Segment> segments;
+  std::size_t pos = 0;
+  while (pos < t.size()) {
+    if (t.compare(pos, 5, "ckpt[") != 0) return fail("expected 'ckpt[' at offset " + std::to_string(pos));
+    pos += 5;
+    auto number = [&](std::size_t& value) {
+      const char* first = t.data() + pos;
+      const auto [end, ec] = std::from_chars(first, t.data() + t.size(), value);
+      if (ec != std::errc() || end == first) {
+        fail("expected a module index at offset " + std::to_string(pos));
+      }
+      pos += static_cast<std::size_t>(end - first);
+    };
+    std::size_t b = 0, e = 0;
+    number(b);
+    if (pos >= t.size() || t[pos] != ',') return fail("expected ',' after the segment's begin");
+    ++pos;
+    number(e);
+    if (pos >= t.size() || t[pos] != ')') return fail("expected ')' after the segment's end");
+    ++pos;
+    segments.push_back({b, e});
+  }
+  return Plan(n_modules, std::move(segments));
 }
 
 }  // namespace gpumem::ckpt

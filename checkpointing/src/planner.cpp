@@ -13,12 +13,16 @@
 //                            nothing inside is kept (forward runs without a graph)
 //                            work = max of
 //                              forward (no graph): max_k (out_{k-1} [k > b] + fwd_peak_k)
-//                              recompute in backward: X_{e-1} + max_k (sum_{b<=j<k} kept_j
-//                                                                      + fwd_peak_k)
-//                              backward: max_i (sum_{b<=j<=i} kept_j + X_i + bwd_peak_i
+//                              recompute in backward: X_{e-1} + F_{e-1}
+//                                        + max_k (sum_{b<=j<k} kept_j + fwd_peak_k)
+//                            (F_{e-1}: the part of kept_{e-1} the unchecked run had already
+//                            freed when module e-1's backward began, already netted out of X)
+//                              backward: max_i (sum_{b<=j<=i} kept_j + X_i + bwd_peak'_i
 //                                               + out_{e-1} [i < e-1])
-//                            (the last term: the gradient of the segment's output stays
-//                            referenced by the checkpoint's backward until it returns)
+//                            (the gradient of the segment's output stays referenced by the
+//                            checkpoint's backward until it returns: the modules before the
+//                            last carry it as out_{e-1}; for the last, bwd_peak' is its peak
+//                            measured with its incoming gradient held, bwd_peak_held)
 //
 // peak = base + max(max_u (R_u + work_u), R_end + H); recompute time = sum of fwd_ns over
 // checkpointed modules; step = fwd_bwd_ns + recompute. For the plan "none" this reproduces the
@@ -66,22 +70,28 @@ class SegmentAccumulator {
     fwd_max_ = std::max(fwd_max_, in_bytes + m.fwd_peak_bytes);
     recompute_max_ = std::max(recompute_max_, kept_before_ + m.fwd_peak_bytes);
     kept_before_ += m.kept_bytes;
-    // Modules before the last backpropagate while the segment's backward still holds the
-    // gradient of the segment's output (autograd passes it to the checkpoint by reference).
-    bwd_inner_max_ = std::max(bwd_inner_max_, bwd_last_);
-    bwd_last_ = kept_before_ + m.bwd_extra_bytes + m.bwd_peak_bytes;
-    const std::int64_t bwd = std::max(bwd_last_, k > begin_ ? bwd_inner_max_ + m.output_bytes
-                                                            : std::int64_t{0});
+    // The segment's backward holds the gradient of the segment's output until it returns
+    // (autograd passes it to the checkpoint by reference): the last module backpropagates with
+    // its incoming gradient held (bwd_peak_held), the ones before it with that gradient extra.
+    bwd_inner_max_ = std::max(bwd_inner_max_, bwd_last_plain_);
+    const std::int64_t base = kept_before_ + m.bwd_extra_bytes;
+    bwd_last_plain_ = base + m.bwd_peak_bytes;
+    const std::int64_t last = base + std::max(m.bwd_peak_bytes, m.bwd_peak_held_bytes);
+    const std::int64_t bwd =
+        std::max(last, k > begin_ ? bwd_inner_max_ + m.output_bytes : std::int64_t{0});
     ns_ += m.fwd_ns;
-    return {m.output_bytes, std::max({fwd_max_, m.bwd_extra_bytes + recompute_max_, bwd}), ns_};
+    // The recompute runs while what X_k counts is allocated; X_k was measured net of the parts
+    // of kept_k already freed (F_k), which the recompute has not freed yet.
+    const std::int64_t recompute = m.bwd_extra_bytes + m.freed_before_bwd_bytes + recompute_max_;
+    return {m.output_bytes, std::max({fwd_max_, recompute, bwd}), ns_};
   }
 
  private:
   const ChainProfile& p_;
   std::size_t begin_;
   std::int64_t fwd_max_ = 0, recompute_max_ = 0, kept_before_ = 0;
-  std::int64_t bwd_inner_max_ = 0;  // backward terms of the modules before the last
-  std::int64_t bwd_last_ = 0;       // backward term of the last module
+  std::int64_t bwd_inner_max_ = 0;   // backward terms of the modules before the last
+  std::int64_t bwd_last_plain_ = 0;  // backward term of the last module, gradient not held
   double ns_ = 0;
 };
 
@@ -333,16 +343,18 @@ std::string format_profile(const ChainProfile& p) {
       "ms\n",
       p.size(), p.probe, format_bytes(p.base_bytes), format_bytes(p.head_peak_bytes),
       format_bytes(p.measured_peak_bytes), p.fwd_bwd_ns / 1e6);
-  out += fmt::format("{:>4} {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9}\n", "#",
-                     "module", "kept", "output", "fwd peak", "bwd extra", "bwd peak", "fwd ms",
-                     "bwd ms");
+  out += fmt::format(
+      "{:>4} {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9}\n", "#",
+      "module", "kept", "output", "fwd peak", "bwd extra", "bwd peak", "held peak", "freed",
+      "fwd ms", "bwd ms");
   for (std::size_t i = 0; i < p.size(); ++i) {
     const ModuleProfile& m = p.modules[i];
-    out += fmt::format("{:>4} {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9.3f} {:>9.3f}\n", i,
-                       m.name.substr(0, 18), format_bytes(m.kept_bytes),
-                       format_bytes(m.output_bytes), format_bytes(m.fwd_peak_bytes),
-                       format_bytes(m.bwd_extra_bytes), format_bytes(m.bwd_peak_bytes),
-                       m.fwd_ns / 1e6, m.bwd_ns / 1e6);
+    out += fmt::format(
+        "{:>4} {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9.3f} {:>9.3f}\n", i,
+        m.name.substr(0, 18), format_bytes(m.kept_bytes), format_bytes(m.output_bytes),
+        format_bytes(m.fwd_peak_bytes), format_bytes(m.bwd_extra_bytes),
+        format_bytes(m.bwd_peak_bytes), format_bytes(m.bwd_peak_held_bytes),
+        format_bytes(m.freed_before_bwd_bytes), m.fwd_ns / 1e6, m.bwd_ns / 1e6);
   }
   return out;
 }

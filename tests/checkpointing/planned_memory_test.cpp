@@ -1,5 +1,6 @@
 // The planner's predictions against measurement: a 12-block residual MLP on the CPU, memory
-// counted from gpumem AllocEvents (the counting CPU allocator feeding an EventStatsProbe).
+// read from gpumem's statistics of its CPU engine (gpumem::torch::install_cpu), and once more
+// from the counting CPU allocator's AllocEvents as an independent check.
 // Profile without checkpointing, plan for a budget, run the plan, and compare the measured
 // peak with the prediction.
 #include <torch/torch.h>
@@ -9,9 +10,11 @@
 
 #include "catch.h"
 #include "gpumem/ckpt/chain_profiler.h"
+#include "gpumem/ckpt/counting_cpu_allocator.h"
 #include "gpumem/ckpt/checkpointed_sequential.h"
 #include "gpumem/ckpt/memory_probes.h"
 #include "gpumem/ckpt/planner.h"
+#include "gpumem/torch/install.h"
 
 namespace ckpt = gpumem::ckpt;
 
@@ -30,10 +33,11 @@ TORCH_MODULE(ResidualMlp);
 
 }  // namespace
 
-TEST_CASE("measured peak memory drops as the planner predicted on a 12-block model",
-          "[ckpt][torch][planner]") {
+namespace {
+
+void planned_peaks_follow_predictions(const std::string& probe_name) {
   torch::set_num_threads(1);  // one thread: the same allocations in the same order every step
-  auto probe = ckpt::make_memory_probe("cpu-events");  // before the model: every byte is seen
+  auto probe = ckpt::make_memory_probe(probe_name);  // before the model: every byte is seen
   torch::manual_seed(0);
   ckpt::CheckpointedSequential chain;
   const std::size_t n = 12;
@@ -45,7 +49,7 @@ TEST_CASE("measured peak memory drops as the planner predicted on a 12-block mod
   options.instrumented_steps = 1;
   options.timed_steps = 1;
   const ckpt::ChainProfile profile = ckpt::profile_chain(*chain, input, loss_fn, *probe, options);
-  std::printf("%s", ckpt::format_profile(profile).c_str());
+  std::printf("probe %s\n%s", probe_name.c_str(), ckpt::format_profile(profile).c_str());
 
   auto measure = [&](const ckpt::Plan& plan) {
     chain->set_plan(plan);
@@ -93,4 +97,22 @@ TEST_CASE("measured peak memory drops as the planner predicted on a 12-block mod
               static_cast<long long>(sqrt_measured), sqrt_pred.recompute_ns / 1e6);
   CHECK(std::llabs(sqrt_measured - sqrt_pred.peak_bytes) <= activation / 20);
   CHECK(sqrt_measured < none.peak_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("measured peak memory drops as the planner predicted on a 12-block model",
+          "[ckpt][torch][planner]") {
+  // One process, two CPU allocators in turn: gpumem's engine first, then the counting
+  // allocator in front of c10's default (its tests need the default's raw interface, so it
+  // runs after gpumem's CPU allocator is put back).
+  SECTION("gpumem-cpu: gpumem's CPU engine statistics") {
+    planned_peaks_follow_predictions("gpumem-cpu");
+    gpumem::torch::uninstall_cpu();
+  }
+  SECTION("cpu-events: counted from AllocEvents of the counting allocator") {
+    gpumem::torch::uninstall_cpu();
+    planned_peaks_follow_predictions("cpu-events");
+    ckpt::CountingCpuAllocator::uninstall();
+  }
 }

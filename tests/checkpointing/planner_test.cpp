@@ -98,6 +98,21 @@ TEST_CASE("predict follows the cost model on a hand-worked chain", "[ckpt][plann
   CHECK(predict(p, Plan::every(3)).recompute_ns == 6);
 }
 
+TEST_CASE("a segment's backward carries the gradient it holds", "[ckpt][planner]") {
+  ChainProfile p;
+  p.modules = {module(100, 10, 100, 50, 20, 1), module(100, 30, 100, 40, 20, 1)};
+  p.modules[1].bwd_peak_held_bytes = 45;    // its peak if its incoming gradient stays
+  p.modules[1].freed_before_bwd_bytes = 30;  // its output was gone when its backward began
+  // none: 0 + max(100, 100 + 50 + 20), then 100 + max(100, 100 + 40 + 20): 260.
+  CHECK(predict(p, Plan::none(2)).peak_bytes == 260);
+  // ckpt[0,2): recompute X1 + F1 + kept0 + fwd peak1 = 40 + 30 + 100 + 100 = 270; backward of
+  // module 1 with its gradient held: 200 + 40 + 45 = 285; module 0 with the segment's output
+  // gradient (30) still held: 100 + 50 + 20 + 30 = 200.
+  CHECK(predict(p, Plan(2, {{0, 2}})).peak_bytes == 285);
+  // ckpt[1,2) alone: 170, then 100 + max(100, 40 + 30 + 100, 100 + 40 + 45) = 285.
+  CHECK(predict(p, Plan(2, {{1, 2}})).peak_bytes == 285);
+}
+
 TEST_CASE("the planner spends the budget on the least recompute", "[ckpt][planner]") {
   const ChainProfile p = three_modules();
   PlanResult r = plan_for_budget(p, 1390);
@@ -189,6 +204,13 @@ TEST_CASE("plans are built and validated", "[ckpt][plan]") {
   CHECK_THROWS_WITH(Plan::every(3, 2, 5), CKPT_CONTAINS("not inside the chain"));
   CHECK_THROWS_WITH(Plan::grouped(3, 0), CKPT_CONTAINS("group is 0"));
   CHECK_THROWS_AS(predict(three_modules(), Plan::none(4)), std::invalid_argument);
+
+  CHECK(Plan::parse(6, p.to_string()) == p);
+  CHECK(Plan::parse(6, " ckpt[1, 3)ckpt[4,5) ") == p);
+  CHECK(Plan::parse(6, "none") == Plan::none(6));
+  CHECK_THROWS_WITH(Plan::parse(6, "ckpt[1;3)"), CKPT_CONTAINS("expected ','"));
+  CHECK_THROWS_WITH(Plan::parse(6, "[1,3)"), CKPT_CONTAINS("expected 'ckpt['"));
+  CHECK_THROWS_WITH(Plan::parse(6, "ckpt[4,9)"), CKPT_CONTAINS("ends past the chain"));
 }
 
 TEST_CASE("byte counts parse and print", "[ckpt][plan]") {

@@ -41,7 +41,10 @@ at::Tensor checked_loss(const LossFn& loss_fn, const at::Tensor& out) {
 struct BackwardTracker {
   BackwardTracker(MemoryProbe& p, std::vector<ModuleProfile>& m)
       : probe(p), modules(m), start_bytes(m.size()), start_ns(m.size()), bwd_ns(m.size(), 0.0),
-        opened(m.size(), false) {}
+        opened(m.size(), false),
+        outputs(m.size(), c10::weak_intrusive_ptr<c10::StorageImpl>(
+                              c10::intrusive_ptr<c10::StorageImpl>())),
+        output_freed(m.size(), false) {}
 
   MemoryProbe& probe;
   std::vector<ModuleProfile>& modules;
@@ -52,6 +55,10 @@ struct BackwardTracker {
   std::int64_t head_peak_bytes = 0;
   std::int64_t step_peak_bytes = 0;
   std::vector<bool> opened;              // module i's backward was seen to start
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;  // module outputs, weakly
+  std::vector<bool> output_freed;         // module i's output was gone when its backward began
+  bool hold = false;                      // keep each incoming gradient to the end of the module
+  at::Tensor held;                        // the incoming gradient of the open module, if hold
   std::ptrdiff_t open = -1;               // module whose backward runs; -1: the loss's;
                                           // -2: none (the chain input's gradient was hooked)
 
@@ -77,10 +84,12 @@ struct BackwardTracker {
     probe.reset_peak();
     open = static_cast<std::ptrdiff_t>(i);
     opened[i] = true;
+    output_freed[i] = outputs[i].expired();
   }
 
-  void grad_ready(std::size_t k) {
+  void grad_ready(std::size_t k, const at::Tensor& grad) {
     close_open();
+    held = hold ? grad : at::Tensor();
     if (k > 0) {
       open_module(k - 1);
     } else {
@@ -118,10 +127,14 @@ ChainProfile profile_chain(CheckpointedSequentialImpl& chain, const at::Tensor& 
   for (std::size_t i = 0; i < n; ++i) profile.modules[i].name = chain.module_name(i);
   std::vector<std::vector<double>> fwd_ns(n), bwd_ns(n);
 
-  for (int s = 0; s < options.instrumented_steps; ++s) {
+  // The instrumented steps, then one more in which each module's incoming gradient is held to the
+  // end of its backward (bwd_peak_held_bytes: what a checkpointed segment's last module sees).
+  for (int s = 0; s <= options.instrumented_steps; ++s) {
+    const bool holding = s == options.instrumented_steps;
     clear_grads(chain);
     std::vector<ModuleProfile> m(n);
     BackwardTracker bt(probe, m);
+    bt.hold = holding;
     probe.synchronize();
     probe.reset_peak();
     std::vector<std::int64_t> a(n + 1);
@@ -144,8 +157,9 @@ ChainProfile profile_chain(CheckpointedSequentialImpl& chain, const at::Tensor& 
         m[i].output_bytes = y.defined() && y.has_storage()
                                 ? static_cast<std::int64_t>(y.storage().nbytes())
                                 : 0;
+        if (y.defined() && y.has_storage()) bt.outputs[i] = y.storage().getWeakStorageImpl();
         if (y.defined() && y.requires_grad()) {
-          y.register_hook([&bt, k = i + 1](const at::Tensor&) { bt.grad_ready(k); });
+          y.register_hook([&bt, k = i + 1](const at::Tensor& g) { bt.grad_ready(k, g); });
         }
         x = std::move(y);  // drops module i's input unless autograd saved it
         a[i + 1] = probe.read().allocated_bytes;
@@ -158,10 +172,18 @@ ChainProfile profile_chain(CheckpointedSequentialImpl& chain, const at::Tensor& 
       loss.backward();
     }
     bt.close_open();  // the last module's backward (or the loss's, if nothing was hooked)
+    bt.held = at::Tensor();
+    if (holding) {
+      for (std::size_t i = 0; i < n; ++i) {
+        profile.modules[i].bwd_peak_held_bytes = bt.opened[i] ? m[i].bwd_peak_bytes : 0;
+      }
+      continue;
+    }
     step_peak = std::max(step_peak, bt.step_peak_bytes);
     for (std::size_t i = 0; i < n; ++i) {
       // A module whose backward never started (no gradient reached it) has no backward cost.
       m[i].bwd_extra_bytes = bt.opened[i] ? bt.start_bytes[i] - a[i + 1] : 0;
+      m[i].freed_before_bwd_bytes = bt.opened[i] && bt.output_freed[i] ? m[i].output_bytes : 0;
       fwd_ns[i].push_back(m[i].fwd_ns);
       bwd_ns[i].push_back(bt.bwd_ns[i]);
       m[i].name = profile.modules[i].name;

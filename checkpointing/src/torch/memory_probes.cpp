@@ -11,6 +11,8 @@
 
 #include "gpumem/ckpt/counting_cpu_allocator.h"
 #include "gpumem/ckpt/event_stats_probe.h"
+#include "gpumem/torch/install.h"
+#include "gpumem/torch/memory_stats.h"
 
 namespace gpumem::ckpt {
 namespace {
@@ -28,6 +30,35 @@ class CpuEventsProbe final : public MemoryProbe {
 
  private:
   std::shared_ptr<EventStatsProbe> stats_;
+};
+
+// gpumem's own statistics (the stats observer of the engine serving the device, fed by its
+// AllocEvents), read through gpumem::torch::stats: the CPU engine after install_cpu, or a CUDA
+// device's engine after install.
+class GpumemStatsProbe final : public MemoryProbe {
+ public:
+  GpumemStatsProbe(std::string name, c10::Device device) : name_(std::move(name)), device_(device) {}
+  std::string name() const override { return name_; }
+  MemoryReading read() override {
+    const auto s = gpumem::torch::stats(device_);
+    const auto& a = s.allocated_bytes[0];  // all pools
+    const auto& r = s.reserved_bytes[0];
+    return {a.current, a.peak, r.current, r.peak};
+  }
+  void reset_peak() override { gpumem::torch::reset_peak_stats(device_); }
+  void synchronize() override {
+#if GPUMEM_TORCH_HAS_CUDA
+    if (device_.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  }
+  void release_cached() override {
+    synchronize();
+    if (auto* engine = gpumem::torch::engine(device_)) engine->empty_cache();
+  }
+
+ private:
+  std::string name_;
+  c10::Device device_;
 };
 
 #if GPUMEM_TORCH_HAS_CUDA
@@ -64,31 +95,57 @@ bool cuda_available() {
 #endif
 }
 
-std::vector<std::string> memory_probe_names() { return {"cpu-events", "cuda-native"}; }
+std::vector<std::string> memory_probe_names() {
+  return {"gpumem-cpu", "gpumem-cuda", "cpu-events", "cuda-native"};
+}
+
+namespace {
+
+void require_cuda_device(const std::string& name, int device) {
+#if GPUMEM_TORCH_HAS_CUDA
+  if (!cuda_available()) {
+    throw std::runtime_error(c10::str(
+        "memory probe '", name, "' needs a CUDA device and none is visible; run on the GPU "
+        "machine, or use --device cpu with a CPU probe (gpumem-cpu, cpu-events)"));
+  }
+  if (device < 0 || device >= c10::cuda::device_count()) {
+    throw std::invalid_argument(c10::str("memory probe '", name, "': device ", device,
+                                         " does not exist (", int(c10::cuda::device_count()),
+                                         " visible); pick 0..",
+                                         int(c10::cuda::device_count()) - 1));
+  }
+#else
+  (void)device;
+  throw std::runtime_error(c10::str("memory probe '", name,
+                                    "' needs libtorch with CUDA; this build's torch has none"));
+#endif
+}
+
+}  // namespace
 
 std::unique_ptr<MemoryProbe> make_memory_probe(const std::string& name, int device) {
+  if (name == "gpumem-cpu") {
+    gpumem::torch::install_cpu();
+    return std::make_unique<GpumemStatsProbe>(name, c10::Device(c10::DeviceType::CPU));
+  }
   if (name == "cpu-events") return std::make_unique<CpuEventsProbe>();
+  if (name == "gpumem-cuda") {
+    require_cuda_device(name, device);
+    // Must come before the first CUDA allocation; the configuration comes from
+    // GPUMEM_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF), as for any gpumem install.
+    gpumem::torch::install_from_environment();
+    return std::make_unique<GpumemStatsProbe>(
+        name, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  }
   if (name == "cuda-native") {
+    require_cuda_device(name, device);
 #if GPUMEM_TORCH_HAS_CUDA
-    if (!cuda_available()) {
-      throw std::runtime_error(
-          "memory probe 'cuda-native' needs a CUDA device and none is visible; run on the GPU "
-          "machine or use --probe cpu-events with --device cpu");
-    }
-    if (device < 0 || device >= c10::cuda::device_count()) {
-      throw std::invalid_argument(c10::str(
-          "memory probe 'cuda-native': device ", device, " does not exist (",
-          int(c10::cuda::device_count()), " visible); pick 0..",
-          int(c10::cuda::device_count()) - 1));
-    }
     return std::make_unique<CudaAllocatorStatsProbe>(device);
-#else
-    throw std::runtime_error(
-        "memory probe 'cuda-native' needs libtorch with CUDA; this build's torch has none");
 #endif
   }
-  throw std::invalid_argument(
-      c10::str("unknown memory probe '", name, "'; choose one of: cpu-events, cuda-native"));
+  throw std::invalid_argument(c10::str(
+      "unknown memory probe '", name,
+      "'; choose one of: gpumem-cpu, gpumem-cuda, cpu-events, cuda-native"));
 }
 
 }  // namespace gpumem::ckpt

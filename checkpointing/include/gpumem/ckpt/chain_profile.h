@@ -29,6 +29,12 @@ struct ModuleProfile {
                                      // gradients in flight, parameter gradients of later
                                      // modules, what the loss left behind
   std::int64_t bwd_peak_bytes = 0;   // peak during its backward, above the start of it
+  std::int64_t bwd_peak_held_bytes = 0;  // the same while the gradient of its output stays
+                                         // allocated to the end of its backward, as a
+                                         // checkpointed segment's backward keeps it (0: not
+                                         // measured; bwd_peak_bytes is used)
+  std::int64_t freed_before_bwd_bytes = 0;  // part of kept_bytes already freed when its
+                                            // backward starts: its output, if nothing saved it
   double fwd_ns = 0;                 // forward time (the recompute cost if checkpointed)
   double bwd_ns = 0;                 // backward time
 };

@@ -12,7 +12,10 @@
 // returns). Per-module times synchronize the device (MemoryProbe::synchronize) around each
 // phase; fwd_bwd_ns comes from separate steps that only synchronize at their ends.
 //
-// Side effects: runs options.warmup_steps + instrumented_steps + timed_steps steps (random
+// One more instrumented step keeps each module's incoming gradient alive to the end of its
+// backward, for bwd_peak_held_bytes.
+//
+// Side effects: runs warmup_steps + instrumented_steps + 1 + timed_steps steps (random
 // generators advance); leaves the chain's parameter gradients undefined; does not touch any
 // optimizer. The chain's current plan is ignored and kept.
 //

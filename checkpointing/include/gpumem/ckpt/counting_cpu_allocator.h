@@ -34,7 +34,8 @@ namespace gpumem::ckpt {
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  static CountingCpuAllocator& install(std::uint8_t priority = 1);
+  // Priority 10: the level gpumem::torch::install_cpu uses, so either can replace the other.
+  static CountingCpuAllocator& install(std::uint8_t priority = 10);
   static void uninstall();
 
   // The observer that receives events from now on (nullptr: none).
@@ -53,7 +54,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   std::shared_ptr<alloc::AllocObserver> observer() const;
 
   c10::Allocator* inner_ = nullptr;
-  std::uint8_t priority_ = 1;
+  std::uint8_t priority_ = 10;
   mutable std::mutex mutex_;  // guards observer_ and sizes_
   std::shared_ptr<alloc::AllocObserver> observer_;
   std::unordered_map<const void*, std::size_t> sizes_;  // live allocations

@@ -48,6 +48,8 @@ class Plan {
 
   // "none" or e.g. "ckpt[1,3) ckpt[5,6)" (half-open module ranges).
   std::string to_string() const;
+  // The inverse of to_string (spaces optional). Throws std::invalid_argument naming the text.
+  static Plan parse(std::size_t n_modules, const std::string& text);
 
   friend bool operator==(const Plan&, const Plan&) = default;
 
