@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     auto t1 = std::chrono::steady_clock::now();
     file_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
-  std::remove(path.c_str());
+  if (!std::getenv("GPUMEM_BENCH_KEEP")) std::remove(path.c_str());
   for (void* p : live) engine.free(p);
 
   std::printf("%s", fmt::format("snapshot: {} trace entries ({} op names), {} segments, {} ops in the table\n",

@@ -42,8 +42,8 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   std::vector<const TraceRecord*> order;
   order.reserve(trace.size());
   for (const auto& r : trace) order.push_back(&r);
-  std::sort(order.begin(), order.end(),
-            [](const TraceRecord* a, const TraceRecord* b) { return a->event.seq < b->event.seq; });
+  const auto by_seq = [](const TraceRecord* a, const TraceRecord* b) { return a->event.seq < b->event.seq; };
+  if (!std::is_sorted(order.begin(), order.end(), by_seq)) std::sort(order.begin(), order.end(), by_seq);
   const auto steady_now = std::chrono::duration_cast<std::chrono::microseconds>(
                               std::chrono::steady_clock::now().time_since_epoch()).count();
   const auto unix_now = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -56,11 +56,18 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   out.reserve(order.size());
   std::unordered_map<std::uint64_t, std::uint32_t> op_of_seq;  // alloc seq -> op
   op_of_seq.reserve(order.size() / 2 + 1);
-  std::unordered_map<std::uint32_t, std::string> name_cache;
+  std::vector<std::string> name_cache;  // by id (ids are dense)
+  std::vector<bool> named;
   auto name_of = [&](std::uint32_t id) -> const std::string& {
-    auto it = name_cache.find(id);
-    if (it == name_cache.end()) it = name_cache.emplace(id, names.name(id)).first;
-    return it->second;
+    if (id >= name_cache.size()) {
+      name_cache.resize(id + 1);
+      named.resize(id + 1);
+    }
+    if (!named[id]) {
+      name_cache[id] = names.name(id);
+      named[id] = true;
+    }
+    return name_cache[id];
   };
   std::size_t last_oom = SIZE_MAX;
   for (const TraceRecord* r : order) {

@@ -56,8 +56,8 @@ bool same_frames(const std::vector<SnapshotFrame>& a, const std::vector<Snapshot
 // ---- pickle protocol 2 ----
 class PickleSink {
  public:
-  PickleSink() {
-    out_.resize(1 << 20);
+  explicit PickleSink(std::size_t size_hint = 1 << 20) {
+    out_.resize(std::max<std::size_t>(size_hint, 1 << 16));
     key_memo_.fill(UINT32_MAX);
     op(0x80);  // PROTO
     op(2);
@@ -68,6 +68,22 @@ class PickleSink {
     return std::move(out_);
   }
 
+  // Writes every key and the most common values once, first, under the top-level key
+  // "gpumem_keys", so that they get the lowest memo indices (2-byte BINGETs); readers ignore it.
+  void preamble() {
+    raw_str("gpumem_keys");
+    put();
+    op(']');
+    op('(');
+    for (int k = 0; k < kKeyCount; ++k) key(static_cast<Key>(k));
+    // ... and the values that repeat in every entry or block.
+    for (const char* v : {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                          "segment_unmap", "snapshot", "oom", "N/A", "", "??", "inactive", "active_allocated",
+                          "active_pending_free", "large", "small"}) {
+      interned(v);
+    }
+    op('e');
+  }
   void begin_dict() { op('}'); op('('); }   // EMPTY_DICT MARK
   void end_dict() { op('u'); }              // SETITEMS
   void begin_list() { op(']'); op('('); }   // EMPTY_LIST MARK
@@ -83,10 +99,20 @@ class PickleSink {
   void dyn_key(std::string_view s) { interned(s); }
   // Strings that repeat (op names, frame names and files) go through the memo.
   void interned(std::string_view s) {
+    // A small direct-mapped cache in front of the hash map: snapshot strings repeat a lot.
+    auto& slot = recent_[recent_slot(s)];
+    if (slot.idx != UINT32_MAX && slot.text == s) return get(slot.idx);
     auto it = memo_.find(s);
-    if (it != memo_.end()) return get(it->second);
+    if (it != memo_.end()) {
+      slot.text.assign(s);
+      slot.idx = it->second;
+      return get(it->second);
+    }
     raw_str(s);
-    memo_.emplace(std::string(s), put());
+    const std::uint32_t idx = put();
+    memo_.emplace(std::string(s), idx);
+    slot.text.assign(s);
+    slot.idx = idx;
   }
   void none() { op('N'); }
   void boolean(bool b) { op(b ? 0x88 : 0x89); }
@@ -128,6 +154,10 @@ class PickleSink {
   // A frames list already written with the same content is referred to through the memo (the
   // readers then share one list object between the entries, which they only read).
   bool reuse_frames(const std::vector<SnapshotFrame>& frames) {
+    if (frames.empty()) {  // not worth a memo slot
+      op(']');
+      return true;
+    }
     const std::uint64_t h = hash_frames(frames);
     auto it = frames_memo_.find(h);
     if (it != frames_memo_.end() && same_frames(*it->second.first, frames)) {
@@ -140,14 +170,30 @@ class PickleSink {
   }
   // The synthesized op frames of (op, scope), when written before.
   bool reuse_op_frames(std::string_view op_name, std::string_view scope) {
-    const auto a = memo_.find(op_name);
-    const auto b = scope.empty() ? memo_.end() : memo_.find(scope);
-    if (a == memo_.end() || (!scope.empty() && b == memo_.end())) return false;
-    const std::uint64_t key = std::uint64_t{a->second} << 32 | (scope.empty() ? 0xffffffffu : b->second);
+    const std::uint32_t a = memo_index(op_name);
+    const std::uint32_t b = scope.empty() ? 0xffffffffu : memo_index(scope);
+    if (a == UINT32_MAX || b == UINT32_MAX) return false;
+    const std::uint64_t key = std::uint64_t{a} << 32 | b;
+    if (key == last_op_frames_key_) {
+      get(last_op_frames_idx_);
+      return true;
+    }
     auto it = op_frames_memo_.find(key);
     if (it == op_frames_memo_.end()) return false;
+    last_op_frames_key_ = key;
+    last_op_frames_idx_ = it->second;
     get(it->second);
     return true;
+  }
+  // The memo index of a string written before, or UINT32_MAX.
+  std::uint32_t memo_index(std::string_view s) {
+    auto& slot = recent_[recent_slot(s)];
+    if (slot.idx != UINT32_MAX && slot.text == s) return slot.idx;
+    auto it = memo_.find(s);
+    if (it == memo_.end()) return UINT32_MAX;
+    slot.text.assign(s);
+    slot.idx = it->second;
+    return it->second;
   }
   std::uint32_t begin_op_frames_list() {
     op(']');
@@ -156,10 +202,10 @@ class PickleSink {
     return idx;
   }
   void remember_op_frames(std::string_view op_name, std::string_view scope, std::uint32_t list_idx) {
-    const auto a = memo_.find(op_name);
-    const auto b = scope.empty() ? memo_.end() : memo_.find(scope);
-    if (a == memo_.end() || (!scope.empty() && b == memo_.end())) return;
-    op_frames_memo_[std::uint64_t{a->second} << 32 | (scope.empty() ? 0xffffffffu : b->second)] = list_idx;
+    const std::uint32_t a = memo_index(op_name);
+    const std::uint32_t b = scope.empty() ? 0xffffffffu : memo_index(scope);
+    if (a == UINT32_MAX || b == UINT32_MAX) return;
+    op_frames_memo_[std::uint64_t{a} << 32 | b] = list_idx;
   }
   void begin_frames_list() {
     op(']');
@@ -222,7 +268,19 @@ class PickleSink {
   std::string out_;
   std::size_t pos_ = 0;
   std::unordered_map<std::uint64_t, std::pair<const std::vector<SnapshotFrame>*, std::uint32_t>> frames_memo_;
+  struct Recent {
+    std::string text;
+    std::uint32_t idx = UINT32_MAX;
+  };
+  static std::size_t recent_slot(std::string_view s) noexcept {
+    if (s.empty()) return 0;
+    const auto c = [&](std::size_t i) { return static_cast<std::size_t>(static_cast<unsigned char>(s[i])); };
+    return (s.size() * 31 + c(0) + c(s.size() - 1) * 7 + c(s.size() / 2) * 13 + c(s.size() / 3) * 5) & 127;
+  }
+  std::array<Recent, 128> recent_{};
   std::unordered_map<std::uint64_t, std::uint32_t> op_frames_memo_;
+  std::uint64_t last_op_frames_key_ = UINT64_MAX;
+  std::uint32_t last_op_frames_idx_ = 0;
   const std::vector<SnapshotFrame>* pending_frames_ = nullptr;
   std::uint64_t pending_hash_ = 0;
   std::array<std::uint32_t, kKeyCount> key_memo_{};
@@ -241,6 +299,7 @@ class JsonSink {
   void begin_list() { value(); out_.push_back('['); first_.push_back(true); }
   void end_list() { out_.push_back(']'); first_.pop_back(); }
   void pair_i64(std::int64_t a, std::int64_t b) { begin_list(); i64(a); i64(b); end_list(); }
+  void preamble() {}
   bool reuse_frames(const std::vector<SnapshotFrame>&) { return false; }
   void begin_frames_list() { begin_list(); }
   bool reuse_op_frames(std::string_view, std::string_view) { return false; }
@@ -441,6 +500,7 @@ void write_op_row(Sink& s, const OpRow& r) {
 template <typename Sink>
 void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.begin_dict();
+  s.preamble();
   s.key(kSegments);
   s.begin_list();
   for (const auto& seg : snap.segments) write_segment(s, seg, snap.gpumem.op_frames);
@@ -488,7 +548,10 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
 }  // namespace
 
 std::string snapshot_to_pickle(const Snapshot& snapshot) {
-  PickleSink sink;
+  std::size_t entries = 0, blocks = 0;
+  for (const auto& t : snapshot.device_traces) entries += t.size();
+  for (const auto& seg : snapshot.segments) blocks += seg.blocks.size();
+  PickleSink sink(entries * 64 + blocks * 64 + (1 << 16));  // about what an entry takes
   write_snapshot_dict(sink, snapshot);
   return sink.finish();
 }

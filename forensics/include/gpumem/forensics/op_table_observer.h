@@ -21,6 +21,7 @@ namespace gpumem::forensics {
 class OpTableObserver final : public alloc::AllocObserver {
  public:
   void on_events(std::span<const alloc::AllocEvent> events) override;
+  unsigned needs() const noexcept override { return alloc::kNeedsNothing; }  // neither clock nor seq
   std::vector<OpRow> rows() const;
 
  private:

@@ -6,7 +6,9 @@
 // (../shared/design/torch-2.11-allocator.md 6.4): PROTO, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS,
 // APPENDS, TUPLE2, BININT, BININT1, BININT2, LONG1, BINFLOAT, BINUNICODE, NEWTRUE, NEWFALSE,
 // NONE, BINPUT, LONG_BINPUT, BINGET, LONG_BINGET, STOP. Repeated strings (keys, op names, frame
-// file and function names) are written once and referred to through the memo.
+// file and function names) and repeated frames lists are written once and referred to through the
+// memo; the keys and the most common values go first, in a list under the top-level key
+// "gpumem_keys", so that their references take two bytes.
 //
 // Layout: PyTorch 2.11's dict (segments, device_traces, allocator_settings,
 // external_annotations) plus gpumem's additions, which PyTorch's tools ignore: an "op" key on
