@@ -47,7 +47,8 @@ TEST_CASE("per-rank model-state bytes match the ZeRO formulas within 5%", "[zero
               "stage %d, %d ranks, %lld parameters, rank 0 after 20 steps "
               "(transient peak %.0f B):\n%s"
               "allocated by the rank's thread and alive: %.0f B (%+.2f%% vs formula), "
-              "peak during the run %lld B\n",
+              "peak during the run %lld B (with construction, activations, and the test backend's\n"
+                      "double-precision reduction scratch when this rank arrives last)\n",
               stage, world, static_cast<long long>(rep.num_params), rep.transient_peak_bytes,
               format_model_state_table(rep.states, rep.expected).c_str(), allocated,
               (allocated - rep.expected.total_bytes()) / rep.expected.total_bytes() * 100,

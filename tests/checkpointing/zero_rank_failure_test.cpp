@@ -1,6 +1,7 @@
 // A rank that fails mid-step makes every rank fail with a clear error instead of hanging, and
 // leaves its trainer refusing further use.
 #include "toy_training.h"
+#include "zero_test_helpers.h"
 
 #include <ATen/Parallel.h>
 #include <gpumem/zero/sharded_trainer.h>
@@ -17,10 +18,6 @@ using namespace gpumem::zero::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 ShardedTrainerOptions options(int stage) {
   ShardedTrainerOptions o;

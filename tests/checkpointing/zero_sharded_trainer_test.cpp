@@ -1,6 +1,7 @@
 // ShardedTrainer: every stage trains to the same parameters as single-process training on the
 // same global batch, uses the collectives its stage calls for, and refuses misuse clearly.
 #include "toy_training.h"
+#include "zero_test_helpers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -41,20 +42,6 @@ void require_success(const ShardedRun& run) {
     INFO("rank " << r << ": " << run.errors[r]);
     REQUIRE(run.errors[r].empty());
   }
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 NamedTensors initial_parameters() {

@@ -1,6 +1,7 @@
 // The threaded c10d test double: its collectives compute what c10d specifies, and a failing,
 // stalled or diverging rank makes every rank fail with a clear error instead of hanging.
 #include "thread_group_backend.h"
+#include "zero_test_helpers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,30 +15,18 @@
 // catch.h comes after the torch headers: c10's logging defines a CHECK macro of its own.
 #include "catch.h"
 
+using gpumem::zero::testing::contains;
+using gpumem::zero::testing::error_of;
 using gpumem::zero::testing::run_ranks;
 using gpumem::zero::testing::ThreadBackend;
 using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Catch2's assertions are not thread-safe: rank threads check with expect(), which throws (and
 // so fails that rank and aborts the group); the main thread asserts on the collected errors.
 void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("expectation failed: " + what);
-}
-
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 void require_all_ok(const std::vector<std::string>& errors) {
