@@ -9,7 +9,9 @@
 // Modes: none (no checkpointing), every (each layer one checkpointed segment, like transformers'
 // gradient_checkpointing_enable), sqrt (Chen et al.: ceil(sqrt(layers)) segments of layers),
 // planner (the DP planner over the whole chain at --budget bytes, or at --budget-fraction of
-// the activation memory of "none"), plan (the segments given by --plan). Every mode first profiles the chain without checkpointing
+// the activation memory of "none"), plan (the segments given by --plan). --selective also
+// recomputes the norms and the SwiGLU activation inside every block (nested checkpoints). Every
+// mode first profiles the chain without checkpointing
 // and prints the predicted peak and step time next to the measured ones.
 //
 //   checkpoint_llama --mode planner --budget-fraction 0.5          (GPU, the benchmark config)
@@ -51,6 +53,7 @@ struct Options {
   int steps = 10, warmup = 3;
   int autocast = -1;  // -1: on for cuda, off for cpu
   bool verbose = false;
+  bool selective = false;  // checkpoint the cheap, memory-heavy parts inside every block
   std::uint64_t seed = 0;
 };
 
@@ -64,7 +67,7 @@ struct Options {
                "[--intermediate N]\n"
                "       [--layers N] [--heads N] [--vocab N] [--batch N] [--seq N] [--steps N] "
                "[--warmup N]\n"
-               "       [--autocast on|off] [--seed N] [--verbose]\n",
+               "       [--autocast on|off] [--selective] [--seed N] [--verbose]\n",
                what.c_str());
   std::exit(2);
 }
@@ -89,6 +92,10 @@ Options parse_options(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--verbose") {
       o.verbose = true;
+      continue;
+    }
+    if (flag == "--selective") {
+      o.selective = true;
       continue;
     }
     if (flag == "--help" || flag == "-h") usage_error("help");
@@ -163,12 +170,21 @@ Options parse_options(int argc, char** argv) {
 
 // ---- the model ----
 
+// With selective on, the norm recomputes in backward (gpumem::checkpoint, nested inside any
+// checkpointed segment): it keeps only its input, which the block keeps anyway, instead of a
+// normalized fp32 copy, for an elementwise recompute (Korthikanti et al.'s selective idea).
 struct RMSNormImpl : torch::nn::Module {
-  explicit RMSNormImpl(std::int64_t dim) : weight(register_parameter("weight", torch::ones({dim}))) {}
-  Tensor forward(const Tensor& x) {
+  RMSNormImpl(std::int64_t dim, bool selective)
+      : selective(selective), weight(register_parameter("weight", torch::ones({dim}))) {}
+  Tensor normalize(const Tensor& x) {
     const Tensor xf = x.to(torch::kFloat);
     return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + 1e-5) * weight;
   }
+  Tensor forward(const Tensor& x) {
+    if (!selective) return normalize(x);
+    return gpumem::checkpoint([this](const Tensor& t) { return normalize(t); }, x, {weight});
+  }
+  bool selective;
   Tensor weight;
 };
 TORCH_MODULE(RMSNorm);
@@ -178,15 +194,19 @@ Tensor rotate_half(const Tensor& x) {
   return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
 }
 
+torch::nn::Linear linear(std::int64_t in, std::int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
 struct AttentionBlockImpl : torch::nn::Module {
   AttentionBlockImpl(const Options& o)
       : heads(o.heads),
         head_dim(o.hidden / o.heads),
-        norm(register_module("norm", RMSNorm(o.hidden))),
-        qkv(register_module(
-            "qkv", torch::nn::Linear(torch::nn::LinearOptions(o.hidden, 3 * o.hidden).bias(false)))),
-        out(register_module(
-            "out", torch::nn::Linear(torch::nn::LinearOptions(o.hidden, o.hidden).bias(false)))) {
+        norm(register_module("norm", RMSNorm(o.hidden, o.selective))),
+        q(register_module("q", linear(o.hidden, o.hidden))),
+        k(register_module("k", linear(o.hidden, o.hidden))),
+        v(register_module("v", linear(o.hidden, o.hidden))),
+        out(register_module("out", linear(o.hidden, o.hidden))) {
     // Rotary tables (seq, head_dim): position p, frequency 10000^(-2i/d), repeated for both
     // halves of the head.
     const Tensor inv = torch::pow(10000.0, -torch::arange(0, head_dim, 2, torch::kFloat) / double(head_dim));
@@ -201,34 +221,46 @@ struct AttentionBlockImpl : torch::nn::Module {
     const Tensor sn = sin.slice(0, 0, s).to(x.scalar_type());
     return x * c + rotate_half(x) * sn;
   }
+  Tensor heads_first(const Tensor& x, std::int64_t b, std::int64_t s) {
+    return x.view({b, s, heads, head_dim}).transpose(1, 2);  // (batch, heads, seq, head_dim)
+  }
   Tensor forward(const Tensor& h) {
     const std::int64_t b = h.size(0), s = h.size(1), d = h.size(2);
-    const Tensor parts = qkv(norm(h)).view({b, s, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
-    const Tensor attn = at::scaled_dot_product_attention(rope(parts[0]), rope(parts[1]), parts[2],
-                                                         /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                         /*is_causal=*/true);
+    const Tensor x = norm(h);
+    const Tensor attn = at::scaled_dot_product_attention(
+        rope(heads_first(q(x), b, s)), rope(heads_first(k(x), b, s)), heads_first(v(x), b, s),
+        /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
     return h + out(attn.transpose(1, 2).reshape({b, s, d}));
   }
   std::int64_t heads, head_dim;
   RMSNorm norm;
-  torch::nn::Linear qkv, out;
+  torch::nn::Linear q, k, v, out;
   Tensor cos, sin;
 };
 TORCH_MODULE(AttentionBlock);
 
+// With selective on, silu(gate) * up recomputes in backward: the block keeps gate and up
+// (which it keeps anyway) but not silu(gate).
 struct MlpBlockImpl : torch::nn::Module {
   MlpBlockImpl(const Options& o)
-      : norm(register_module("norm", RMSNorm(o.hidden))),
-        gate(register_module("gate", torch::nn::Linear(
-                                         torch::nn::LinearOptions(o.hidden, o.intermediate).bias(false)))),
-        up(register_module("up", torch::nn::Linear(
-                                     torch::nn::LinearOptions(o.hidden, o.intermediate).bias(false)))),
-        down(register_module("down", torch::nn::Linear(
-                                         torch::nn::LinearOptions(o.intermediate, o.hidden).bias(false)))) {}
+      : selective(o.selective),
+        norm(register_module("norm", RMSNorm(o.hidden, o.selective))),
+        gate(register_module("gate", linear(o.hidden, o.intermediate))),
+        up(register_module("up", linear(o.hidden, o.intermediate))),
+        down(register_module("down", linear(o.intermediate, o.hidden))) {}
   Tensor forward(const Tensor& h) {
     const Tensor x = norm(h);
-    return h + down(torch::silu(gate(x)) * up(x));
+    const Tensor g = gate(x), u = up(x);
+    const Tensor act =
+        selective ? gpumem::checkpoint(
+                        [](const ckpt::TensorList& in) {
+                          return ckpt::TensorList{torch::silu(in[0]) * in[1]};
+                        },
+                        {g, u})[0]
+                  : torch::silu(g) * u;
+    return h + down(act);
   }
+  bool selective;
   RMSNorm norm;
   torch::nn::Linear gate, up, down;
 };
@@ -236,9 +268,8 @@ TORCH_MODULE(MlpBlock);
 
 struct HeadImpl : torch::nn::Module {
   HeadImpl(const Options& o)
-      : norm(register_module("norm", RMSNorm(o.hidden))),
-        proj(register_module("proj", torch::nn::Linear(
-                                         torch::nn::LinearOptions(o.hidden, o.vocab).bias(false)))) {}
+      : norm(register_module("norm", RMSNorm(o.hidden, o.selective))),
+        proj(register_module("proj", linear(o.hidden, o.vocab))) {}
   Tensor forward(const Tensor& h) { return proj(norm(h)); }
   RMSNorm norm;
   torch::nn::Linear proj;
@@ -328,10 +359,11 @@ int main(int argc, char** argv) {
       return loss.item<double>();
     };
 
-    std::printf("checkpoint_llama: device %s, probe %s, autocast %s; hidden %lld, intermediate "
+    std::printf("checkpoint_llama: device %s, probe %s, autocast %s%s; hidden %lld, intermediate "
                 "%lld, layers %lld, heads %lld, vocab %lld, batch %lld, seq %lld; %zu chain "
                 "modules; parameters %s, model state (weights, grads, AdamW) %s\n",
                 o.device.c_str(), probe->name().c_str(), autocast.on ? "bf16" : "off",
+                o.selective ? ", selective recompute in blocks" : "",
                 (long long)o.hidden, (long long)o.intermediate, (long long)o.layers,
                 (long long)o.heads, (long long)o.vocab, (long long)o.batch, (long long)o.seq, n,
                 ckpt::format_bytes(param_bytes).c_str(), ckpt::format_bytes(state_bytes).c_str());
@@ -411,11 +443,12 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT mode=%s peak_allocated_bytes=%lld peak_reserved_bytes=%lld step_ms=%.2f "
         "predicted_peak_bytes=%lld predicted_step_ms=%.2f none_predicted_peak_bytes=%lld "
-        "model_state_bytes=%lld budget_bytes=%lld recomputed_modules=%zu plan=\"%s\"\n",
+        "model_state_bytes=%lld budget_bytes=%lld recomputed_modules=%zu selective=%d "
+        "plan=\"%s\"\n",
         o.mode.c_str(), (long long)mem.peak_allocated_bytes, (long long)mem.peak_reserved_bytes,
         step, (long long)pred.peak_bytes, pred_step, (long long)none.peak_bytes,
         (long long)state_bytes, (long long)budget, plan.checkpointed_modules(),
-        plan.to_string().c_str());
+        o.selective ? 1 : 0, plan.to_string().c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_llama: %s\n", e.what());
