@@ -83,6 +83,16 @@ else
   status=1
 fi
 
+step "bench_op_attribution_overhead parts (callbacks only, observers only)"
+for part in callbacks observers; do
+  if timeout 200 "$build/bench/bench_op_attribution_overhead" --device cuda --phases 6 --steps-per-phase 20 --on "$part" \
+       >"$LOGS/op_attribution_overhead_$part.log" 2>&1; then
+    note "op attribution ($part only): $(grep -E '^overhead' "$LOGS/op_attribution_overhead_$part.log")"
+  else
+    note "bench_op_attribution_overhead --on $part: FAILED"; status=1
+  fi
+done
+
 step "gpumem report on PyTorch's OOM snapshot"
 snap="$root/../shared/traces/native/oom.snapshot.pickle"
 if [ -f "$snap" ]; then
