@@ -17,6 +17,7 @@
 #include <string>
 
 #include "device_engine.h"
+#include "format_size.h"
 #include "engines.h"
 #include "gpumem/torch/install.h"
 
@@ -78,7 +79,7 @@ class GpumemCpuAllocator final : public c10::Allocator {
     c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n), oom.allocated_bytes, oom.reserved_bytes,
                                      c10::Device(c10::DeviceType::CPU));
     TORCH_CHECK_WITH(OutOfMemoryError, false, "gpumem CPU allocator: out of memory. Tried to allocate ",
-                     c10::CachingAllocator::format_size(n), ". ", alloc::describe(oom));
+                     detail::format_size(n), ". ", alloc::describe(oom));
     __builtin_unreachable();
   }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "c10_stats.h"
+#include "format_size.h"
 #include "device_engine.h"
 #include "engines.h"
 #include "gpumem/torch/c_api.h"
@@ -475,7 +476,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
-                       c10::CachingAllocator::format_size(n), " on GPU ", static_cast<int>(device),
+                       detail::format_size(n), " on GPU ", static_cast<int>(device),
                        " with caching disabled (torch.cuda.memory.caching_allocator_enable(False)).");
     }
     C10_CUDA_CHECK(err);
@@ -639,7 +640,7 @@ void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::
   const std::size_t allowed = oom.cap_bytes != alloc::kNoLimit ? oom.cap_bytes : device_total;
   for (const auto& observer : observers) observer(device, oom.rounded_bytes, allowed, device_free);
 
-  using c10::CachingAllocator::format_size;
+  using detail::format_size;
   std::string message = "CUDA out of memory. Tried to allocate " + format_size(oom.rounded_bytes) + ". GPU " +
                         std::to_string(device) + " has a total capacity of " + format_size(device_total) +
                         " of which " + format_size(device_free) + " is free. ";
