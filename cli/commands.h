@@ -17,5 +17,8 @@ struct Command {
 };
 
 Command replay_command();
+Command report_command();
+Command diff_command();
+Command view_command();
 
 }  // namespace gpumem::cli

@@ -10,7 +10,8 @@
 namespace {
 
 std::vector<gpumem::cli::Command> all_commands() {
-  return {gpumem::cli::replay_command()};
+  return {gpumem::cli::replay_command(), gpumem::cli::report_command(), gpumem::cli::diff_command(),
+          gpumem::cli::view_command()};
 }
 
 void print_help(const std::vector<gpumem::cli::Command>& commands) {

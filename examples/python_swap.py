@@ -242,7 +242,8 @@ def mode_load_library(lib, out, preloaded=False):
     check(torch.ops.gpumem.load_error() == "", "gpumem installed itself on load (no load error)")
     check(torch.ops.gpumem.installed(), "torch.ops.gpumem.installed()")
     check(torch.cuda.get_allocator_backend() == "gpumem", "torch.cuda.get_allocator_backend() == 'gpumem'")
-    stats = cuda_checks(lib, torch.cuda.memory_stats, out)
+    cuda_checks(lib, torch.cuda.memory_stats, out)
+    stats = torch.cuda.memory_stats()  # now: cuda_checks freed its tensors after its own reading
     check(torch.cuda.memory_allocated() == stats["allocated_bytes.all.current"], "memory_allocated()")
     check(torch.cuda.max_memory_reserved() == stats["reserved_bytes.all.peak"], "max_memory_reserved()")
     torch.cuda.reset_peak_memory_stats()

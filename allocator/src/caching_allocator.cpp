@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,7 @@
 #include "free_index.h"
 #include "growth_policy.h"
 #include "live_table.h"
-#include "spin_lock.h"
+#include "gpumem/alloc/spin_lock.h"
 #include "thread_cache.h"
 
 namespace gpumem::alloc {
@@ -258,10 +259,19 @@ struct CachingAllocator::Impl {
     e.size_bytes = size;
     e.requested_bytes = requested;
     e.stream = stream;
-    e.seq = event_seq.fetch_add(1, std::memory_order_relaxed) + 1;
-    e.t_ns = now_ns();
+    if (batch.needs() & kNeedsSequence) e.seq = event_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (batch.needs() & kNeedsTimestamps) e.t_ns = now_ns();
     batch.push(e);
     return e.seq;
+  }
+
+  // An empty batch for one engine call: recording if anyone observes, with what they need.
+  EventBatch new_batch() const noexcept {
+    if (!has_observers.load(std::memory_order_relaxed)) return EventBatch(false, kNeedsNothing);
+    unsigned needs = kNeedsNothing;
+    if (const ObserverList* list = observers.load(std::memory_order_acquire))
+      for (const auto& o : *list) needs |= o->needs();
+    return EventBatch(true, needs);
   }
 
   // Returns the observers to publish to after unlocking (null if the batch is empty).
@@ -407,7 +417,10 @@ struct CachingAllocator::Impl {
 
   Region* new_region(PoolKind pool, StreamId stream, bool expandable_region, std::size_t size,
                      EventBatch& batch, GrowFailure& fail) {
-    auto reserved = source.reserve(size, expandable_region ? piece_bytes[static_cast<int>(pool)] : 0);
+    // Expandable regions are aligned to a power of two at least a piece (sources take only powers
+    // of two); slots are counted from the region's base, so any alignment would be correct.
+    auto reserved =
+        source.reserve(size, expandable_region ? std::bit_ceil(piece_bytes[static_cast<int>(pool)]) : 0);
     if (!reserved.ok()) {
       fail.status = reserved.status;
       fail.detail = source.last_error();
@@ -1153,7 +1166,7 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   Impl& m = *impl_;
   AllocResult result;
   if (size_bytes == 0) return result;
-  EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
+  EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
   const bool too_large = size_bytes >= policy::kMaxRequestBytes;
   const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
@@ -1236,7 +1249,7 @@ FreeStatus CachingAllocator::free(void* ptr) {
   Impl& m = *impl_;
   if (ptr == nullptr) return FreeStatus::null_pointer;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
+  EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
 
   // Fast path: keep the block in this thread's cache if this thread allocates its size often.
@@ -1312,7 +1325,7 @@ FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
 
 void CachingAllocator::empty_cache() {
   Impl& m = *impl_;
-  EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
+  EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
   {
     std::lock_guard lock(m.mutex);
@@ -1405,7 +1418,7 @@ EngineSnapshot CachingAllocator::snapshot() {
     stop.drain();
   }
   snap.totals = totals();
-  EventBatch batch(m.has_observers.load(std::memory_order_relaxed));
+  EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
   {
     std::lock_guard lock(m.mutex);

@@ -14,11 +14,13 @@ namespace gpumem::alloc::detail {
 
 class EventBatch {
  public:
-  explicit EventBatch(bool recording) noexcept : recording_(recording) {}
+  explicit EventBatch(bool recording, unsigned needs = kNeedsTimestamps | kNeedsSequence) noexcept
+      : recording_(recording), needs_(needs) {}
   EventBatch(const EventBatch&) = delete;
   EventBatch& operator=(const EventBatch&) = delete;
 
   bool recording() const noexcept { return recording_; }
+  unsigned needs() const noexcept { return needs_; }
   void push(const AllocEvent& e) {
     if (spill_.empty() && n_ < kInline) {
       new (&inline_[n_ * sizeof(AllocEvent)]) AllocEvent(e);
@@ -40,6 +42,7 @@ class EventBatch {
     return std::launder(reinterpret_cast<const AllocEvent*>(inline_));
   }
   bool recording_;
+  unsigned needs_;
   std::size_t n_ = 0;
   alignas(AllocEvent) unsigned char inline_[kInline * sizeof(AllocEvent)];  // AllocEvent is trivially destructible
   std::vector<AllocEvent> spill_;

@@ -9,7 +9,7 @@
 #include <array>
 #include <memory>
 
-#include "spin_lock.h"
+#include "gpumem/alloc/spin_lock.h"
 
 #include "block.h"
 

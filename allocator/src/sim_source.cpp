@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <bit>
+
 namespace gpumem::alloc {
 
 const char* to_string(SourceStatus status) noexcept {
@@ -52,6 +54,11 @@ SourceResult<VaRange> SimSource::reserve(std::size_t size_bytes, std::size_t ali
     return {fail_locked(SourceStatus::out_of_memory,
                         fmt::format("reserve: {} bytes would exceed the capacity of {} bytes "
                                     "({} in use)", size_bytes, options_.capacity_bytes, physical_bytes_)),
+            {}};
+  if (alignment_bytes && !std::has_single_bit(alignment_bytes))
+    return {fail_locked(SourceStatus::invalid_argument,
+                        fmt::format("reserve: alignment {} is not a power of two; pass 0 for the granularity "
+                                    "or a power of two", alignment_bytes)),
             {}};
   const std::size_t align = alignment_bytes ? alignment_bytes : g;
   std::uintptr_t base = (next_va_ + align - 1) / align * align;

@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "block.h"
-#include "spin_lock.h"
+#include "gpumem/alloc/spin_lock.h"
 
 namespace gpumem::alloc::detail {
 

@@ -52,6 +52,10 @@ class TraceRing final : public alloc::AllocObserver {
  public:
   using Hook = std::function<void(const TraceRecord&)>;
 
+  // Times and order only matter while it keeps records.
+  unsigned needs() const noexcept override {
+    return active() ? (alloc::kNeedsTimestamps | alloc::kNeedsSequence) : alloc::kNeedsNothing;
+  }
   // New settings; clear drops the records kept so far (so does a smaller capacity).
   void configure(const TraceSettings& settings, bool clear);
   TraceSettings settings() const;

@@ -51,10 +51,21 @@ struct AllocEvent {
   std::uint64_t t_ns = 0;           // steady clock, ns
 };
 
+// What an observer needs filled in beyond the event itself. Asked on every engine call (cheap
+// virtual calls), so an observer may change its answer at any time (a trace ring that is turned
+// on). Reading the clock and numbering events cost more than the rest of an engine call on some
+// machines: leave them out where nobody reads them.
+enum ObserverNeeds : unsigned {
+  kNeedsNothing = 0,
+  kNeedsTimestamps = 1u << 0,  // AllocEvent::t_ns
+  kNeedsSequence = 1u << 1,    // AllocEvent::seq
+};
+
 class AllocObserver {
  public:
   virtual ~AllocObserver() = default;
   virtual void on_events(std::span<const AllocEvent> events) = 0;
+  virtual unsigned needs() const noexcept { return kNeedsTimestamps | kNeedsSequence; }
 };
 
 }  // namespace gpumem::alloc

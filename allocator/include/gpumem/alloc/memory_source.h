@@ -78,7 +78,8 @@ class MemorySource {
 
   virtual SourceCaps caps() const noexcept = 0;
 
-  // Reserves size_bytes of address space aligned to alignment_bytes (0 = granularity). On a
+  // Reserves size_bytes of address space aligned to alignment_bytes (0 = granularity; otherwise a
+  // power of two, else invalid_argument). On a
   // non-virtual-memory source the range is also backed and ready to use.
   virtual SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) = 0;
   // Returns a range from reserve(). Every piece mapped inside it must have been unmapped.

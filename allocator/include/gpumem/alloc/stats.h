@@ -53,6 +53,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+
+#include "gpumem/alloc/spin_lock.h"
 #include <span>
 #include <string>
 #include <utility>
@@ -142,6 +144,7 @@ class StatsObserver final : public AllocObserver {
   StatsObserver& operator=(const StatsObserver&) = delete;
 
   void on_events(std::span<const AllocEvent> events) override;
+  unsigned needs() const noexcept override { return kNeedsNothing; }
 
   DeviceStatsView stats() const;
   // PyTorch's resetPeakStats: every peak (stat arrays and oversize stats) = current.
@@ -157,7 +160,7 @@ class StatsObserver final : public AllocObserver {
  private:
   void apply_locked(const AllocEvent& event);
 
-  mutable std::mutex mutex_;
+  mutable detail::SpinLock mutex_;  // no futex round trip: contended hand-offs are short
   DeviceStatsView stats_;
   std::size_t max_split_size_bytes_;
   std::unique_ptr<SplitSegmentTracker> splits_;  // null when tracking is off

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpumem/forensics/op_table.h"
 #include "gpumem/forensics/pickle_value.h"
 #include "gpumem/forensics/trace.h"
 
@@ -31,6 +32,7 @@ struct SnapshotBlock {
   std::uint64_t requested_bytes = 0;
   std::string state;  // "active_allocated", "active_pending_free" or "inactive"
   std::vector<SnapshotFrame> frames;
+  std::string op;  // gpumem: the op that allocated it ("" = unknown)
 };
 
 struct SnapshotSegment {
@@ -58,6 +60,7 @@ struct SnapshotTraceEntry {
   std::string compile_context;
   std::string user_metadata;
   std::vector<SnapshotFrame> frames;
+  std::string op;  // gpumem: the innermost op current at the event ("" = unknown)
 };
 
 struct Snapshot {
@@ -68,6 +71,7 @@ struct Snapshot {
   PickleValue allocator_settings;
   bool expandable_segments = false;  // from allocator_settings, false if absent
   std::int64_t max_split_size = -1;  // from allocator_settings, -1 = unlimited / absent
+  GpumemSnapshotInfo gpumem;         // gpumem's additions (version 0 when absent)
 };
 
 // The call site PyTorch's CSV traces use: the innermost frame that is not inside torch itself and

@@ -6,7 +6,8 @@
 // The callbacks take no lock and allocate nothing after a thread's first call of an op: op names
 // are interned once per thread and name pointer (a thread-local cache checked by content). Their
 // cost is that of any global RecordFunction callback: libtorch builds a RecordFunction for every
-// op once one is installed (about 0.1 us per op; see the GPU benchmark in scripts/gpu/).
+// op once one is installed (see bench/op_attribution_overhead.cpp, run by
+// scripts/gpu/forensics.sh).
 //
 // Thread-safety: install/remove during initialization or while no other thread runs ops
 // (at::addGlobalCallback / at::removeCallback's own rule). installed() is safe anywhere.

@@ -1,0 +1,151 @@
+// `gpumem view`: the terminal viewer of snapshots and traces (gpumem::view). Without ncurses the
+// viewer library is not built and this command says so.
+#include <charconv>
+#include <memory>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "args.h"
+#include "commands.h"
+#include "gpumem/forensics/error.h"
+
+#if GPUMEM_HAVE_VIEWER
+#include "gpumem/view/render.h"
+#include "gpumem/view/terminal.h"
+#include "gpumem/view/text_report.h"
+#include "gpumem/view/view_state.h"
+#include "gpumem/view/viewer_model.h"
+#endif
+
+namespace gpumem::cli {
+namespace {
+
+std::string help_text() {
+  return
+      "usage: gpumem view FILE [--diff FILE2] [--report] [--width N] [--colors MODE] [--device N]\n"
+      "\n"
+      "An interactive terminal viewer of a PyTorch memory snapshot (the pickle\n"
+      "torch.cuda.memory._dump_snapshot writes) or a CSV trace (.csv / .csv.gz). An OOM snapshot\n"
+      "opens on its verdict. Views: 1 Summary (OOM verdict), 2 Segments (address-order map),\n"
+      "3 Timeline (allocated / reserved; moving its cursor replays the trace and every view\n"
+      "follows), 4 Live allocations by call site, 5 what pins each segment, 6 Diff.\n"
+      "\n"
+      "options:\n"
+      "  --diff FILE2   a second snapshot or trace; the Diff view compares FILE at the cursor with\n"
+      "                 FILE2 at its OOM (or its end)\n"
+      "  --report       print a text rendering of every view to stdout and exit (no terminal\n"
+      "                 needed: for logs and CI)\n"
+      "  --width N      columns of the --report rendering (default 120)\n"
+      "  --colors MODE  auto (default), 256, 8 or none (monochrome)\n"
+      "  --device N     which device's trace to take from a snapshot (default: the first with\n"
+      "                 entries)\n"
+      "  -h, --help     show this help\n"
+      "\n"
+      "Exit status: 0 on success, 1 if a file cannot be read or there is no terminal, 2 for a\n"
+      "usage error.\n";
+}
+
+struct ViewArgs {
+  std::string file;
+  std::string diff;
+  bool report = false;
+  int width = 120;
+  std::string colors = "auto";
+  std::optional<int> device;
+};
+
+std::optional<ViewArgs> parse_args(const std::vector<std::string_view>& argv) {
+  ArgReader r("view", argv);
+  ViewArgs a;
+  bool have_file = false;
+  auto number = [&](std::string_view name, std::string_view v, int lo, int hi) {
+    int n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) {
+      r.fail(fmt::format("{} takes a number from {} to {}, not '{}'", name, lo, hi, v));
+    }
+    return n;
+  };
+  while (!r.done()) {
+    if (!r.at_option()) {
+      const std::string_view p = r.take_positional();
+      if (have_file) r.fail(fmt::format("one file at a time: got '{}' and '{}' (to compare two, use --diff)", a.file, p));
+      a.file = std::string(p);
+      have_file = true;
+      continue;
+    }
+    const std::string_view name = r.option_name();
+    if (name == "-h" || name == "--help") {
+      std::fputs(help_text().c_str(), stdout);
+      return std::nullopt;
+    }
+    if (name == "--report") {
+      r.take_flag();
+      a.report = true;
+    } else if (name == "--diff") {
+      a.diff = std::string(r.take_value());
+    } else if (name == "--width") {
+      a.width = number(name, r.take_value(), 40, 1000);
+    } else if (name == "--device") {
+      a.device = number(name, r.take_value(), 0, 1024);
+    } else if (name == "--colors") {
+      const std::string_view v = r.take_value();
+      if (v != "auto" && v != "256" && v != "8" && v != "none") {
+        r.fail(fmt::format("--colors takes auto, 256, 8 or none, not '{}'", v));
+      }
+      a.colors = std::string(v);
+    } else {
+      r.fail(fmt::format("unknown option '{}'", name));
+    }
+  }
+  if (!have_file) r.fail("no file given: gpumem view FILE (a snapshot .pickle or a trace .csv.gz)");
+  return a;
+}
+
+int run_view(const std::vector<std::string_view>& argv) {
+  std::optional<ViewArgs> args;
+  try {
+    args = parse_args(argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  if (!args) return 0;  // --help
+#if GPUMEM_HAVE_VIEWER
+  namespace vw = gpumem::view;
+  try {
+    auto model = vw::ViewerModel::open(args->file, args->device);
+    if (!args->diff.empty()) {
+      model.compare = std::make_shared<const vw::ViewerModel>(vw::ViewerModel::open(args->diff));
+    }
+    if (args->report) {
+      std::fputs(vw::text_report(model, args->width).c_str(), stdout);
+      return 0;
+    }
+    const vw::ColorMode colors = args->colors == "256" ? vw::ColorMode::c256
+                                 : args->colors == "8" ? vw::ColorMode::c8
+                                 : args->colors == "none" ? vw::ColorMode::mono
+                                                          : vw::ColorMode::automatic;
+    return vw::run_terminal(model, vw::initial_state(model, vw::Size{80, 24}), colors);
+  } catch (const forensics::ForensicsError& e) {
+    std::fprintf(stderr, "gpumem view: %s\n", e.what());
+    return 1;
+  }
+#else
+  std::fputs("gpumem view: this gpumem was built without the viewer (it needs ncurses: install libncurses-dev "
+             "and configure with -DGPUMEM_WITH_VIEWER=ON)\n",
+             stderr);
+  return 1;
+#endif
+}
+
+}  // namespace
+
+Command view_command() {
+  return {"view", "terminal viewer of a snapshot or trace (segments, timeline, live, OOM verdict)", &run_view};
+}
+
+}  // namespace gpumem::cli

@@ -1,0 +1,479 @@
+// zero_train: trains a small GPT-style transformer with gpumem::zero::ShardedTrainer at a chosen
+// ZeRO stage, and prints loss, step time and per-rank model-state memory against the ZeRO
+// formulas.
+//
+// Launch like any torchrun job (one process per GPU):
+//     torchrun --nproc-per-node 8 ... zero_train --stage 3          (sets RANK, WORLD_SIZE, ...)
+//     zero_train --stage 2 --device cuda                              (one process, world of one)
+//     zero_train --stage 3 --device cpu --steps 20 --layers 2         (CPU, world of one)
+//
+// Data: token sequences from a fixed random Markov chain (each token has 4 possible successors
+// with probabilities .55/.25/.15/.05), so the loss falls from ln(vocab) towards the chain's
+// entropy (1.11 nats). Every rank draws the same global batch per step and trains on its slice.
+//
+// Memory, measured twice: the trainer counts the bytes of the model-state tensors it holds, and
+// the allocator's statistics give the bytes allocated after the last step, when nothing but the
+// model states is alive. With --allocator gpumem (the default) gpumem is installed before
+// anything touches the device (gpumem::torch::install on CUDA, install_cpu on the CPU) and its
+// statistics are read; --allocator native keeps libtorch's allocators (statistics on CUDA only).
+#include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <fmt/format.h>
+#include <gpumem/zero/distributed_context.h>
+#include <gpumem/zero/launch_env.h>
+#include <gpumem/zero/sharded_trainer.h>
+#include <gpumem/zero/unit_call.h>
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+#include <gpumem/torch/install.h>
+#include <gpumem/torch/memory_stats.h>
+#endif
+#include <torch/cuda.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <variant>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace nn = torch::nn;
+namespace zero = gpumem::zero;
+
+// ---------------------------------------------------------------------------------------------
+// The model: token + position embeddings, pre-norm blocks (causal self-attention through
+// scaled_dot_product_attention, GELU MLP), final norm and a vocabulary projection. Every
+// parameterized piece is a stage-3 unit run through zero::call.
+
+struct Config {
+  std::int64_t vocab = 256;
+  std::int64_t seq = 256;
+  std::int64_t layers = 8;
+  std::int64_t width = 768;
+  std::int64_t heads = 12;
+};
+
+struct EmbeddingsImpl : nn::Module {
+  explicit EmbeddingsImpl(const Config& c) {
+    tokens = register_module("tokens", nn::Embedding(c.vocab, c.width));
+    positions = register_module("positions", nn::Embedding(c.seq, c.width));
+  }
+  at::Tensor forward(const at::Tensor& idx) {
+    const at::Tensor pos = at::arange(idx.size(1), idx.options());
+    return tokens(idx) + positions(pos).unsqueeze(0);
+  }
+  nn::Embedding tokens{nullptr}, positions{nullptr};
+};
+TORCH_MODULE(Embeddings);
+
+struct BlockImpl : nn::Module {
+  explicit BlockImpl(const Config& c) : heads(c.heads) {
+    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({c.width})));
+    qkv = register_module("qkv", nn::Linear(c.width, 3 * c.width));
+    proj = register_module("proj", nn::Linear(c.width, c.width));
+    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({c.width})));
+    fc = register_module("fc", nn::Linear(c.width, 4 * c.width));
+    out = register_module("out", nn::Linear(4 * c.width, c.width));
+  }
+  at::Tensor forward(at::Tensor x) {
+    const std::int64_t b = x.size(0), t = x.size(1), w = x.size(2);
+    auto parts = qkv(ln1(x)).view({b, t, 3, heads, w / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+    const at::Tensor attn = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], {}, 0.0,
+                                                             /*is_causal=*/true);
+    x = x + proj(attn.transpose(1, 2).reshape({b, t, w}));
+    return x + out(nn::functional::gelu(fc(ln2(x))));
+  }
+  std::int64_t heads;
+  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, out{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct HeadImpl : nn::Module {
+  explicit HeadImpl(const Config& c) {
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({c.width})));
+    logits = register_module("logits", nn::Linear(nn::LinearOptions(c.width, c.vocab).bias(false)));
+  }
+  at::Tensor forward(const at::Tensor& x) { return logits(norm(x)); }
+  nn::LayerNorm norm{nullptr};
+  nn::Linear logits{nullptr};
+};
+TORCH_MODULE(Head);
+
+struct GptImpl : nn::Module {
+  explicit GptImpl(const Config& c) {
+    embed = register_module("embed", Embeddings(c));
+    for (std::int64_t i = 0; i < c.layers; ++i)
+      blocks.push_back(register_module(fmt::format("block{}", i), Block(c)));
+    head = register_module("head", Head(c));
+  }
+  at::Tensor forward(const at::Tensor& idx) {
+    at::Tensor x = zero::call(embed, idx);
+    for (Block& b : blocks) x = zero::call(b, x);
+    return zero::call(head, x);
+  }
+  std::vector<std::shared_ptr<nn::Module>> units() {
+    std::vector<std::shared_ptr<nn::Module>> u{embed.ptr()};
+    for (Block& b : blocks) u.push_back(b.ptr());
+    u.push_back(head.ptr());
+    return u;
+  }
+  Embeddings embed{nullptr};
+  std::vector<Block> blocks;
+  Head head{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+
+struct Args {
+  Config model;
+  int stage = 2;
+  int steps = 200;
+  std::int64_t batch = 32;  // global, over all ranks
+  double lr = 3e-4;
+  double clip = 1.0;
+  std::string dtype = "bf16";
+  std::string device = "auto";
+  bool reshard_after_forward = true;
+  bool prefetch = true;
+  double bucket_mb = 25;
+  std::string allocator = "gpumem";
+  int log_every = 20;
+  std::uint64_t seed = 0;
+};
+
+const char* kUsage =
+    "usage: zero_train [--stage 0|1|2|3] [--steps N] [--batch GLOBAL_ROWS] [--seq T] [--layers L]\n"
+    "                  [--width W] [--heads H] [--vocab V] [--lr X] [--clip NORM (0 = off)]\n"
+    "                  [--dtype bf16|fp32] [--device auto|cpu|cuda] [--no-reshard-after-forward]\n"
+    "                  [--no-prefetch] [--bucket-mb MB] [--allocator gpumem|native]\n"
+    "                  [--log-every N] [--seed S]\n"
+    "Launcher variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) select\n"
+    "the rank; without them the process is a world of one.\n";
+
+[[noreturn]] void usage_error(const std::string& what) {
+  throw std::invalid_argument(what + "\n" + kUsage);
+}
+
+template <class T>
+T number(const std::string& flag, const std::string& text, T lo, T hi) {
+  std::size_t used = 0;
+  T value{};
+  try {
+    if constexpr (std::is_floating_point_v<T>) {
+      value = static_cast<T>(std::stod(text, &used));
+    } else {
+      value = static_cast<T>(std::stoll(text, &used));
+    }
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    usage_error(fmt::format("{} '{}' is not a number", flag, text));
+  if (value < lo || value > hi)
+    usage_error(fmt::format("{} {} is outside {}..{}", flag, text, lo, hi));
+  return value;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (flag == "--stage") {
+      a.stage = number<int>(flag, value(), 0, 3);
+    } else if (flag == "--steps") {
+      a.steps = number<int>(flag, value(), 1, 10'000'000);
+    } else if (flag == "--batch") {
+      a.batch = number<std::int64_t>(flag, value(), 1, 1 << 20);
+    } else if (flag == "--seq") {
+      a.model.seq = number<std::int64_t>(flag, value(), 2, 1 << 20);
+    } else if (flag == "--layers") {
+      a.model.layers = number<std::int64_t>(flag, value(), 1, 4096);
+    } else if (flag == "--width") {
+      a.model.width = number<std::int64_t>(flag, value(), 8, 1 << 16);
+    } else if (flag == "--heads") {
+      a.model.heads = number<std::int64_t>(flag, value(), 1, 1024);
+    } else if (flag == "--vocab") {
+      a.model.vocab = number<std::int64_t>(flag, value(), 8, 1 << 20);
+    } else if (flag == "--lr") {
+      a.lr = number<double>(flag, value(), 0.0, 10.0);
+    } else if (flag == "--clip") {
+      a.clip = number<double>(flag, value(), 0.0, 1e9);
+    } else if (flag == "--dtype") {
+      a.dtype = value();
+      if (a.dtype != "bf16" && a.dtype != "fp32") usage_error("--dtype must be bf16 or fp32");
+    } else if (flag == "--device") {
+      a.device = value();
+      if (a.device != "auto" && a.device != "cpu" && a.device != "cuda") {
+        usage_error("--device must be auto, cpu or cuda");
+      }
+    } else if (flag == "--allocator") {
+      a.allocator = value();
+      if (a.allocator != "gpumem" && a.allocator != "native") {
+        usage_error("--allocator must be gpumem or native");
+      }
+    } else if (flag == "--no-reshard-after-forward") {
+      a.reshard_after_forward = false;
+    } else if (flag == "--no-prefetch") {
+      a.prefetch = false;
+    } else if (flag == "--bucket-mb") {
+      a.bucket_mb = number<double>(flag, value(), 0.001, 1e6);
+    } else if (flag == "--log-every") {
+      a.log_every = number<int>(flag, value(), 1, 1'000'000);
+    } else if (flag == "--seed") {
+      a.seed = number<std::uint64_t>(flag, value(), 0, ~std::uint64_t{0} >> 1);
+    } else {
+      usage_error(fmt::format("unknown option '{}'", flag));
+    }
+  }
+  if (a.model.width % a.model.heads != 0) {
+    usage_error(
+        fmt::format("--width {} must be a multiple of --heads {}", a.model.width, a.model.heads));
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data: a fixed random Markov chain over the vocabulary.
+
+class MarkovData {
+ public:
+  MarkovData(std::int64_t vocab, std::uint64_t seed)
+      : gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+    successors_ = at::randint(vocab, {vocab, 4}, gen_, at::kLong);
+    probs_ = at::tensor({0.55, 0.25, 0.15, 0.05}, at::kDouble);
+    vocab_ = vocab;
+  }
+  static double entropy_nats() {
+    return -(0.55 * std::log(0.55) + 0.25 * std::log(0.25) + 0.15 * std::log(0.15) +
+             0.05 * std::log(0.05));
+  }
+
+  // The global batch of `step`: [rows, seq + 1] tokens, the same on every rank.
+  at::Tensor batch(std::int64_t step, std::int64_t rows, std::int64_t seq) const {
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1'000'003 * (step + 1));
+    at::Tensor out = at::empty({rows, seq + 1}, at::kLong);
+    at::Tensor cur = at::randint(vocab_, {rows}, g, at::kLong);
+    out.select(1, 0).copy_(cur);
+    const at::Tensor choice =
+        at::multinomial(probs_.expand({rows * seq, 4}), 1, true, g).view({seq, rows});
+    for (std::int64_t t = 1; t <= seq; ++t) {
+      cur = successors_.index({cur, choice[t - 1]});
+      out.select(1, t).copy_(cur);
+    }
+    return out;
+  }
+
+ private:
+  at::Generator gen_;
+  at::Tensor successors_, probs_;
+  std::int64_t vocab_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+struct AllocatorReading {
+  double current = 0, peak = 0;
+};
+
+// Allocated bytes (all pools) from gpumem's engine when it is installed, else from libtorch's
+// CUDA allocator; c10's CPU allocator keeps no statistics.
+std::optional<AllocatorReading> read_allocator(const at::Device& device, bool gpumem) {
+  c10::CachingDeviceAllocator::DeviceStats stats;
+  if (gpumem) {
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+    stats = gpumem::torch::stats(device);
+#endif
+  } else if (device.is_cuda()) {
+    stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
+  } else {
+    return std::nullopt;
+  }
+  const auto& s =
+      stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return AllocatorReading{static_cast<double>(s.current), static_cast<double>(s.peak)};
+}
+
+void install_gpumem(c10::DeviceType type) {
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+  auto parsed = gpumem::alloc::config_from_environment();
+  if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) {
+    throw std::invalid_argument(error->message);
+  }
+  const auto& config = std::get<gpumem::alloc::Config>(parsed);
+  if (type == c10::DeviceType::CUDA) {
+    gpumem::torch::install(config);
+  } else {
+    gpumem::torch::install_cpu(config);
+  }
+#else
+  (void)type;
+  throw std::invalid_argument(
+      "this zero_train was built without gpumem's torch adapter: use --allocator native");
+#endif
+}
+
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+int run(const Args& args) {
+  const zero::LaunchEnv env = zero::launch_env_from_environment();
+  c10::DeviceType type = c10::DeviceType::CPU;
+  if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available())) {
+    type = c10::DeviceType::CUDA;
+  }
+  const bool gpumem = args.allocator == "gpumem";
+  if (gpumem) install_gpumem(type);  // before anything allocates on the device
+  zero::DistributedContext ctx = zero::init_distributed(env, type);
+  const int rank = ctx.env.rank, world = ctx.env.world_size;
+  if (args.batch % world != 0) {
+    throw std::invalid_argument(
+        fmt::format("--batch {} must be divisible by WORLD_SIZE={}", args.batch, world));
+  }
+  const bool lead = rank == 0;
+  auto say = [&](const std::string& s) {
+    if (lead) std::fputs(s.c_str(), stdout), std::fflush(stdout);
+  };
+  const at::Device device = ctx.device;
+  say(fmt::format("zero_train: {}, device {}, backend {}, allocator {}\n", zero::describe(env),
+                  device.str(), ctx.backend->getBackendName(), args.allocator));
+
+  const std::optional<AllocatorReading> before = read_allocator(device, gpumem);
+  torch::manual_seed(args.seed);
+  Gpt model(args.model);
+  model->to(device);
+
+  zero::ShardedTrainerOptions opts;
+  opts.stage = args.stage;
+  opts.compute_dtype = args.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  opts.adamw.lr = args.lr;
+  opts.adamw.weight_decay = 0.1;
+  opts.adamw.beta2 = 0.95;
+  opts.max_grad_norm = args.clip;
+  opts.bucket_size_bytes = static_cast<std::int64_t>(args.bucket_mb * (1 << 20));
+  opts.reshard_after_forward = args.reshard_after_forward;
+  opts.prefetch = args.prefetch;
+  zero::ShardedTrainer trainer(
+      model.ptr(), ctx.backend, opts,
+      args.stage == 3 ? model->units() : std::vector<std::shared_ptr<nn::Module>>{});
+  synchronize(device);
+  const std::optional<AllocatorReading> after_setup = read_allocator(device, gpumem);
+  say(fmt::format(
+      "model: {} layers, width {}, {} heads, vocab {}, sequence {}: {} parameters ({:.1f} M)\n",
+      args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.seq,
+      trainer.num_params(), trainer.num_params() / 1e6));
+  say(fmt::format("ZeRO stage {}, compute {}, {} units{}{}, global batch {} ({} per rank)\n",
+                  args.stage, args.dtype, trainer.num_units(),
+                  args.stage == 3 ? (args.reshard_after_forward ? ", reshard after forward"
+                                                                : ", keep after forward")
+                                  : "",
+                  args.stage == 3 ? (args.prefetch ? ", prefetch" : ", no prefetch") : "",
+                  args.batch, args.batch / world));
+
+  MarkovData data(args.model.vocab, 42);
+  say(fmt::format("data: Markov chain, loss floor {:.3f} nats, start ln(vocab) = {:.3f}\n",
+                  MarkovData::entropy_nats(), std::log(static_cast<double>(args.model.vocab))));
+  const std::int64_t rows = args.batch / world;
+  double first_loss = 0, last_loss = 0, timed_seconds = 0;
+  int timed_steps = 0;
+  std::optional<AllocatorReading> after_step;
+  for (int step = 0; step < args.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss_value = 0;
+    {
+      const at::Tensor tokens =
+          data.batch(step, args.batch, args.model.seq).narrow(0, rank * rows, rows).to(device);
+      const at::Tensor x = tokens.narrow(1, 0, args.model.seq);
+      const at::Tensor y = tokens.narrow(1, 1, args.model.seq);
+      const at::Tensor logits = model->forward(x);
+      const at::Tensor loss = nn::functional::cross_entropy(
+          logits.reshape({-1, args.model.vocab}).to(at::kFloat), y.reshape({-1}));
+      trainer.backward(loss);
+      trainer.step();
+      loss_value = loss.item<double>();
+    }
+    synchronize(device);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (step >= std::min(5, args.steps - 1)) {  // leave out warm-up (NCCL setup, allocator growth)
+      timed_seconds += seconds;
+      ++timed_steps;
+    }
+    if (step == 0) first_loss = loss_value;
+    last_loss = loss_value;
+    if (step == 0) after_step = read_allocator(device, gpumem);
+    if (step % args.log_every == 0 || step == args.steps - 1) {
+      say(fmt::format("step {:5d}  loss {:.4f}  {:8.2f} ms\n", step, loss_value, seconds * 1e3));
+    }
+  }
+  const std::optional<AllocatorReading> at_end = read_allocator(device, gpumem);
+  const double ms_per_step = timed_steps > 0 ? timed_seconds / timed_steps * 1e3 : 0;
+  const double tokens_per_s =
+      timed_steps > 0 ? args.batch * args.model.seq / (timed_seconds / timed_steps) : 0;
+
+  const zero::ModelStateBytes measured = trainer.model_state_bytes();
+  const zero::ModelStateBytes formula = trainer.expected_model_state_bytes();
+  say(fmt::format("\nrank 0 model states after {} steps (measured from the trainer's tensors):\n{}",
+                  args.steps, zero::format_model_state_table(measured, formula)));
+  say(fmt::format("transient peak (gradient buckets, gathered units): {:.1f} MiB\n",
+                  mib(trainer.transient_peak_bytes())));
+  double allocator_states = -1;
+  if (before && after_setup && at_end) {
+    allocator_states = at_end->current - before->current;
+    say(
+        fmt::format("allocator ({} statistics): allocated after setup {:.1f} MiB, "
+                    "after the last step {:.1f} MiB "
+                    "(formula {:.1f} MiB, {:+.2f}%), peak {:.1f} MiB\n",
+                    gpumem ? "gpumem" : "libtorch", mib(after_setup->current - before->current),
+                    mib(allocator_states),
+                    mib(formula.total_bytes()),
+                    (allocator_states - formula.total_bytes()) / formula.total_bytes() * 100,
+                    mib(at_end->peak)));
+  }
+  say(fmt::format("loss {:.4f} -> {:.4f}; {:.2f} ms/step, {:.0f} tokens/s over {} timed steps\n",
+                  first_loss, last_loss, ms_per_step, tokens_per_s, timed_steps));
+  say(
+      fmt::format("RESULT allocator={} stage={} world={} params={} dtype={} first_loss={:.4f} last_loss={:.4f} "
+                  "ms_per_step={:.3f} "
+                  "state_bytes={:.0f} formula_bytes={:.0f} allocator_state_bytes={:.0f} "
+                  "peak_allocated_bytes={:.0f} "
+                  "transient_peak_bytes={:.0f}\n",
+                  args.allocator, args.stage, world, trainer.num_params(), args.dtype, first_loss,
+                  last_loss,
+                  ms_per_step, measured.total_bytes(), formula.total_bytes(), allocator_states,
+                  at_end ? at_end->peak : -1.0, trainer.transient_peak_bytes()));
+  (void)after_step;
+  ctx.backend->shutdown();  // ProcessGroupNCCL wants an orderly shutdown before destruction
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse_args(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_train: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,75 @@
+// EngineForensics: gpumem's forensics attached to one engine, as its Config asks:
+//   trace_entries > 0     a TraceRing of that many records (the snapshots' trace)
+//   record_ops            events tagged with the current op / user scope (OpStack) and a per-op
+//                         table (OpTableObserver)
+//   oom_report_dir != ""  the OOM postmortem: on_oom() writes a snapshot and a report there
+// plus a FragmentationTracker whenever any of them is on. With all off nothing is attached and
+// the engine pays nothing.
+//
+// The OOM postmortem: the code that calls allocate() (the torch adapter, or any user of the
+// engine) calls on_oom(oom) when the result carries an OomInfo, before it returns the error, and
+// appends the returned message to its error (e.g. PyTorch's OutOfMemoryError). on_oom writes, in
+// oom_report_dir, gpumem-oom-<pid>-<n>.pickle (the snapshot PyTorch's tools open), .txt (the
+// report, `gpumem report` on that snapshot) and .json (the same report as JSON). It never throws:
+// a failure to write is described in the message instead.
+//
+// Thread-safety: snapshot() and on_oom() may be called from any thread (on_oom serializes file
+// writing); the constructor and destructor must not race with engine calls that publish events.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/config.h"
+#include "gpumem/forensics/fragmentation_tracker.h"
+#include "gpumem/forensics/op_table_observer.h"
+#include "gpumem/forensics/snapshot.h"
+#include "gpumem/forensics/trace_ring.h"
+
+namespace gpumem::forensics {
+
+struct OomPostmortemFiles {
+  std::string snapshot_path;
+  std::string report_path;
+  std::string json_path;
+  std::string verdict;  // the report's verdict
+  std::string message;  // one sentence for the OOM error: where the files are, or why not written
+};
+
+class EngineForensics {
+ public:
+  EngineForensics(alloc::CachingAllocator& engine, const alloc::Config& config);
+  ~EngineForensics();
+  EngineForensics(const EngineForensics&) = delete;
+  EngineForensics& operator=(const EngineForensics&) = delete;
+
+  // The engine's state now with the trace, ops and the per-op table (emits a snapshot event).
+  Snapshot snapshot();
+  // nullopt when oom_report_dir is not configured.
+  std::optional<OomPostmortemFiles> on_oom(const alloc::OomInfo& oom);
+  // The postmortem of the engine's latest OOM, for code that only sees the error (a
+  // c10::OutOfMemoryError the torch adapter threw): the request from the last oom record of the
+  // trace, the totals from the engine now (call it before freeing anything). nullopt when
+  // oom_report_dir is not configured or no OOM was recorded.
+  std::optional<OomPostmortemFiles> on_last_oom();
+
+  const TraceRing* trace_ring() const noexcept { return ring_.get(); }
+  const FragmentationTracker* tracker() const noexcept { return tracker_.get(); }
+  const OpTableObserver* op_table() const noexcept { return ops_.get(); }
+
+ private:
+  Snapshot snapshot_with(const std::optional<alloc::OomInfo>& oom);
+  alloc::CachingAllocator& engine_;
+  std::string report_dir_;
+  std::shared_ptr<TraceRing> ring_;
+  std::shared_ptr<FragmentationTracker> tracker_;
+  std::shared_ptr<OpTableObserver> ops_;
+  std::mutex write_mutex_;
+  unsigned reports_written_ = 0;
+};
+
+}  // namespace gpumem::forensics

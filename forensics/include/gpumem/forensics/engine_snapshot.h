@@ -1,0 +1,42 @@
+// snapshot_from_engine: a Snapshot (PyTorch's layout plus gpumem's additions) of a running engine,
+// from its EngineSnapshot (the block layout), the records of its TraceRing, and optionally the
+// FragmentationTracker (ops of blocks whose alloc the ring no longer holds) and the per-op table.
+//
+// Layout as PyTorch's snapshot() gives it: one segment per classic segment and one per
+// contiguous mapped run of an expandable region (unmapped address space is left out), blocks in
+// address order tiling each segment, states active_allocated / active_pending_free / inactive.
+// Trace records are ordered by the engine's seq; times are converted from the steady clock to
+// Unix microseconds at conversion time; empty_cache events (which PyTorch does not trace) are
+// left out. Blocks and entries with an op get it in `op`, entries their user scope in
+// user_metadata; op_frames is set, so the writers also give them frames naming the op and the
+// scope for PyTorch's viewer.
+//
+// Thread-safety: a free function of its arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "gpumem/alloc/introspection.h"
+#include "gpumem/forensics/fragmentation_tracker.h"
+#include "gpumem/forensics/op_table.h"
+#include "gpumem/forensics/snapshot.h"
+#include "gpumem/forensics/trace_ring.h"
+
+namespace gpumem::forensics {
+
+struct EngineSnapshotExtras {
+  const FragmentationTracker* tracker = nullptr;
+  std::vector<OpRow> ops;
+  std::uint64_t device_total_bytes = 0;
+  std::uint64_t device_free_bytes = 0;
+  // Provider free bytes for the last oom record (PyTorch's oom entries carry them).
+  std::optional<std::uint64_t> oom_device_free_bytes;
+};
+
+Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<const TraceRecord> trace,
+                              const EngineSnapshotExtras& extras = {});
+
+}  // namespace gpumem::forensics

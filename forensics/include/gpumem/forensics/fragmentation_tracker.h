@@ -1,0 +1,60 @@
+// FragmentationTracker: an AllocObserver that keeps, at every moment, allocated, requested,
+// pending-free and reserved bytes, the reserved-but-unallocated bytes and their peak, and a table
+// of live blocks (size, request, op, user scope, allocation time) so that reports can say which op
+// made a block that pins a segment, and how old it is, even after the trace ring wrapped.
+// The finer split of reserved-unallocated (inactive split, cached free, partly used granules,
+// largest free extent) needs the layout: analyze_fragmentation() on a snapshot gives it.
+//
+// Invariants: allocated_bytes == sum of live blocks' sizes; reserved_bytes >= 0 (clamped).
+// Thread-safety: all members may be called from any thread (one mutex, held per batch).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+
+#include "gpumem/alloc/events.h"
+
+namespace gpumem::forensics {
+
+struct FragmentationCounters {
+  std::uint64_t allocated_bytes = 0;     // live blocks, rounded
+  std::uint64_t requested_bytes = 0;     // live blocks, as requested
+  std::uint64_t pending_free_bytes = 0;  // freed, waiting for other streams
+  std::uint64_t reserved_bytes = 0;      // segments + mapped pieces
+  std::uint64_t live_blocks = 0;
+  std::uint64_t peak_reserved_unallocated_bytes = 0;
+  std::uint64_t peak_reserved_unallocated_seq = 0;  // event seq of that peak
+  std::uint64_t reserved_unallocated_bytes() const noexcept {
+    return reserved_bytes > allocated_bytes ? reserved_bytes - allocated_bytes : 0;
+  }
+};
+
+struct LiveBlockInfo {
+  std::uint64_t size_bytes = 0;
+  std::uint64_t requested_bytes = 0;
+  std::uint32_t op = 0;     // OpRegistry ids (0 = unknown)
+  std::uint32_t scope = 0;
+  std::uint64_t t_ns = 0;   // allocation time (steady clock)
+  std::uint64_t seq = 0;
+};
+
+class FragmentationTracker final : public alloc::AllocObserver {
+ public:
+  explicit FragmentationTracker(bool record_ops = false) : record_ops_(record_ops) {}
+  void on_events(std::span<const alloc::AllocEvent> events) override;
+
+  FragmentationCounters counters() const;
+  std::optional<LiveBlockInfo> live_block(std::uintptr_t addr) const;
+
+ private:
+  const bool record_ops_;
+  mutable std::mutex mutex_;
+  FragmentationCounters c_;
+  std::unordered_map<std::uintptr_t, LiveBlockInfo> live_;
+};
+
+}  // namespace gpumem::forensics

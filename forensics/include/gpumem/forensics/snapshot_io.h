@@ -1,0 +1,29 @@
+// load_snapshot: opens any file gpumem's forensics reads as a Snapshot: a PyTorch memory snapshot
+// pickle (torch.cuda.memory._dump_snapshot, or gpumem's writer), the same dict as JSON, or a CSV
+// trace (action,addr,size,stream,time_us,where; its `where` becomes one frame per entry and it has
+// no segments). Files may be gzip-compressed; the format is recognized from the content.
+//
+// gpumem's additions (ops on blocks and trace entries, the top-level "gpumem" dict with the per-op
+// table) are read when present; PyTorch's own snapshots simply lack them.
+//
+// Errors: one ForensicsError naming the file and what is wrong with it.
+// Thread-safety: free functions.
+#pragma once
+
+#include <string>
+
+#include "gpumem/forensics/pickle_value.h"
+#include "gpumem/forensics/snapshot.h"
+
+namespace gpumem::forensics {
+
+Snapshot load_snapshot(const std::string& path);
+
+// Parses snapshot bytes (pickle or JSON, not compressed); `source` names them in messages.
+Snapshot parse_snapshot(std::string_view bytes, const std::string& source);
+
+// Reads gpumem's additions from a parsed snapshot dict into `snapshot` (which
+// snapshot_from_pickle built from the same dict).
+void read_gpumem_additions(const PickleValue& root, Snapshot& snapshot);
+
+}  // namespace gpumem::forensics

@@ -1,0 +1,142 @@
+#include "gpumem/forensics/engine_snapshot.h"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include "gpumem/alloc/config.h"
+#include "gpumem/alloc/memory_source.h"
+#include "gpumem/forensics/op_attribution.h"
+#include "gpumem/forensics/op_table_observer.h"
+#include "segment_map.h"
+
+namespace gpumem::forensics {
+namespace {
+
+const char* state_name(alloc::BlockState s) {
+  switch (s) {
+    case alloc::BlockState::allocated: return "active_allocated";
+    case alloc::BlockState::pending_free: return "active_pending_free";
+    default: return "inactive";
+  }
+}
+
+}  // namespace
+
+Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<const TraceRecord> trace,
+                              const EngineSnapshotExtras& extras) {
+  const OpRegistry& names = OpRegistry::global();
+  Snapshot snap;
+  snap.source = "gpumem engine";
+  snap.gpumem.version = GpumemSnapshotInfo::kVersion;
+  snap.gpumem.settings = engine.settings;
+  snap.gpumem.device_total_bytes = extras.device_total_bytes;
+  snap.gpumem.device_free_bytes = extras.device_free_bytes;
+  snap.gpumem.cap_bytes = engine.totals.cap_bytes == alloc::kNoLimit ? 0 : engine.totals.cap_bytes;
+  snap.gpumem.ops = extras.ops;
+  snap.gpumem.op_frames = true;
+  snap.expandable_segments = std::any_of(engine.segments.begin(), engine.segments.end(),
+                                         [](const alloc::SegmentView& s) { return s.expandable; });
+
+  // Trace, by seq.
+  std::vector<const TraceRecord*> order;
+  order.reserve(trace.size());
+  for (const auto& r : trace) order.push_back(&r);
+  const auto by_seq = [](const TraceRecord* a, const TraceRecord* b) { return a->event.seq < b->event.seq; };
+  if (!std::is_sorted(order.begin(), order.end(), by_seq)) std::sort(order.begin(), order.end(), by_seq);
+  const auto steady_now = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch()).count();
+  const auto unix_now = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::int64_t offset_us = unix_now - steady_now;
+
+  const std::size_t device = engine.device < 0 ? 0 : static_cast<std::size_t>(engine.device);
+  snap.device_traces.resize(device + 1);
+  auto& out = snap.device_traces[device];
+  out.reserve(order.size());
+  std::unordered_map<std::uint64_t, std::uint32_t> op_of_seq;  // alloc seq -> op
+  op_of_seq.reserve(order.size() / 2 + 1);
+  std::vector<std::string> name_cache;  // by id (ids are dense)
+  std::vector<bool> named;
+  auto name_of = [&](std::uint32_t id) -> const std::string& {
+    if (id >= name_cache.size()) {
+      name_cache.resize(id + 1);
+      named.resize(id + 1);
+    }
+    if (!named[id]) {
+      name_cache[id] = names.name(id);
+      named[id] = true;
+    }
+    return name_cache[id];
+  };
+  std::size_t last_oom = SIZE_MAX;
+  for (const TraceRecord* r : order) {
+    const auto action = trace_action_of(r->event.kind);
+    if (!action) continue;
+    const auto& e = r->event;
+    SnapshotTraceEntry s;
+    s.action = *action;
+    const bool block_event = *action == TraceAction::alloc || *action == TraceAction::free_requested ||
+                             *action == TraceAction::free_completed || *action == TraceAction::oom;
+    s.addr = *action == TraceAction::oom ? 0 : e.addr;
+    s.size_bytes = block_event ? e.requested_bytes : e.size_bytes;
+    s.stream = static_cast<std::uint64_t>(e.stream);
+    s.time_us = static_cast<std::int64_t>(e.t_ns / 1000) + offset_us;
+    s.op = name_of(r->op);
+    s.user_metadata = name_of(r->scope);
+    if (*action == TraceAction::alloc) op_of_seq[e.seq] = r->op;
+    if (*action == TraceAction::oom) last_oom = out.size();
+    out.push_back(std::move(s));
+  }
+  if (last_oom != SIZE_MAX) out[last_oom].device_free_bytes = extras.oom_device_free_bytes.value_or(0);
+
+  // Segments: classic segments whole, expandable regions split into mapped runs.
+  for (const auto& view : engine.segments) {
+    SnapshotSegment cur;
+    bool open = false;
+    auto flush = [&]() {
+      if (!open) return;
+      detail::recompute_sizes(cur);
+      snap.segments.push_back(std::move(cur));
+      cur = SnapshotSegment{};
+      open = false;
+    };
+    for (const auto& b : view.blocks) {
+      if (b.state == alloc::BlockState::unmapped) {
+        flush();
+        continue;
+      }
+      if (!open) {
+        cur.device = view.device;
+        cur.address = b.addr;
+        cur.stream = static_cast<std::uint64_t>(view.stream);
+        cur.segment_type = view.pool == alloc::PoolKind::small ? "small" : "large";
+        cur.is_expandable = view.expandable;
+        open = true;
+      }
+      SnapshotBlock sb;
+      sb.address = b.addr;
+      sb.size_bytes = b.size_bytes;
+      sb.requested_bytes = b.state == alloc::BlockState::allocated || b.state == alloc::BlockState::pending_free
+                               ? b.requested_bytes
+                               : 0;
+      sb.state = state_name(b.state);
+      if (sb.state != "inactive") {
+        std::uint32_t op = 0;
+        if (auto it = op_of_seq.find(b.alloc_seq); it != op_of_seq.end()) {
+          op = it->second;
+        } else if (extras.tracker) {
+          if (auto info = extras.tracker->live_block(b.addr)) op = info->op;
+        }
+        sb.op = name_of(op);
+      }
+      cur.blocks.push_back(std::move(sb));
+    }
+    flush();
+  }
+  std::sort(snap.segments.begin(), snap.segments.end(),
+            [](const SnapshotSegment& a, const SnapshotSegment& b) { return a.address < b.address; });
+  return snap;
+}
+
+}  // namespace gpumem::forensics

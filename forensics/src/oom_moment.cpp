@@ -1,0 +1,86 @@
+#include "gpumem/forensics/oom_moment.h"
+
+#include "segment_map.h"
+
+namespace gpumem::forensics {
+
+StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
+  StateAtMoment out;
+  out.device = device;
+  static const std::vector<SnapshotTraceEntry> kEmpty;
+  const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snapshot.device_traces.size()
+                          ? snapshot.device_traces[static_cast<std::size_t>(device)]
+                          : kEmpty;
+  for (std::size_t i = trace.size(); i-- > 0;) {
+    if (trace[i].action == TraceAction::oom) {
+      out.oom_entry = i;
+      break;
+    }
+  }
+  out.moment_entries = out.oom_entry ? *out.oom_entry : trace.size();
+
+  bool has_segments = false;
+  for (const auto& s : snapshot.segments) has_segments |= s.device == device;
+  bool trace_has_segment_entries = false;
+  for (const auto& e : trace) {
+    trace_has_segment_entries |= e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map;
+  }
+
+  if (!has_segments && trace_has_segment_entries) {
+    // Rebuild forward up to the moment.
+    detail::SegmentMap map(device, {});
+    for (std::size_t i = 0; i < out.moment_entries; ++i) {
+      const auto& e = trace[i];
+      switch (e.action) {
+        case TraceAction::segment_alloc:
+          map.add_range(e.addr, e.size_bytes, e.stream, false, e.size_bytes == (2u << 20));  // 2 MiB = small pool
+          break;
+        case TraceAction::segment_map: map.add_range(e.addr, e.size_bytes, e.stream, true, false); break;
+        case TraceAction::segment_free:
+        case TraceAction::segment_unmap: map.remove_range(e.addr, e.size_bytes); break;
+        case TraceAction::alloc: map.carve(e.addr, e.size_bytes, e.op, e.frames); break;
+        case TraceAction::free_requested:
+          map.set_state(e.addr, "active_allocated", "active_pending_free");
+          break;
+        case TraceAction::free_completed: map.release(e.addr); break;
+        default: break;
+      }
+    }
+    out.segments = map.segments();
+    out.reconstructed = true;
+    out.skipped_entries = map.skipped;
+    return out;
+  }
+
+  detail::SegmentMap map(device, snapshot.segments);
+  if (out.oom_entry) {
+    for (std::size_t i = trace.size(); i-- > *out.oom_entry + 1;) {
+      const auto& e = trace[i];
+      if (e.action == TraceAction::snapshot || e.action == TraceAction::oom) continue;  // change nothing
+      ++out.rolled_back_entries;
+      switch (e.action) {
+        case TraceAction::free_completed:
+          // The block was allocated at the oom (its free_requested, if any, is undone next).
+          if (map.carve(e.addr, e.size_bytes, e.op, e.frames)) ++out.rolled_back_frees;
+          break;
+        case TraceAction::free_requested:
+          // Still pending at the snapshot: allocated again. (If it completed, carve restored it.)
+          if (map.set_state(e.addr, "active_pending_free", "active_allocated")) ++out.rolled_back_frees;
+          break;
+        case TraceAction::alloc: map.release(e.addr); break;
+        case TraceAction::segment_alloc:
+        case TraceAction::segment_map: map.remove_range(e.addr, e.size_bytes); break;
+        case TraceAction::segment_free:
+          map.add_range(e.addr, e.size_bytes, e.stream, false, e.size_bytes == (2u << 20));
+          break;
+        case TraceAction::segment_unmap: map.add_range(e.addr, e.size_bytes, e.stream, true, false); break;
+        default: break;
+      }
+    }
+  }
+  out.segments = map.segments();
+  out.skipped_entries = map.skipped;
+  return out;
+}
+
+}  // namespace gpumem::forensics

@@ -1,0 +1,250 @@
+// gpumem's forensics on a live engine (CachingAllocator on HostVmmSource, driven directly): ops
+// recorded through OpStack, a deliberately fragmenting program whose OOM postmortem says
+// fragmentation with numbers equal to the engine's, snapshots PyTorch's layout, and diff of
+// two snapshots around a known allocation.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "catch.h"
+#include "forensics_test_support.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/host_vmm_source.h"
+#include "gpumem/alloc/manual_stream_events.h"
+#include "gpumem/forensics/engine_forensics.h"
+#include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/op_attribution.h"
+#include "gpumem/forensics/pickle_reader.h"
+#include "gpumem/forensics/snapshot_writer.h"
+#include "gpumem/forensics/snapshot_diff.h"
+#include "gpumem/forensics/snapshot_io.h"
+
+using namespace gpumem;
+using namespace gpumem::forensics;
+using gpumem::forensics::testing::TempDir;
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+struct Engine {
+  explicit Engine(alloc::Config c) : events(alloc::make_immediate_events()), engine(source, *events, c) {}
+  alloc::HostVmmSource source;
+  std::unique_ptr<alloc::StreamEvents> events;
+  alloc::CachingAllocator engine;
+};
+
+alloc::Config classic_config(const std::string& dir) {
+  alloc::Config c;
+  c.source = alloc::SourceKind::host_vmm;
+  c.expandable_segments = false;
+  c.memory_limit_bytes = 160 * kMiB;
+  c.va_reserve_bytes = 1024 * kMiB;
+  c.trace_entries = 100000;
+  c.record_ops = true;
+  c.oom_report_dir = dir;
+  c.thread_cache = false;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a fragmenting program's OOM postmortem says fragmentation, with the engine's numbers", "[engine][oom]") {
+  TempDir dir;
+  const alloc::Config config = classic_config(dir.file(""));
+  Engine e(config);
+  EngineForensics fx(e.engine, config);
+  REQUIRE(fx.trace_ring() != nullptr);
+
+  // 20 MiB temporaries (their own segments) each followed by an 11 MiB tensor kept alive, which
+  // best-fit places in the free temporary: every segment ends 11 MiB used, 9 MiB free.
+  std::vector<void*> kept;
+  std::optional<alloc::OomInfo> oom;
+  for (int i = 0; i < 64 && !oom; ++i) {
+    void* big = nullptr;
+    {
+      ScopedOp op("aten::mm");
+      auto r = e.engine.allocate(20 * kMiB, 0);
+      if (!r.ok()) {
+        oom = r.oom;
+        auto files = fx.on_oom(*r.oom);
+        REQUIRE(files.has_value());
+        CHECK(files->verdict == "fragmentation");
+        CHECK(files->message.find(files->report_path) != std::string::npos);
+        CHECK(std::filesystem::exists(files->snapshot_path));
+        CHECK(std::filesystem::exists(files->json_path));
+
+        const Snapshot snap = load_snapshot(files->snapshot_path);
+        ReportOptions options;
+        options.replay_advice = false;
+        const MemoryReport rep = build_report(snap, options);
+        REQUIRE(rep.oom.has_value());
+        CHECK(rep.oom->verdict == "fragmentation");
+        CHECK(rep.oom->op == "aten::mm");
+        CHECK(rep.oom->request_bytes == 20 * kMiB);
+        // The numbers add up to the engine's own.
+        const alloc::EngineTotals t = e.engine.totals();
+        CHECK(rep.fragmentation.allocated_bytes == t.allocated_bytes);
+        CHECK(rep.fragmentation.allocated_bytes == r.oom->allocated_bytes);
+        CHECK(rep.fragmentation.reserved_bytes == t.reserved_bytes);
+        CHECK(rep.fragmentation.reserved_bytes == r.oom->reserved_bytes);
+        CHECK(rep.fragmentation.free_bytes == t.cached_free_bytes);
+        CHECK(rep.fragmentation.largest_free_extent_bytes == t.largest_free_extent_bytes);
+        CHECK(rep.fragmentation.largest_free_extent_bytes < 20 * kMiB);
+        CHECK(rep.fragmentation.free_bytes >= 20 * kMiB);
+        CHECK(rep.oom->cap_bytes == 160 * kMiB);
+        CHECK(rep.moment.rolled_back_entries == 0);
+        // Live memory is the kept tensors, by op.
+        REQUIRE(!rep.top_ops.empty());
+        CHECK(rep.top_ops.front().name == "aten::add");
+        CHECK(rep.top_ops.front().live_bytes == kept.size() * 11 * kMiB);
+        // The per-op table came with the snapshot.
+        bool mm = false;
+        for (const auto& row : snap.gpumem.ops) {
+          if (row.name == "aten::mm") {
+            mm = true;
+            CHECK(row.allocs == kept.size());
+            CHECK(row.reserved_growth_bytes >= kept.size() * 20 * kMiB);
+          }
+        }
+        CHECK(mm);
+        std::ifstream txt(files->report_path);
+        std::stringstream ss;
+        ss << txt.rdbuf();
+        CHECK(ss.str().find("verdict fragmentation") != std::string::npos);
+        break;
+      }
+      big = r.ptr;
+    }
+    {
+      ScopedOp op("aten::add");
+      e.engine.free(big);
+      auto r = e.engine.allocate(11 * kMiB, 0);
+      REQUIRE(r.ok());
+      kept.push_back(r.ptr);
+    }
+  }
+  REQUIRE(oom.has_value());
+  CHECK(kept.size() >= 4);
+  for (void* p : kept) e.engine.free(p);
+}
+
+TEST_CASE("engine snapshots carry ops on blocks and entries, in PyTorch's layout", "[engine][snapshot]") {
+  alloc::Config config = classic_config("");
+  config.expandable_segments = true;
+  config.memory_limit_bytes = 0;
+  Engine e(config);
+  EngineForensics fx(e.engine, config);
+  void* a;
+  void* b;
+  {
+    ScopedOp scope("train_step", /*user_scope=*/true);
+    ScopedOp op("aten::mm");
+    a = e.engine.allocate(3 * kMiB, 0).ptr;
+  }
+  {
+    ScopedOp op("aten::relu");
+    b = e.engine.allocate(4096, 0).ptr;
+  }
+  REQUIRE(a);
+  REQUIRE(b);
+  const Snapshot s = fx.snapshot();
+  CHECK(s.gpumem.version == GpumemSnapshotInfo::kVersion);
+  CHECK(s.expandable_segments);
+  std::size_t allocs = 0;
+  for (const auto& entry : s.device_traces.at(0)) {
+    if (entry.action != TraceAction::alloc) continue;
+    ++allocs;
+    if (entry.addr == reinterpret_cast<std::uintptr_t>(a)) {
+      CHECK(entry.op == "aten::mm");
+      CHECK(entry.user_metadata == "train_step");
+      CHECK(entry.size_bytes == 3 * kMiB);
+    } else {
+      CHECK(entry.op == "aten::relu");
+    }
+  }
+  CHECK(allocs == 2);
+  std::size_t live = 0;
+  for (const auto& seg : s.segments) {
+    std::uint64_t next = seg.address, total = 0;
+    for (const auto& blk : seg.blocks) {
+      CHECK(blk.address == next);  // blocks tile the segment (the viewer recomputes addresses)
+      next += blk.size_bytes;
+      total += blk.size_bytes;
+      if (blk.state == "active_allocated") {
+        ++live;
+        CHECK(!blk.op.empty());
+      }
+    }
+    CHECK(total == seg.total_size_bytes);
+  }
+  CHECK(live == 2);
+  // Written, the blocks and entries carry frames naming their op (for PyTorch's viewer); read
+  // back, those frames are gone again.
+  CHECK(s.gpumem.op_frames);
+  const PickleValue raw = parse_pickle(snapshot_to_pickle(s), "engine");
+  std::size_t named = 0;
+  for (const auto& seg : raw.find("segments")->items()) {
+    for (const auto& blk : seg.find("blocks")->items()) {
+      if (blk.find("state")->as_string() != "active_allocated") continue;
+      const auto& frames = blk.find("frames")->items();
+      REQUIRE(frames.size() == 1);
+      CHECK(frames[0].find("name")->as_string() == blk.find("op")->as_string());
+      ++named;
+    }
+  }
+  CHECK(named == 2);
+  for (const auto& entry : raw.find("device_traces")->items()[0].items()) {
+    if (entry.find("action")->as_string() != "alloc") continue;
+    const auto& frames = entry.find("frames")->items();
+    REQUIRE(!frames.empty());
+    CHECK(frames[0].find("name")->as_string() == entry.find("op")->as_string());
+  }
+  const Snapshot back = parse_snapshot(snapshot_to_pickle(s), "engine");
+  for (const auto& entry : back.device_traces.at(0)) CHECK(entry.frames.empty());
+  // The per-op table.
+  bool mm = false;
+  for (const auto& row : s.gpumem.ops) {
+    if (row.name == "aten::mm") {
+      mm = true;
+      CHECK(row.allocs == 1);
+      CHECK(row.live_bytes == 3 * kMiB);
+      CHECK(row.reserved_growth_bytes > 0);
+    }
+  }
+  CHECK(mm);
+  e.engine.free(a);
+  e.engine.free(b);
+}
+
+TEST_CASE("diff of two snapshots around a known allocation", "[engine][diff]") {
+  alloc::Config config = classic_config("");
+  config.memory_limit_bytes = 0;
+  Engine e(config);
+  EngineForensics fx(e.engine, config);
+  void* base;
+  {
+    ScopedOp op("aten::empty");
+    base = e.engine.allocate(30 * kMiB, 0).ptr;
+  }
+  const Snapshot a = fx.snapshot();
+  void* extra;
+  {
+    ScopedOp op("aten::linear");
+    extra = e.engine.allocate(64 * kMiB, 0).ptr;
+  }
+  const Snapshot b = fx.snapshot();
+  const SnapshotDiff d = diff_snapshots(a, b);
+  REQUIRE(d.ops.size() == 1);
+  CHECK(d.ops.front().name == "aten::linear");
+  CHECK(d.ops.front().a_bytes == 0);
+  CHECK(d.ops.front().b_bytes == 64 * kMiB);
+  CHECK(d.segments_added.size() == 1);
+  CHECK(d.segments_added.front().total_size_bytes == 64 * kMiB);
+  CHECK(d.segments_removed.empty());
+  CHECK(d.b.reserved_bytes - d.a.reserved_bytes == 64 * kMiB);
+  CHECK(render_diff_text(d).find("aten::linear") != std::string::npos);
+  CHECK(render_diff_json(d).find("\"delta_bytes\":67108864") != std::string::npos);
+  e.engine.free(base);
+  e.engine.free(extra);
+}

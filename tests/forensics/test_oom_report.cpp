@@ -1,0 +1,171 @@
+// The report on PyTorch's own OOM snapshot (../shared/traces/native/oom.snapshot.pickle): the
+// 200 MiB request, the largest free extent, the 692 MiB reserved-but-unallocated of PyTorch's
+// message, verdict fragmentation; the same from the CSV trace (segments rebuilt) and from a
+// snapshot taken after the exception unwound (frees after the oom entry rolled back).
+#include <algorithm>
+
+#include "catch.h"
+#include "forensics_test_support.h"
+#include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/snapshot_io.h"
+
+using namespace gpumem::forensics;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+std::optional<std::string> trace_file(const char* name) {
+  auto dir = gpumem::forensics::testing::shared_dir();
+  if (!dir) return std::nullopt;
+  return *dir + "/traces/native/" + name;
+}
+
+// PyTorch's message: "Tried to allocate 200.00 MiB ... 692.00 MiB is reserved by PyTorch but
+// unallocated". The largest free block in the snapshot's segments is the 196 MiB left in the
+// 200 MiB segment a 4 MiB block pins.
+void check_pytorch_oom(const MemoryReport& r) {
+  REQUIRE(r.oom.has_value());
+  CHECK(r.oom->verdict == "fragmentation");
+  CHECK(r.oom->request_bytes == 200 * kMiB);
+  CHECK(r.oom->rounded_request_bytes == 200 * kMiB);
+  CHECK(r.fragmentation.reserved_unallocated_bytes() == 692 * kMiB);
+  CHECK(r.fragmentation.largest_free_extent_bytes == 196 * kMiB);
+  CHECK(r.oom->largest_usable_extent_bytes == 196 * kMiB);
+  CHECK(r.fragmentation.reserved_bytes == 8579448832ull);  // PyTorch's peak_reserved (oom.json)
+  // The parts of reserved - requested add up.
+  const auto& f = r.fragmentation;
+  CHECK(f.reserved_bytes - f.requested_bytes ==
+        f.rounding_bytes + f.pending_free_bytes + f.inactive_split_bytes + f.cached_free_bytes);
+  CHECK(f.free_bytes == f.reserved_bytes - f.allocated_bytes - f.pending_free_bytes);
+  CHECK(f.external_fragmentation > 0.5);
+  REQUIRE(!f.pinned.empty());
+  CHECK(f.pinned.front().free_bytes == 196 * kMiB);
+  CHECK(f.pinned.front().blocks.front().size_bytes == 4 * kMiB);
+  CHECK(f.pinned.front().blocks.front().age_us.has_value());
+}
+
+// Marks `count` live blocks free in the segments (merging free neighbours) and appends their
+// free_requested + free_completed after the oom entry: what a snapshot taken after the
+// exception unwound looks like.
+Snapshot unwound(Snapshot s, std::size_t count) {
+  auto& trace = s.device_traces.at(0);
+  std::int64_t t = trace.back().time_us;
+  std::size_t done = 0;
+  for (auto& seg : s.segments) {
+    for (auto& b : seg.blocks) {
+      if (done == count) break;
+      if (b.state != "active_allocated") continue;
+      for (auto action : {TraceAction::free_requested, TraceAction::free_completed}) {
+        SnapshotTraceEntry e;
+        e.action = action;
+        e.addr = b.address;
+        e.size_bytes = b.requested_bytes;
+        e.time_us = ++t;
+        e.frames = b.frames;
+        trace.push_back(e);
+      }
+      b.state = "inactive";
+      ++done;
+    }
+    // Merge free neighbours as the allocator would.
+    std::vector<SnapshotBlock> merged;
+    for (auto& b : seg.blocks) {
+      if (!merged.empty() && merged.back().state == "inactive" && b.state == "inactive") {
+        merged.back().size_bytes += b.size_bytes;
+      } else {
+        merged.push_back(b);
+      }
+    }
+    for (auto& b : merged) {
+      if (b.state == "inactive") {
+        b.requested_bytes = 0;
+        b.frames.clear();
+      }
+    }
+    seg.blocks = merged;
+  }
+  REQUIRE(done == count);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("PyTorch's OOM snapshot: 200 MiB request, 692 MiB reserved-unallocated, fragmentation", "[report][traces]") {
+  const auto path = trace_file("oom.snapshot.pickle");
+  if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
+  ReportOptions options;
+  options.replay_advice = true;
+  const MemoryReport r = build_report(load_snapshot(*path), options);
+  check_pytorch_oom(r);
+  CHECK(r.moment.rolled_back_entries == 0);
+  CHECK(r.oom->device_free_bytes == 140978028544ull);
+  CHECK(r.oom->site == "oom_repro.py:111:oom");
+  // The advice is computed: the replay under gpumem's policy with the same memory.
+  const bool has_replay_advice = std::any_of(r.oom->advice.begin(), r.oom->advice.end(), [](const std::string& a) {
+    return a.find("gpumem's default policy") != std::string::npos;
+  });
+  CHECK(has_replay_advice);
+
+  const std::string json = render_report_json(r);
+  for (const char* key : {"\"verdict\":\"fragmentation\"", "\"request_bytes\":209715200",
+                          "\"rounded_request_bytes\":209715200", "\"largest_free_extent_bytes\":205520896",
+                          "\"reserved_unallocated_bytes\":725614592", "\"allocated_bytes\":7853834240",
+                          "\"reserved_bytes\":8579448832", "\"top_ops\":[", "\"top_sites\":["}) {
+    INFO(key);
+    CHECK(json.find(key) != std::string::npos);
+  }
+  const std::string text = render_report_text(r);
+  CHECK(text.find("verdict fragmentation") != std::string::npos);
+  CHECK(text.find("692.00 MiB") != std::string::npos);
+}
+
+TEST_CASE("the CSV of the same OOM rebuilds the segments PyTorch had", "[report][traces]") {
+  const auto path = trace_file("oom.trace.csv.gz");
+  if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
+  ReportOptions options;
+  options.replay_advice = false;
+  const MemoryReport r = build_report(load_snapshot(*path), options);
+  CHECK(r.moment.reconstructed);
+  CHECK(r.moment.skipped_entries == 0);
+  check_pytorch_oom(r);
+  CHECK(r.fragmentation.allocated_bytes == 7853834240ull);
+  REQUIRE(!r.notes.empty());
+  CHECK(r.notes.front().find("rebuilt") != std::string::npos);
+}
+
+TEST_CASE("frees recorded after the oom entry are rolled back, and the report says so", "[report][traces]") {
+  const auto path = trace_file("oom.snapshot.pickle");
+  if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
+  const Snapshot original = load_snapshot(*path);
+  ReportOptions options;
+  options.replay_advice = false;
+  const MemoryReport before = build_report(original, options);
+  const Snapshot late = unwound(original, 1500);
+  // Without rolling back, the state would be the unwound one: lots of free memory.
+  const MemoryReport r = build_report(late, options);
+  CHECK(r.moment.rolled_back_entries == 3000);
+  CHECK(r.moment.rolled_back_frees == 1500);
+  check_pytorch_oom(r);
+  CHECK(r.fragmentation.allocated_bytes == before.fragmentation.allocated_bytes);
+  CHECK(r.fragmentation.requested_bytes == before.fragmentation.requested_bytes);
+  CHECK(r.fragmentation.free_bytes == before.fragmentation.free_bytes);
+  CHECK(r.fragmentation.live_blocks == before.fragmentation.live_blocks);
+  const bool said = std::any_of(r.notes.begin(), r.notes.end(),
+                                [](const std::string& n) { return n.find("rolled back") != std::string::npos; });
+  CHECK(said);
+  CHECK(render_report_json(r).find("\"rolled_back_frees\":1500") != std::string::npos);
+}
+
+TEST_CASE("a report without an OOM has no verdict but the fragmentation numbers", "[report][traces]") {
+  const auto path = trace_file("resnet50.trace.csv.gz");
+  if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
+  ReportOptions options;
+  options.top = 5;
+  const MemoryReport r = build_report(load_snapshot(*path), options);
+  CHECK(!r.oom.has_value());
+  CHECK(r.moment.reconstructed);
+  CHECK(r.top_sites.size() <= 5);
+  CHECK(!r.site_table.empty());
+  CHECK(render_report_json(r).find("\"verdict\":null") != std::string::npos);
+}

@@ -1,0 +1,118 @@
+// reduce(): how keys change the view state.
+#include "catch.h"
+#include "gpumem/view/render.h"
+#include "gpumem/view/view_state.h"
+#include "viewer_test_support.h"
+
+using namespace gpumem::view;
+using namespace gpumem::view::testing;
+
+namespace {
+
+const ViewerModel& model() {
+  static const ViewerModel m = ViewerModel::from(handmade_trace());
+  return m;
+}
+
+ViewState press(ViewState s, std::u32string_view keys) {
+  for (char32_t c : keys) s = reduce(s, Key::chr(c), model());
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("views, help and quit", "[viewer][reduce]") {
+  ViewState s = initial_state(model(), Size{80, 24});
+  CHECK(s.view == View::summary);
+  s = press(s, U"3");
+  CHECK(s.view == View::timeline);
+  s = reduce(s, Key::of(KeyCode::tab), model());
+  CHECK(s.view == View::live);
+  s = press(s, U"?");
+  CHECK(s.help);
+  s = press(s, U"x");
+  CHECK_FALSE(s.help);
+  CHECK(s.view == View::live);
+  s = press(s, U"q");
+  CHECK(s.quit);
+}
+
+TEST_CASE("cursor keys: step, peaks, OOM, timeline columns", "[viewer][reduce]") {
+  ViewState s = initial_state(model(), Size{80, 24});
+  CHECK(s.cursor == 9);
+  s = press(s, U",,");
+  CHECK(s.cursor == 7);
+  s = press(s, U"a");
+  CHECK(s.cursor == model().peak_allocated_cursor());
+  s = press(s, U"p");
+  CHECK(s.cursor == model().peak_reserved_cursor());
+  s = press(s, U"o");
+  CHECK(s.cursor == 9);
+  s = press(s, U"3");
+  s = reduce(s, Key::of(KeyCode::home), model());
+  CHECK(s.cursor == 0);
+  s = reduce(s, Key::of(KeyCode::right), model());
+  CHECK(s.cursor == timeline_step(model(), s.screen));
+  s = reduce(s, Key::of(KeyCode::end), model());
+  CHECK(s.cursor == 9);
+  s = press(s, U"..");
+  CHECK(s.cursor == 9);  // clamped at the end
+  s = press(s, U"m");
+  CHECK(s.mark == 9u);
+  CHECK_FALSE(s.message.empty());
+}
+
+TEST_CASE("segment map: block cursor and zoom", "[viewer][reduce]") {
+  ViewState s = press(initial_state(model(), Size{80, 24}), U"2");
+  // At the OOM it opens on the largest free extent (the 2 MiB at the end of segment 1).
+  CHECK(s.extent_index == 3);
+  s = reduce(s, Key::of(KeyCode::home), model());
+  s = reduce(s, Key::of(KeyCode::right), model());
+  s = reduce(s, Key::of(KeyCode::right), model());
+  CHECK(s.extent_index == 2);
+  s = reduce(s, Key::of(KeyCode::down), model());  // next segment: its first extent
+  CHECK(s.extent_index == 4);
+  s = reduce(s, Key::of(KeyCode::right), model());
+  CHECK(s.extent_index == 4);  // the last extent
+  s = reduce(s, Key::of(KeyCode::up), model());
+  CHECK(s.extent_index == 0);
+  s = press(s, U"++-");
+  CHECK(s.zoom_in == 1);
+  s = press(s, U"0");
+  CHECK(s.zoom_in == 0);
+  // Enter: what pins the selected block's segment.
+  s = reduce(s, Key::of(KeyCode::end), model());
+  s = reduce(s, Key::of(KeyCode::enter), model());
+  CHECK(s.view == View::pins);
+  CHECK(s.pin_row == 1);  // segment 2 holds no free bytes: second in the pins list
+}
+
+TEST_CASE("live view: search, sort, group, selection", "[viewer][reduce]") {
+  ViewState s = press(initial_state(model(), Size{80, 24}), U"4");
+  s = press(s, U"/");
+  CHECK(s.editing_search);
+  s = press(s, U"modq");  // q is text while searching
+  CHECK_FALSE(s.quit);
+  s = reduce(s, Key::of(KeyCode::backspace), model());
+  CHECK(s.search == "mod");
+  s = reduce(s, Key::of(KeyCode::enter), model());
+  CHECK_FALSE(s.editing_search);
+  const auto g = render(s, model(), s.screen);
+  CHECK(g.to_text().find("model.py:10:forward") != std::string::npos);
+  CHECK(g.to_text().find("optim.py") == std::string::npos);
+  s = press(s, U"sg");
+  CHECK(s.sort_by == SortBy::count);
+  CHECK(s.group_by == GroupBy::function);
+  s = reduce(s, Key::of(KeyCode::escape), model());
+  CHECK(s.search.empty());
+  s = reduce(s, Key::of(KeyCode::down), model());
+  s = reduce(s, Key::of(KeyCode::down), model());
+  s = reduce(s, Key::of(KeyCode::down), model());
+  CHECK(s.live_row == 1);  // two groups by function: forward, step
+}
+
+TEST_CASE("resize is a key", "[viewer][reduce]") {
+  ViewState s = initial_state(model(), Size{80, 24});
+  s = reduce(s, Key::resized(Size{132, 43}), model());
+  CHECK(s.screen == Size{132, 43});
+}

@@ -1,0 +1,137 @@
+// render(): golden frames of every view on the handmade trace, at a fixed size.
+#include "catch.h"
+#include "gpumem/view/render.h"
+#include "viewer_test_support.h"
+
+using namespace gpumem::view;
+using namespace gpumem::view::testing;
+
+namespace {
+
+constexpr Size kScreen{80, 24};
+
+std::string U8(const char* s) { return s; }
+
+CellGrid frame(View v, void (*tweak)(ViewState&) = nullptr) {
+  static const ViewerModel model = ViewerModel::from(handmade_trace());
+  ViewState s = initial_state(model, kScreen);
+  s.view = v;
+  if (tweak) tweak(s);
+  return render(s, model, kScreen);
+}
+
+}  // namespace
+
+TEST_CASE("golden: summary opens on the OOM verdict", "[viewer][render]") {
+  const auto g = frame(View::summary);
+  check_golden("summary", g.to_text());
+  CHECK(g.row_text(2) == " OOM verdict");
+  CHECK(g.at(1, 2).style == Style::warn);
+  CHECK(g.at(0, 0).style == Style::title);
+  CHECK(g.at(0, 23).style == Style::help);
+}
+
+TEST_CASE("golden: summary of a handmade snapshot (exact block sizes)", "[viewer][render]") {
+  const auto model = ViewerModel::from(handmade_trace(), handmade_snapshot());
+  REQUIRE(model.is_snapshot());
+  ViewState s = initial_state(model, Size{80, 40});
+  const auto g = render(s, model, s.screen);
+  check_golden("summary_snapshot", g.to_text());
+  // The snapshot's 3.5 MiB block for c replaces the rounded request: 7.5 MiB allocated.
+  CHECK(g.to_text().find("allocated                 7.5 MiB") != std::string::npos);
+  CHECK(g.to_text().find("largest free extent       1.5 MiB") != std::string::npos);
+  s.view = View::segments;
+  check_golden("segments_snapshot", render(s, model, Size{80, 24}).to_text());
+}
+
+TEST_CASE("golden: segment map", "[viewer][render]") {
+  check_golden("segments", frame(View::segments).to_text());
+  // Zoomed in, cursor on the freed 1 MiB gap (extent 2 of 6): it is an inactive split.
+  const auto g = frame(View::segments, [](ViewState& s) {
+    s.zoom_in = 2;
+    s.extent_index = 1;
+  });
+  check_golden("segments_zoom", g.to_text());
+  int selected = 0;
+  for (int y = 0; y < g.height(); ++y) {
+    for (int x = 0; x < g.width(); ++x) {
+      if (g.at(x, y).style == Style::selected) {
+        ++selected;
+        CHECK(g.at(x, y).ch == U'▒');
+      }
+    }
+  }
+  CHECK(selected > 0);
+}
+
+TEST_CASE("golden: timeline with the cursor at the OOM", "[viewer][render]") {
+  check_golden("timeline", frame(View::timeline).to_text());
+}
+
+TEST_CASE("golden: live allocations, searched", "[viewer][render]") {
+  check_golden("live", frame(View::live).to_text());
+  const auto g = frame(View::live, [](ViewState& s) {
+    s.group_by = GroupBy::function;
+    s.search = "STEP";
+  });
+  check_golden("live_search", g.to_text());
+}
+
+TEST_CASE("golden: what pins the segments", "[viewer][render]") {
+  check_golden("pins", frame(View::pins).to_text());
+}
+
+TEST_CASE("golden: diff of a mark and the cursor", "[viewer][render]") {
+  check_golden("diff_empty", frame(View::diff).to_text());
+  check_golden("diff", frame(View::diff, [](ViewState& s) { s.mark = 4; }).to_text());
+}
+
+TEST_CASE("help screen and a screen too small", "[viewer][render]") {
+  const auto help = frame(View::live, [](ViewState& s) { s.help = true; });
+  CHECK(help.to_text().find("Trace cursor") != std::string::npos);
+  static const ViewerModel model = ViewerModel::from(handmade_trace());
+  const auto tiny = render(initial_state(model, Size{20, 5}), model, Size{20, 5});
+  CHECK(tiny.row_text(0).rfind("terminal too small", 0) == 0);
+}
+
+TEST_CASE("every view renders an empty trace", "[viewer][render]") {
+  const auto model = ViewerModel::from(gpumem::forensics::Trace{});
+  for (int v = 0; v < kViewCount; ++v) {
+    ViewState s = initial_state(model, kScreen);
+    s.view = static_cast<View>(v);
+    const auto g = render(s, model, kScreen);
+    CHECK(g.row_text(0).find("entry 0/0") != std::string::npos);
+  }
+}
+
+TEST_CASE("the grid clips and decodes UTF-8", "[viewer][render]") {
+  CellGrid g(Size{5, 1});
+  CHECK(g.put(3, 0, "█▒░xyz") == 5);
+  CHECK(g.row_text(0) == "   █▒");
+  CHECK(decode_utf8("a\xff") == U"a\uFFFD");
+  // Wide characters take two columns; one that would be cut in half is left out.
+  CellGrid w(Size{6, 1});
+  CHECK(w.put(0, 0, "模型.py") == 6);
+  CHECK(w.at(1, 0).ch == kWideTail);
+  CHECK(w.row_text(0) == "模型.p");
+  CHECK(w.put(0, 0, "a模型", Style::normal, 4) == 3);
+}
+
+TEST_CASE("golden: an expandable segment with an unmapped hole and a partly used granule", "[viewer][render]") {
+  Trace t;
+  t.source = "expandable.csv";
+  add(t, TraceAction::segment_map, kSeg1, 8 * kMiB, 1);
+  add(t, TraceAction::alloc, kSeg1, 3 * kMiB, 2, "a.py:1:f");        // granule 2 half used
+  add(t, TraceAction::alloc, kSeg1 + 6 * kMiB, 2 * kMiB, 3, "a.py:2:g");
+  add(t, TraceAction::segment_unmap, kSeg1 + 4 * kMiB, 2 * kMiB, 4);  // the fully free granule 3
+  const auto model = ViewerModel::from(t);
+  ViewState s = initial_state(model, kScreen);
+  s.view = View::segments;
+  const auto g = render(s, model, kScreen);
+  check_golden("segments_expandable", g.to_text());
+  std::string text;  // the map rows, without the legend
+  for (int y = 4; y < g.height() - 1; ++y) text += g.row_text(y);
+  CHECK(text.find(U8("▓")) != std::string::npos);
+  CHECK(text.find(U8("·")) != std::string::npos);
+  CHECK(text.find(U8("░")) == std::string::npos);  // nothing free is wholly unused and mapped
+}

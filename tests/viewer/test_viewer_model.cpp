@@ -1,0 +1,187 @@
+// ViewerModel: series, peaks, OOM, checkpointed state_at, snapshot opening.
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "catch.h"
+#include "gpumem/forensics/error.h"
+#include "gpumem/forensics/snapshot_writer.h"
+#include "gpumem/view/live_groups.h"
+#include "gpumem/view/render.h"
+#include "gpumem/view/view_state.h"
+#include "gpumem/view/summary.h"
+#include "gpumem/view/viewer_model.h"
+#include "viewer_test_support.h"
+
+using namespace gpumem::view;
+using namespace gpumem::view::testing;
+
+namespace {
+
+// A random trace of n entries: allocations and frees in one big segment.
+Trace random_trace(std::size_t n, unsigned seed) {
+  Trace t;
+  std::mt19937_64 rng(seed);
+  add(t, TraceAction::segment_alloc, kSeg1, 1024 * kMiB, 0);
+  std::vector<std::uint64_t> live;
+  std::uint64_t next = kSeg1;
+  while (t.entries.size() < n) {
+    const auto now = static_cast<std::int64_t>(t.entries.size());
+    if (!live.empty() && (rng() % 2 == 0 || next > kSeg1 + 1000 * kMiB)) {
+      const std::size_t k = rng() % live.size();
+      add(t, TraceAction::free_completed, live[k], 1000, now, "f.py:1:free");
+      live.erase(live.begin() + static_cast<long>(k));
+    } else {
+      add(t, TraceAction::alloc, next, 1000, now, rng() % 2 ? "a.py:1:x" : "b.py:2:y");
+      live.push_back(next);
+      next += 1024;
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("series, peaks and the OOM of the handmade trace", "[viewer][model]") {
+  const auto m = ViewerModel::from(handmade_trace());
+  REQUIRE(m.entry_count() == 9);
+  CHECK(m.reserved_at(0) == 0);
+  CHECK(m.reserved_at(1) == 8 * kMiB);
+  CHECK(m.allocated_at(4) == 6 * kMiB);
+  CHECK(m.allocated_at(6) == 5 * kMiB);
+  CHECK(m.peak_reserved_cursor() == 7);
+  CHECK(m.peak_allocated_cursor() == 8);
+  REQUIRE(m.oom_cursor());
+  CHECK(*m.oom_cursor() == 9);
+  CHECK(m.initial_cursor() == 9);
+  const Summary s = summarize(m, m.state_at(9), 9);
+  CHECK(s.reserved_unallocated_bytes == 3 * kMiB);
+  CHECK(s.largest_free_extent_bytes == 2 * kMiB);
+  REQUIRE(s.oom);
+  CHECK(s.oom->requested_bytes == 5 * kMiB / 2);
+  CHECK(s.verdict.rfind("FRAGMENTATION", 0) == 0);
+}
+
+TEST_CASE("state_at from checkpoints equals a replay from the start", "[viewer][model]") {
+  const std::size_t n = 3 * kCheckpointEvery + 123;
+  const auto t = random_trace(n, 7);
+  const auto m = ViewerModel::from(t);
+  MemoryState replay;
+  for (std::size_t k = 0; k <= n; ++k) {
+    if (k % 97 == 0 || k % kCheckpointEvery <= 1 || k == n) {
+      const MemoryState s = m.state_at(k);
+      REQUIRE(s.check_invariants());
+      CHECK(s.allocated_bytes == replay.allocated_bytes);
+      CHECK(s.blocks.size() == replay.blocks.size());
+      CHECK(s.allocated_bytes == m.allocated_at(k));
+      CHECK(s.reserved_bytes == m.reserved_at(k));
+    }
+    if (k < n) replay.apply(t.entries[k], k);
+  }
+}
+
+TEST_CASE("a missing file is one clear error", "[viewer][model]") {
+  CHECK_THROWS_AS(ViewerModel::open("/nonexistent/trace.csv.gz"), gpumem::forensics::ForensicsError);
+}
+
+TEST_CASE("the shared OOM snapshot opens on PyTorch's own numbers", "[viewer][model][shared]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  const auto m = ViewerModel::open(*dir + "/traces/native/oom.snapshot.pickle");
+  m.wait_for_oom_report();
+  REQUIRE(m.is_snapshot());
+  REQUIRE(m.oom_cursor());
+  CHECK(m.initial_cursor() == *m.oom_cursor());
+  const Summary s = summarize(m, m.state_at(m.initial_cursor()), m.initial_cursor());
+  REQUIRE(s.oom);
+  // oom.json: "Tried to allocate 200.00 MiB ... 692.00 MiB is reserved by PyTorch but unallocated."
+  CHECK(s.oom->requested_bytes == 200 * kMiB);
+  CHECK(s.reserved_unallocated_bytes == 692 * kMiB);
+  CHECK(s.reserved_bytes == m.snapshot_totals()->reserved_bytes);
+  CHECK(s.allocated_bytes == m.snapshot_totals()->allocated_bytes);
+  CHECK(s.largest_free_extent_bytes < s.oom->requested_bytes);
+  CHECK(s.verdict.rfind("FRAGMENTATION", 0) == 0);
+  // The verdict is the forensics OOM report's.
+  REQUIRE(m.oom_report());
+  CHECK(m.oom_report()->verdict == "fragmentation");
+  CHECK(m.oom_report()->request_bytes == 200 * kMiB);
+  CHECK_FALSE(s.advice.empty());
+  CHECK(s.verdict_source.find("forensics") != std::string::npos);
+}
+
+TEST_CASE("the shared OOM trace in CSV opens on the same verdict", "[viewer][model][shared]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  const auto m = ViewerModel::open(*dir + "/traces/native/oom.trace.csv.gz");
+  m.wait_for_oom_report();
+  REQUIRE(m.oom_cursor());
+  REQUIRE(m.oom_report());
+  CHECK(m.oom_report()->verdict == "fragmentation");
+  const Summary s = summarize(m, m.state_at(*m.oom_cursor()), *m.oom_cursor());
+  CHECK(s.reserved_bytes == 8579448832ull);  // the snapshot's segments at the OOM (gpumem report)
+}
+
+TEST_CASE("a shared CSV trace opens and replays to PyTorch's peaks", "[viewer][model][shared]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  const auto m = ViewerModel::open(*dir + "/traces/native/resnet50.trace.csv.gz");
+  CHECK(m.entry_count() == 53934);
+  CHECK_FALSE(m.oom_cursor());
+  // README: peak reserved 7493124096 (segment sizes are exact in the trace).
+  CHECK(m.reserved_at(m.peak_reserved_cursor()) == 7493124096ull);
+  const MemoryState end = m.state_at(m.entry_count());
+  CHECK(end.check_invariants());
+}
+
+TEST_CASE("gpumem JSON and pickle snapshots open, with ops on blocks", "[viewer][model]") {
+  namespace fx = gpumem::forensics;
+  fx::Snapshot snap;
+  fx::SnapshotSegment seg;
+  seg.address = kSeg1;
+  seg.total_size_bytes = 4 * kMiB;
+  seg.allocated_size_bytes = 3 * kMiB;
+  seg.segment_type = "large";
+  fx::SnapshotBlock a{kSeg1, 2 * kMiB, 2 * kMiB, "active_allocated", {{"forward", "model.py", 10}}, "aten::mm"};
+  fx::SnapshotBlock b{kSeg1 + 2 * kMiB, 1 * kMiB, 1 * kMiB, "active_allocated", {{"step", "optim.py", 5}}, "aten::add_"};
+  fx::SnapshotBlock c{kSeg1 + 3 * kMiB, 1 * kMiB, 0, "inactive", {}, ""};
+  seg.blocks = {a, b, c};
+  snap.segments = {seg};
+  auto entry = [](TraceAction act, std::uint64_t addr, std::uint64_t size, std::int64_t t, std::string op) {
+    fx::SnapshotTraceEntry e;
+    e.action = act;
+    e.addr = addr;
+    e.size_bytes = size;
+    e.time_us = t;
+    e.op = std::move(op);
+    return e;
+  };
+  snap.device_traces = {{entry(TraceAction::segment_alloc, kSeg1, 4 * kMiB, 1, ""),
+                         entry(TraceAction::alloc, kSeg1, 2 * kMiB, 2, "aten::mm"),
+                         entry(TraceAction::alloc, kSeg1 + 2 * kMiB, 1 * kMiB, 3, "aten::add_")}};
+  const std::string dir = std::filesystem::temp_directory_path() / ("gpumem-viewer-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  for (const std::string name : {"snap.json", "snap.pickle"}) {
+    INFO(name);
+    const std::string path = dir + "/" + name;
+    fx::write_snapshot(snap, path);
+    const auto m = ViewerModel::open(path);
+    CHECK(m.is_snapshot());
+    CHECK(m.entry_count() == 3);
+    REQUIRE(m.has_ops());
+    const MemoryState s = m.state_at(m.entry_count());
+    CHECK(s.allocated_bytes == 3 * kMiB);
+    const auto groups = live_groups(m, s, GroupBy::op, SortBy::bytes, "");
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0].name == "aten::mm");
+    CHECK(groups[1].name == "aten::add_");
+    CHECK(live_groups(m, s, GroupBy::op, SortBy::bytes, "ADD").size() == 1);
+    // g cycles call site -> function -> op when the file records ops.
+    ViewState st = initial_state(m, Size{80, 24});
+    st.view = View::live;
+    st = reduce(reduce(st, Key::chr(U'g'), m), Key::chr(U'g'), m);
+    CHECK(st.group_by == GroupBy::op);
+    CHECK(render(st, m, st.screen).to_text().find("aten::mm") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}

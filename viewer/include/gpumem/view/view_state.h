@@ -1,0 +1,88 @@
+// ViewState and reduce(): what the viewer is showing (which view, the trace cursor, the selection
+// in each view, the search string) and how a key changes it. reduce() is a pure function of the
+// state, the key and the (immutable) model: the terminal loop is `state = reduce(state, key,
+// model); paint(render(state, model, size))`, and tests drive it the same way without a terminal.
+//
+// The screen size travels in the state (a resize arrives as a key) because some keys move by a
+// screen-dependent amount (one timeline column).
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gpumem/view/cell_grid.h"
+#include "gpumem/view/live_groups.h"
+#include "gpumem/view/viewer_model.h"
+
+namespace gpumem::view {
+
+enum class View : std::uint8_t { summary, segments, timeline, live, pins, diff };
+inline constexpr int kViewCount = 6;
+const char* view_title(View v) noexcept;
+
+enum class KeyCode : std::uint8_t {
+  character,
+  up,
+  down,
+  left,
+  right,
+  page_up,
+  page_down,
+  home,
+  end,
+  enter,
+  escape,
+  backspace,
+  tab,
+  resize,
+};
+
+struct Key {
+  KeyCode code = KeyCode::character;
+  char32_t ch = 0;  // KeyCode::character
+  Size size;        // KeyCode::resize
+  static Key chr(char32_t c) { return Key{KeyCode::character, c, {}}; }
+  static Key of(KeyCode k) { return Key{k, 0, {}}; }
+  static Key resized(Size s) { return Key{KeyCode::resize, 0, s}; }
+};
+
+struct ViewState {
+  View view = View::summary;
+  Size screen{100, 30};
+  bool help = false;
+  bool quit = false;
+  std::size_t cursor = 0;  // entries applied, 0..model.entry_count()
+  std::optional<std::size_t> mark;
+  std::string message;  // one-shot note shown in the help line
+
+  // segments view
+  int zoom_in = 0;              // 0: fit everything on one screen; +1 halves the bytes per cell
+  std::size_t extent_index = 0; // selected extent (block or free gap), in address order
+
+  // live view
+  GroupBy group_by = GroupBy::call_site;
+  SortBy sort_by = SortBy::bytes;
+  std::string search;
+  bool editing_search = false;
+  std::size_t live_row = 0;
+
+  // pins view
+  std::size_t pin_row = 0;
+};
+
+// The state a file opens in: the summary at the OOM (or the end of the trace).
+ViewState initial_state(const ViewerModel& model, Size screen);
+
+ViewState reduce(ViewState state, const Key& key, const ViewerModel& model);
+
+// Timeline geometry, shared by render and reduce.
+inline constexpr int kTimelineLabelWidth = 11;
+int timeline_columns(Size screen) noexcept;
+// Entries per timeline column (at least 1).
+std::size_t timeline_step(const ViewerModel& model, Size screen) noexcept;
+
+}  // namespace gpumem::view

@@ -1,0 +1,123 @@
+// ViewerModel: everything the viewer shows about one file, computed once when it opens: the
+// trace, allocated and reserved bytes after every entry, the peaks and the OOM, and checkpoints
+// of the MemoryState every kCheckpointEvery entries so that the state at any cursor is one
+// checkpoint copy plus fewer than kCheckpointEvery entries replayed, never a replay from the start.
+//
+// The cursor is the number of entries applied, 0..entry_count(). A snapshot's final segments
+// (when the file is a snapshot) set the state before the trace's first entry: the trace is undone
+// from the snapshot's blocks, so allocations made before a truncated trace began still show.
+//
+// Thread-safety: immutable after construction (the OOM report arrives through a future); share it
+// read-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/snapshot.h"
+#include "gpumem/forensics/trace.h"
+#include "gpumem/view/memory_state.h"
+
+namespace gpumem::view {
+
+inline constexpr std::size_t kCheckpointEvery = 8192;
+
+// PyTorch's own numbers at the end of a snapshot, read from its segments (exact block sizes).
+struct SnapshotTotals {
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::uint64_t largest_inactive_bytes = 0;  // largest inactive block
+  std::size_t segment_count = 0;
+  std::size_t block_count = 0;
+};
+
+class ViewerModel {
+ public:
+  // Opens a snapshot (PyTorch's pickle, gpumem's pickle or JSON; optionally gzip-compressed) or a
+  // CSV trace (.csv, .csv.gz). Throws forensics::ForensicsError naming the file and the problem.
+  // When the file records an OOM, the forensics OOM report (verdict, evidence, advice) is computed
+  // on a background thread, so a large file opens without waiting for it: oom_report() is empty
+  // and oom_report_pending() true until it is done.
+  static ViewerModel open(const std::string& path, std::optional<int> device = std::nullopt);
+  // From data already in memory (tests, benchmarks); `snapshot` may be empty; `device` picks the
+  // snapshot segments that go with the trace. No OOM report is computed.
+  static ViewerModel from(forensics::Trace trace, std::optional<forensics::Snapshot> snapshot = std::nullopt,
+                          int device = 0);
+
+  const std::string& source() const noexcept { return trace_.source; }
+  const forensics::Trace& trace() const noexcept { return trace_; }
+  std::size_t entry_count() const noexcept { return trace_.entries.size(); }
+  const std::string& site(std::uint32_t index) const { return trace_.sites.at(index); }
+
+  // Allocated / reserved bytes after `applied` entries (0..entry_count()).
+  std::uint64_t allocated_at(std::size_t applied) const { return allocated_[applied]; }
+  std::uint64_t reserved_at(std::size_t applied) const { return reserved_[applied]; }
+  std::int64_t time_us_at(std::size_t applied) const;  // time of the last applied entry
+
+  std::size_t peak_reserved_cursor() const noexcept { return peak_reserved_; }
+  std::size_t peak_allocated_cursor() const noexcept { return peak_allocated_; }
+  // The cursor just after the last oom entry, if the trace has one.
+  std::optional<std::size_t> oom_cursor() const noexcept { return oom_; }
+  // Where the viewer opens: the OOM if there is one, else the end.
+  std::size_t initial_cursor() const noexcept { return oom_.value_or(entry_count()); }
+
+  MemoryState state_at(std::size_t applied) const;
+
+  bool is_snapshot() const noexcept { return snapshot_totals_.has_value(); }
+  const std::optional<SnapshotTotals>& snapshot_totals() const noexcept { return snapshot_totals_; }
+  // device_free of the oom entry (snapshots only), bytes free on the device when it failed.
+  std::optional<std::uint64_t> oom_device_free_bytes() const noexcept { return oom_device_free_; }
+  bool expandable() const noexcept { return expandable_; }
+
+  // The forensics OOM analysis at the OOM moment, once computed (empty while pending, for files
+  // without an OOM, for models built with from(), or if the report failed: see report_notes()).
+  const std::optional<forensics::OomAnalysis>& oom_report() const;
+  const std::vector<std::string>& report_notes() const;
+  bool oom_report_pending() const;
+  void wait_for_oom_report() const;
+
+  // Op names (gpumem snapshots record the op of each allocation); op 0 is "" (unknown).
+  bool has_ops() const noexcept { return op_names_.size() > 1; }
+  const std::string& op_name(std::uint32_t op) const { return op_names_.at(op); }
+
+  // A second file to diff against (gpumem view A --diff B).
+  std::shared_ptr<const ViewerModel> compare;
+
+  struct OomReport {
+    std::optional<forensics::OomAnalysis> analysis;
+    std::vector<std::string> notes;
+  };
+
+ private:
+  static ViewerModel build(forensics::Trace trace, const forensics::Snapshot* snapshot, int device,
+                           std::vector<std::string> op_names, std::vector<std::uint32_t> entry_ops);
+
+  forensics::Trace trace_;
+  std::vector<std::uint64_t> allocated_;  // entry_count() + 1 values
+  std::vector<std::uint64_t> reserved_;
+  // checkpoints_[i]: the state after i * kCheckpointEvery entries.
+  std::vector<MemoryState> checkpoints_;
+  // Real block sizes of alloc entries, by entry, where a snapshot knows them (empty for CSV).
+  std::vector<std::uint64_t> block_bytes_;
+  std::uint64_t block_bytes_of(std::size_t entry) const noexcept {
+    return entry < block_bytes_.size() ? block_bytes_[entry] : 0;
+  }
+  std::vector<std::string> op_names_{""};
+  std::vector<std::uint32_t> entry_ops_;  // op of each entry, empty when the file has none
+  std::uint32_t op_of(std::size_t entry) const noexcept { return entry < entry_ops_.size() ? entry_ops_[entry] : 0; }
+  std::shared_future<OomReport> oom_report_;  // invalid when no report is computed
+  std::size_t peak_reserved_ = 0;
+  std::size_t peak_allocated_ = 0;
+  std::optional<std::size_t> oom_;
+  std::optional<std::uint64_t> oom_device_free_;
+  std::optional<SnapshotTotals> snapshot_totals_;
+  bool expandable_ = false;
+};
+
+}  // namespace gpumem::view

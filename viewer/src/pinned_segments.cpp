@@ -1,0 +1,28 @@
+#include "gpumem/view/pinned_segments.h"
+
+#include <algorithm>
+
+namespace gpumem::view {
+
+std::vector<PinnedSegment> pinned_segments(const MemoryState& state) {
+  std::vector<PinnedSegment> out;
+  for (const auto& [addr, seg] : state.segments) {
+    PinnedSegment p;
+    p.addr = addr;
+    p.segment = seg;
+    const std::uint64_t end = addr + seg.size_bytes;
+    for (auto it = state.blocks.lower_bound(addr); it != state.blocks.end() && it->first < end; ++it) {
+      p.blocks.emplace_back(it->first, &it->second);
+      p.live_bytes += std::min(it->second.size_bytes, end - it->first);
+    }
+    if (p.blocks.empty()) continue;
+    p.held_free_bytes = seg.size_bytes > p.live_bytes ? seg.size_bytes - p.live_bytes : 0;
+    out.push_back(std::move(p));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PinnedSegment& a, const PinnedSegment& b) {
+    return a.held_free_bytes > b.held_free_bytes;
+  });
+  return out;
+}
+
+}  // namespace gpumem::view
