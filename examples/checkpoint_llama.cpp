@@ -371,6 +371,7 @@ int main(int argc, char** argv) {
     // 1. Warm up without checkpointing (AdamW's moments get allocated), then profile.
     for (int s = 0; s < o.warmup; ++s) train_step();
     ckpt::ProfileOptions popts;
+    popts.warmup_steps = 0;  // the training steps above warmed up
     popts.on_step_begin = [&] { autocast.enter(); };
     const ckpt::ChainProfile profile = ckpt::profile_chain(*model, tokens, loss_fn, *probe, popts);
     if (o.verbose) std::printf("%s", ckpt::format_profile(profile).c_str());

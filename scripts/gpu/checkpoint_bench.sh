@@ -57,10 +57,43 @@ else
   cfg=(--device cuda --hidden 2048 --intermediate 5504 --layers 12 --heads 16 --vocab 32000
        --batch 4 --seq 2048 --steps "$steps" --warmup 3)
 fi
-names="none every sqrt $(for f in $fractions; do printf 'planner-%s planner-selective-%s ' "$f" "$f"; done)"
+# Most telling runs first, and the summary rewritten after every run, so that a run cut short by
+# a time limit still leaves its results.
+names="none $(for f in $fractions; do printf 'planner-selective-%s planner-%s ' "$f" "$f"; done)every sqrt"
 field() {  # field NAME LOGFILE: a key of the log's RESULT line
-  { grep -h '^RESULT' "$2" || true; } | tail -1 | tr ' ' '\n' | sed -n "s/^$1=//p"
+  { grep -h '^RESULT' "$2" 2>/dev/null || true; } | tail -1 | tr ' ' '\n' | sed -n "s/^$1=//p"
 }
+
+# Summary: activation = peak allocated - model state (weights, grads, AdamW moments); cut and
+# +time are against "none" measured with the same probe.
+summarize() {
+  local probe name
+  for probe in $probes; do
+    echo "== probe $probe"
+    printf '%-22s %9s %9s %9s %9s %8s %9s %8s %9s  %s\n' mode peak_GB pred_GB reserv_GB act_GB \
+      act_cut step_ms +time pred_ms plan
+    for name in $names; do
+      [ -f "$OUT/$probe-$name.log" ] || continue
+      { grep -h '^RESULT' "$OUT/$probe-$name.log" || echo "RESULT failed=1"; } | tail -1 |
+        sed "s/^RESULT /RESULT name=$name /"
+    done |
+    awk '
+      function field(k,   i, kv) { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) return kv[2] } return "" }
+      {
+        name = field("name"); if (field("failed") == 1) { printf "%-22s failed\n", name; next }
+        peak = field("peak_allocated_bytes"); pred = field("predicted_peak_bytes")
+        res = field("peak_reserved_bytes"); state = field("model_state_bytes")
+        ms = field("step_ms"); pms = field("predicted_step_ms")
+        split($0, q, "plan=\""); plan = q[2]; sub(/"$/, "", plan)
+        act = peak - state
+        if (name == "none") { act0 = act; ms0 = ms }
+        cut = act0 > 0 ? 100 * (1 - act / act0) : 0; dt = ms0 > 0 ? 100 * (ms / ms0 - 1) : 0
+        printf "%-22s %9.2f %9.2f %9.2f %9.2f %7.1f%% %9.1f %7.1f%% %9.1f  %s\n", name, \
+          peak / 1e9, pred / 1e9, res / 1e9, act / 1e9, cut, ms, dt, pms, plan
+      }'
+  done >"$OUT/summary.txt"
+}
+
 for probe in $probes; do
   for name in $names; do
     case $name in
@@ -71,7 +104,7 @@ for probe in $probes; do
         peak=$(field peak_allocated_bytes "$OUT/$probe-none.log")
         state=$(field model_state_bytes "$OUT/$probe-none.log")
         if [ -z "$peak" ] || [ -z "$state" ]; then
-          echo "RESULT mode=$name failed=1" >"$OUT/$probe-$name.log"; continue
+          echo "RESULT mode=$name failed=1" >"$OUT/$probe-$name.log"; summarize; continue
         fi
         budget=$(awk -v p="$peak" -v s="$state" -v f="$f" 'BEGIN { printf "%d", s + f * (p - s) }')
         args=(--mode planner --budget "$budget")
@@ -82,31 +115,7 @@ for probe in $probes; do
     "$build/examples/checkpoint_llama" "${cfg[@]}" --probe "$probe" "${args[@]}" >"$log" 2>&1 \
       || echo "RESULT mode=$name failed=1" >>"$log"
     cat "$log"
+    summarize
   done
 done
-
-# Summary: activation = peak allocated - model state (weights, grads, AdamW moments); cut and
-# +time are against "none" measured with the same probe.
-for probe in $probes; do
-  echo "== probe $probe"
-  printf '%-22s %9s %9s %9s %9s %8s %9s %8s %9s  %s\n' mode peak_GB pred_GB reserv_GB act_GB \
-    act_cut step_ms +time pred_ms plan
-  for name in $names; do
-    { grep -h '^RESULT' "$OUT/$probe-$name.log" || echo "RESULT failed=1"; } | tail -1 |
-      sed "s/^RESULT /RESULT name=$name /"
-  done |
-  awk '
-    function field(k,   i, kv) { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) return kv[2] } return "" }
-    {
-      name = field("name"); if (field("failed") == 1) { printf "%-22s failed\n", name; next }
-      peak = field("peak_allocated_bytes"); pred = field("predicted_peak_bytes")
-      res = field("peak_reserved_bytes"); state = field("model_state_bytes")
-      ms = field("step_ms"); pms = field("predicted_step_ms")
-      split($0, q, "plan=\""); plan = q[2]; sub(/"$/, "", plan)
-      act = peak - state
-      if (name == "none") { act0 = act; ms0 = ms }
-      cut = act0 > 0 ? 100 * (1 - act / act0) : 0; dt = ms0 > 0 ? 100 * (ms / ms0 - 1) : 0
-      printf "%-22s %9.2f %9.2f %9.2f %9.2f %7.1f%% %9.1f %7.1f%% %9.1f  %s\n", name, peak / 1e9, \
-        pred / 1e9, res / 1e9, act / 1e9, cut, ms, dt, pms, plan
-    }'
-done | tee "$OUT/summary.txt"
+cat "$OUT/summary.txt"

@@ -285,12 +285,22 @@ TEST_CASE("CUDA: dropout recomputes the same masks from the device's generator",
     r.after = torch::rand({4}, torch::TensorOptions(cuda)).cpu();
     return r;
   };
+  // Outputs and the random stream must match bitwise. Gradients too on the CPU; on the GPU
+  // cuBLAS may pick another algorithm for the backward's GEMMs, so they must match closely
+  // (dropout masks drawn from another generator state would change them by far more).
+  auto close = [](const TensorList& a, const TensorList& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (!torch::allclose(a[i], b[i], /*rtol=*/1e-5, /*atol=*/1e-6)) return false;
+    }
+    return true;
+  };
   const Run base = run(false, true);
   const Run ck = run(true, true);
   CHECK(torch::equal(base.out, ck.out));
-  CHECK(torch::equal(base.input_grad, ck.input_grad));
-  CHECK(bitwise_equal(base.param_grads, ck.param_grads));
   CHECK(torch::equal(base.after, ck.after));  // the device's random stream is left alone
+  CHECK(torch::allclose(base.input_grad, ck.input_grad, 1e-5, 1e-6));
+  CHECK(close(base.param_grads, ck.param_grads));
   const Run drift = run(true, false);
-  CHECK_FALSE(bitwise_equal(base.param_grads, drift.param_grads));
+  CHECK_FALSE(close(base.param_grads, drift.param_grads));
 }
