@@ -146,11 +146,20 @@ TEST_CASE("frees recorded after the oom entry are rolled back, and the report sa
   const MemoryReport r = build_report(late, options);
   CHECK(r.moment.rolled_back_entries == 3000);
   CHECK(r.moment.rolled_back_frees == 1500);
-  check_pytorch_oom(r);
-  CHECK(r.fragmentation.allocated_bytes == before.fragmentation.allocated_bytes);
+  REQUIRE(r.oom.has_value());
+  CHECK(r.oom->verdict == "fragmentation");
+  CHECK(r.oom->request_bytes == 200 * kMiB);
+  CHECK(r.fragmentation.reserved_bytes == before.fragmentation.reserved_bytes);
   CHECK(r.fragmentation.requested_bytes == before.fragmentation.requested_bytes);
-  CHECK(r.fragmentation.free_bytes == before.fragmentation.free_bytes);
   CHECK(r.fragmentation.live_blocks == before.fragmentation.live_blocks);
+  CHECK(r.fragmentation.largest_free_extent_bytes == before.fragmentation.largest_free_extent_bytes);
+  // The trace records requested sizes only: a restored block whose freed extent merged with a
+  // free neighbour gets the rounded request, without the up to 1 MiB remainder PyTorch may have
+  // left unsplit in it. A few such blocks among the 1500 restored.
+  const std::uint64_t a = r.fragmentation.allocated_bytes, b = before.fragmentation.allocated_bytes;
+  CHECK(a <= b);
+  CHECK(b - a <= 4 * kMiB);
+  CHECK(r.fragmentation.free_bytes - before.fragmentation.free_bytes == b - a);
   const bool said = std::any_of(r.notes.begin(), r.notes.end(),
                                 [](const std::string& n) { return n.find("rolled back") != std::string::npos; });
   CHECK(said);

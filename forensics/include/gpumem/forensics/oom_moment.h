@@ -7,6 +7,9 @@
 // become free, segments created are removed and segments released come back. A snapshot that has
 // a trace but no segments (a CSV trace) has its segments rebuilt forward from the trace up to
 // the moment instead. Either way the result says what it did, so a report can say so.
+// Traces record requested sizes only, so a restored or rebuilt block gets its request rounded to
+// 512 bytes plus what PyTorch's split rule would have left in it; a block whose freed extent merged
+// with a free neighbour can come back up to 1 MiB smaller than it was (its unsplit remainder).
 //
 // Thread-safety: a free function of its arguments.
 #pragma once
