@@ -78,8 +78,11 @@ class GpumemCpuAllocator final : public c10::Allocator {
   [[noreturn]] void raise_oom(size_t n, const alloc::OomInfo& oom) {
     c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n), oom.allocated_bytes, oom.reserved_bytes,
                                      c10::Device(c10::DeviceType::CPU));
+    std::string postmortem;
+    if (de_->forensics)
+      if (auto files = de_->forensics->on_oom(oom)) postmortem = " " + files->message;
     TORCH_CHECK_WITH(OutOfMemoryError, false, "gpumem CPU allocator: out of memory. Tried to allocate ",
-                     detail::format_size(n), ". ", alloc::describe(oom));
+                     detail::format_size(n), ". ", alloc::describe(oom), postmortem);
     __builtin_unreachable();
   }
 

@@ -657,6 +657,9 @@ void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::
   if (oom.cap_reached)
     message += "The cap comes from torch.cuda.set_per_process_memory_fraction or the per_process_memory_fraction / "
                "memory_limit_mb settings in GPUMEM_ALLOC_CONF: raise it, or free tensors. ";
+  // The postmortem (oom_report_dir): snapshot and report of this moment, named in the message.
+  if (slot.de->forensics)
+    if (auto files = slot.de->forensics->on_oom(oom)) message += files->message + " ";
   message +=
       "See documentation for Memory Management "
       "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)";

@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "gpumem/forensics/op_attribution_torch.h"
+
 #include "gpumem/alloc/host_vmm_source.h"
 #include "gpumem/alloc/sim_source.h"
 #if defined(GPUMEM_HAVE_CUDA)
@@ -23,6 +25,10 @@ std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::uniq
   de->trace->configure(trace_settings_from(de->config), /*clear=*/true);
   de->engine->attach_observer(de->stats);
   de->engine->attach_observer(de->trace);
+  if (!de->config.oom_report_dir.empty() || de->config.record_ops) {
+    de->forensics = std::make_unique<forensics::EngineForensics>(*de->engine, de->config);
+    if (de->config.record_ops) forensics::install_record_function_attribution();
+  }
   return de;
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "gpumem/forensics/engine_forensics.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/config.h"
 #include "gpumem/alloc/memory_source.h"
@@ -33,6 +34,9 @@ struct DeviceEngine {
   std::unique_ptr<alloc::CachingAllocator> engine;
   std::shared_ptr<alloc::StatsObserver> stats;
   std::shared_ptr<TraceRing> trace;
+  // gpumem's forensics (OOM postmortem, per-op table), when the config asks for them
+  // (oom_report_dir, record_ops); null otherwise.
+  std::unique_ptr<forensics::EngineForensics> forensics;
 };
 
 // The engine for CUDA device `device` on CudaVmmSource (config.source == cuda_vmm) or
