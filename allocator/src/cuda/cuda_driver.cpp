@@ -86,4 +86,15 @@ DeviceGuard::~DeviceGuard() {
   }
 }
 
+ProviderMemInfo device_mem_info(int device, bool force) {
+  DeviceGuard guard(device, force);
+  if (guard.status() != cudaSuccess) return {};
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return {free_bytes, total_bytes};
+}
+
 }  // namespace gpumem::alloc::detail

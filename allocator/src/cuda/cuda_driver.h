@@ -11,6 +11,8 @@
 
 #include <string>
 
+#include "gpumem/alloc/memory_source.h"
+
 namespace gpumem::alloc::detail {
 
 struct CudaDriver {
@@ -55,5 +57,9 @@ class DeviceGuard {
   int device_;
   cudaError_t status_ = cudaSuccess;
 };
+
+// cudaMemGetInfo on `device` (under a DeviceGuard with `force`); zeros if the device or the
+// call fails (the sticky error is cleared).
+ProviderMemInfo device_mem_info(int device, bool force);
 
 }  // namespace gpumem::alloc::detail

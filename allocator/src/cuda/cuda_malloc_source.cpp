@@ -182,14 +182,7 @@ SourceStatus CudaMallocSource::unmap(std::uintptr_t, std::size_t) {
 ProviderMemInfo CudaMallocSource::mem_info() const {
   const Impl& s = *impl_;
   if (s.init_status != SourceStatus::ok) return {};
-  DeviceGuard guard(s.device, false);
-  if (guard.status() != cudaSuccess) return {};
-  std::size_t free_bytes = 0, total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  return {free_bytes, total_bytes};
+  return detail::device_mem_info(s.device, false);
 }
 
 std::string CudaMallocSource::last_error() const {

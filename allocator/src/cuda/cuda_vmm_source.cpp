@@ -267,14 +267,7 @@ SourceStatus CudaVmmSource::unmap(std::uintptr_t va, std::size_t size_bytes) {
 ProviderMemInfo CudaVmmSource::mem_info() const {
   const Impl& s = *impl_;
   if (s.init_status != SourceStatus::ok) return {};
-  DeviceGuard guard(s.device, true);
-  if (guard.status() != cudaSuccess) return {};
-  std::size_t free_bytes = 0, total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  return {free_bytes, total_bytes};
+  return detail::device_mem_info(s.device, true);
 }
 
 std::string CudaVmmSource::last_error() const {
