@@ -1,5 +1,5 @@
 // ns per alloc+free pair of the engine on SimSource, single thread and 4 threads sharing one
-// engine, for the op sequences of ../shared/design/ANCHORS.md: fixed 4 KiB, 1 MiB and 64 MiB pairs,
+// engine, for these op sequences: fixed 4 KiB, 1 MiB and 64 MiB pairs,
 // and windows of W live allocations (W = 64, 1024; sizes log-uniform in 512 B..32 MiB; each step
 // frees a random slot and allocates a new size into it).
 //

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPT-2 training under three allocators: step time and peak reserved vs peak requested.
 
-    gpt2_train.py --lib build/allocator/torch/libgpumem_torch.so [--steps 30] [--batch 16]
+    gpt2_train.py --lib build/torch/libgpumem_torch.so [--steps 30] [--batch 16]
                   [--min-seq 64] [--max-seq 1024] [--modes native,expandable,gpumem] [--out DIR]
 
 GPT-2 (124M, transformers' GPT2LMHeadModel, random weights), AdamW, bf16 autocast, batch 16, a

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 #include "gpumem/forensics/engine_forensics.h"
 #include "gpumem/forensics/op_attribution_torch.h"
 #include "gpumem/torch/install.h"
@@ -113,9 +113,9 @@ int main(int argc, char** argv) {
   if (o.device == "cuda" && !cuda) {
     std::fprintf(stderr, "no CUDA device: running on the CPU\n");
   }
-  gpumem::alloc::Config config;
-  config.trace_entries = 262144;
-  config.record_ops = true;
+  gpumem::torch::Config config;
+  config.forensics.trace_entries = 262144;
+  config.forensics.record_ops = true;
   if (cuda) {
     gpumem::torch::install(config);
   } else {

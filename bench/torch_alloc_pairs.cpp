@@ -1,6 +1,6 @@
 // ns per alloc+free pair: gpumem's CUDA allocator vs PyTorch's native caching allocator, side by
 // side in one process, both driven through the same c10 calls (raw_alloc_with_stream /
-// raw_delete) with the same op sequences as bench/alloc_pairs.cpp and ../shared/design/ANCHORS.md:
+// raw_delete) with the same op sequences as bench/alloc_pairs.cpp:
 // fixed 4 KiB, 1 MiB and 64 MiB pairs, and windows of W live allocations (W = 64, 1024; sizes
 // log-uniform in 512 B..32 MiB; each step frees a random slot and allocates a new size into it),
 // single-threaded and with T threads each running its own sequence.
@@ -26,7 +26,7 @@
 #include <variant>
 #include <vector>
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 #include "gpumem/torch/cuda_allocator.h"
 
 namespace {
@@ -144,12 +144,12 @@ int main(int argc, char** argv) {
     std::printf("torch_alloc_pairs: no CUDA device; nothing measured\n");
     return 0;
   }
-  auto parsed = gpumem::alloc::parse_config(config_text);
-  if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) usage("--config: " + error->message);
+  auto parsed = gpumem::torch::parse_config(config_text);
+  if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) usage("--config: " + error->message);
 
   Allocator& native = *c10::cuda::CUDACachingAllocator::get();
   torch::empty({1}, torch::kCUDA);  // initializes CUDA and the native allocator
-  const gpumem::alloc::Config config = std::get<gpumem::alloc::Config>(parsed);
+  const gpumem::torch::Config config = std::get<gpumem::torch::Config>(parsed);
   Allocator& ours = gpumem::torch::cuda_allocator(config);
   ours.init(static_cast<int>(c10::cuda::device_count()));
   const cudaStream_t stream = nullptr;  // the default stream, as raw_alloc uses with no stream set

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpumem in PyTorch, through each way in, with torch's own memory APIs reading it.
 
-    python_swap.py --lib build/allocator/torch/libgpumem_torch.so [--mode MODE] [--out DIR]
+    python_swap.py --lib build/torch/libgpumem_torch.so [--mode MODE] [--out DIR]
 
 Modes (each runs in a fresh process, since an allocator must be chosen before CUDA starts):
   load_library  GPUMEM_ALLOC_CONF set, then torch.ops.load_library(lib) right after `import torch`:
@@ -59,7 +59,7 @@ def print_stats(title, stats):
 
 
 def check_snapshot(snap, complete_trace=False):
-    """What PyTorch's memory_viz needs (see ../shared/design/torch-2.11-allocator.md 6.4).
+    """What PyTorch's memory_viz needs (torch/cuda/_memory_viz.py and MemoryViz.js of PyTorch 2.11).
 
     complete_trace: the trace holds every event since the allocator started, so every free must
     follow its alloc and every allocation still live must be an active block."""

@@ -30,7 +30,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
 
@@ -194,15 +194,15 @@ int main(int argc, char** argv) {
   try {
     // Install before anything touches the device's allocator.
     if (gpumem) {
-      gpumem::alloc::Config config;
+      gpumem::torch::Config config;
       if (!o.config.empty()) {
-        auto parsed = gpumem::alloc::parse_config(o.config);
-        if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) usage_error("--config: " + error->message);
-        config = std::get<gpumem::alloc::Config>(parsed);
+        auto parsed = gpumem::torch::parse_config(o.config);
+        if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) usage_error("--config: " + error->message);
+        config = std::get<gpumem::torch::Config>(parsed);
       } else {
-        auto parsed = gpumem::alloc::config_from_environment();
-        if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) usage_error(error->message);
-        config = std::get<gpumem::alloc::Config>(parsed);
+        auto parsed = gpumem::torch::config_from_environment();
+        if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) usage_error(error->message);
+        config = std::get<gpumem::torch::Config>(parsed);
       }
       if (device.is_cuda()) {
         gpumem::torch::install(config);

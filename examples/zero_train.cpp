@@ -315,11 +315,11 @@ std::optional<AllocatorReading> read_allocator(const at::Device& device, bool gp
 
 void install_gpumem(c10::DeviceType type) {
 #if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
-  auto parsed = gpumem::alloc::config_from_environment();
-  if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) {
+  auto parsed = gpumem::torch::config_from_environment();
+  if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) {
     throw std::invalid_argument(error->message);
   }
-  const auto& config = std::get<gpumem::alloc::Config>(parsed);
+  const auto& config = std::get<gpumem::torch::Config>(parsed);
   if (type == c10::DeviceType::CUDA) {
     gpumem::torch::install(config);
   } else {

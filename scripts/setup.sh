@@ -46,7 +46,7 @@ if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ]; then
     "$venv/bin/python" -m pip install -q --upgrade pip
     if ! "$venv/bin/python" -m pip install -q "torch==$torch_version" numpy; then
       log "ERROR: could not install torch==$torch_version from PyPI; building without libtorch."
-      log "       Torch-dependent targets (allocator/torch, checkpointing, examples) are left out."
+      log "       Torch-dependent targets (torch/, checkpointing, examples) are left out."
       export GPUMEM_WITH_TORCH=OFF
     fi
   fi

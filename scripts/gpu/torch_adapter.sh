@@ -50,7 +50,7 @@ if [ $? -ne 0 ]; then
   exit 1
 fi
 note "build: ok in $((SECONDS - t0)) s"
-lib=$(find "$build/allocator/torch" -maxdepth 1 -name 'libgpumem_torch.so' | head -1)
+lib=$(find "$build/torch" -maxdepth 1 -name 'libgpumem_torch.so' | head -1)
 
 step "C++ tests"
 for t in torch_cuda_allocator torch_cuda_sim torch_adapter_parts torch_cpu_training; do

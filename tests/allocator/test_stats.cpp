@@ -364,7 +364,7 @@ TEST_CASE("stats: concurrent publishers", "[stats][threads]") {
   CHECK(v.active_bytes[kLarge].current == 0);
 }
 
-// ---- the real PyTorch 2.11 traces (../shared/traces/README.md) ----
+// ---- the real PyTorch 2.11 traces ($GPUMEM_SHARED_DIR/traces; format: docs/forensics.md) ----
 
 namespace {
 
@@ -489,7 +489,7 @@ TEST_CASE("stats: PyTorch 2.11 traces reproduce PyTorch's reserved numbers", "[s
   std::string repo = repo_traces_dir();
   check_trace(repo + "/resnet50.native.trace.csv.gz", repo + "/resnet50.native.json", false);
   std::string dir = traces_dir();
-  if (dir.empty()) GPUMEM_SKIP("../shared/traces not found; checked only the repository's copy");
+  if (dir.empty()) GPUMEM_SKIP("no real traces in $GPUMEM_SHARED_DIR/traces; checked only the repository's copy");
   for (const char* name : {"resnet50", "bert_varlen", "vit"}) {
     check_trace(dir + "/native/" + name + ".trace.csv.gz", dir + "/native/" + name + ".json", false);
     check_trace(dir + "/expandable/" + name + ".trace.csv.gz", dir + "/expandable/" + name + ".json", true);

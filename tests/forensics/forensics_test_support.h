@@ -16,7 +16,7 @@
 
 namespace gpumem::forensics::testing {
 
-// $GPUMEM_SHARED_DIR (../shared: traces/ and design/), if it holds the traces.
+// $GPUMEM_SHARED_DIR (the real PyTorch 2.11 traces are in its traces/), if it holds the traces.
 inline std::optional<std::string> shared_dir() {
   const char* d = std::getenv("GPUMEM_SHARED_DIR");
   if (!d || !*d || !std::filesystem::exists(std::filesystem::path(d) / "traces")) return std::nullopt;

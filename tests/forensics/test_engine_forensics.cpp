@@ -34,16 +34,21 @@ struct Engine {
   alloc::CachingAllocator engine;
 };
 
-alloc::Config classic_config(const std::string& dir) {
-  alloc::Config c;
-  c.source = alloc::SourceKind::host_vmm;
-  c.expandable_segments = false;
-  c.memory_limit_bytes = 160 * kMiB;
-  c.va_reserve_bytes = 1024 * kMiB;
-  c.trace_entries = 100000;
-  c.record_ops = true;
-  c.oom_report_dir = dir;
-  c.thread_cache = false;
+// The engine's configuration and the forensics one (each layer's keys in its own type).
+struct Setup {
+  alloc::Config engine;
+  forensics::Config forensics;
+};
+
+Setup classic_config(const std::string& dir) {
+  Setup c;
+  c.engine.expandable_segments = false;
+  c.engine.memory_limit_bytes = 160 * kMiB;
+  c.engine.va_reserve_bytes = 1024 * kMiB;
+  c.engine.thread_cache = false;
+  c.forensics.trace_entries = 100000;
+  c.forensics.record_ops = true;
+  c.forensics.oom_report_dir = dir;
   return c;
 }
 
@@ -51,9 +56,9 @@ alloc::Config classic_config(const std::string& dir) {
 
 TEST_CASE("a fragmenting program's OOM postmortem says fragmentation, with the engine's numbers", "[engine][oom]") {
   TempDir dir;
-  const alloc::Config config = classic_config(dir.file(""));
-  Engine e(config);
-  EngineForensics fx(e.engine, config);
+  const Setup config = classic_config(dir.file(""));
+  Engine e(config.engine);
+  EngineForensics fx(e.engine, config.forensics);
   REQUIRE(fx.trace_ring() != nullptr);
 
   // 20 MiB temporaries (their own segments) each followed by an 11 MiB tensor kept alive, which
@@ -130,11 +135,11 @@ TEST_CASE("a fragmenting program's OOM postmortem says fragmentation, with the e
 }
 
 TEST_CASE("engine snapshots carry ops on blocks and entries, in PyTorch's layout", "[engine][snapshot]") {
-  alloc::Config config = classic_config("");
-  config.expandable_segments = true;
-  config.memory_limit_bytes = 0;
-  Engine e(config);
-  EngineForensics fx(e.engine, config);
+  Setup config = classic_config("");
+  config.engine.expandable_segments = true;
+  config.engine.memory_limit_bytes = 0;
+  Engine e(config.engine);
+  EngineForensics fx(e.engine, config.forensics);
   void* a;
   void* b;
   {
@@ -218,10 +223,10 @@ TEST_CASE("engine snapshots carry ops on blocks and entries, in PyTorch's layout
 }
 
 TEST_CASE("diff of two snapshots around a known allocation", "[engine][diff]") {
-  alloc::Config config = classic_config("");
-  config.memory_limit_bytes = 0;
-  Engine e(config);
-  EngineForensics fx(e.engine, config);
+  Setup config = classic_config("");
+  config.engine.memory_limit_bytes = 0;
+  Engine e(config.engine);
+  EngineForensics fx(e.engine, config.forensics);
   void* base;
   {
     ScopedOp op("aten::empty");

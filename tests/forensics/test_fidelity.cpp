@@ -1,4 +1,4 @@
-// Fidelity of the PyTorch 2.11 allocator model on the real traces in ../shared/traces: its
+// Fidelity of the PyTorch 2.11 allocator model on the real traces in $GPUMEM_SHARED_DIR/traces: its
 // predicted peak reserved must be within 2% of what PyTorch measured on the H200 (the .json beside
 // each trace), native/ with `pytorch`, expandable/ with `pytorch:expandable`. The traces' own
 // segment entries are compared with the model's, line by line, too.

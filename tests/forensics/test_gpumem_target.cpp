@@ -1,5 +1,5 @@
 // gpumem's targets on the real traces (issue 3): with its default configuration, peak reserved
-// <= 1.02 x peak requested on every trace in ../shared/traces, never above what PyTorch with
+// <= 1.02 x peak requested on every trace in $GPUMEM_SHARED_DIR/traces, never above what PyTorch with
 // expandable segments measured on the same workload, and the provider calls that get it there
 // under 2% of the traced run's time (H200 per-call costs).
 //

@@ -1,6 +1,9 @@
 // The observers on handmade event streams: OpTableBuilder's rows, TraceRing's bounds, order and
-// op tags (also under concurrent publishers), FragmentationTracker's counters, OpStack depth.
+// op tags (also under concurrent publishers), its history settings, hooks, attached notes and the
+// floor a postmortem keeps, FragmentationTracker's counters, OpStack depth.
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "catch.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
@@ -115,6 +118,163 @@ TEST_CASE("TraceRing tags events with the publishing thread's op and scope", "[r
     }
   }
   CHECK(OpStack::current_op() == 0);  // the main thread is in no op
+}
+
+std::vector<std::uint64_t> seqs(const std::vector<TraceRecord>& records) {
+  std::vector<std::uint64_t> out;
+  for (const auto& r : records) out.push_back(r.event.seq);
+  return out;
+}
+
+TEST_CASE("TraceRing keeps nothing and costs one load while inactive", "[ring]") {
+  TraceRing ring;
+  CHECK_FALSE(ring.active());
+  std::vector<alloc::AllocEvent> events{ev(alloc::EventKind::alloc, 0x1000, 512, 1)};
+  ring.on_events(events);
+  CHECK(ring.records().empty());
+  CHECK(ring.history().empty());
+}
+
+TEST_CASE("TraceRing history overwrites the oldest records and returns them oldest first", "[ring]") {
+  TraceRing ring;
+  ring.configure(TraceSettings{3, 0, false}, true);
+  REQUIRE(ring.active());
+  for (std::uint64_t i = 1; i <= 5; ++i) {
+    std::vector<alloc::AllocEvent> batch{ev(alloc::EventKind::alloc, 0x1000 * i, 512, i)};
+    ring.on_events(batch);
+  }
+  CHECK(seqs(ring.history()) == std::vector<std::uint64_t>{3, 4, 5});
+  CHECK(seqs(ring.records()) == std::vector<std::uint64_t>{3, 4, 5});
+
+  SECTION("a larger capacity keeps the order and grows") {
+    ring.configure(TraceSettings{5, 0, false}, false);
+    std::vector<alloc::AllocEvent> batch{ev(alloc::EventKind::free_requested, 0x1000, 512, 6)};
+    ring.on_events(batch);
+    CHECK(seqs(ring.history()) == std::vector<std::uint64_t>{3, 4, 5, 6});
+  }
+  SECTION("a smaller capacity keeps the newest records that fit") {
+    ring.configure(TraceSettings{2, 0, false}, false);
+    CHECK(seqs(ring.history()) == std::vector<std::uint64_t>{4, 5});
+  }
+  SECTION("clear drops everything") {
+    ring.configure(TraceSettings{3, 0, false}, true);
+    CHECK(ring.history().empty());
+    CHECK(ring.records().empty());
+  }
+}
+
+TEST_CASE("TraceRing skips masked kinds and leaves the engine's oom event to the caller", "[ring]") {
+  TraceRing ring;
+  ring.leave_oom_to_caller(true);
+  ring.configure(TraceSettings{10, skip_bit(alloc::EventKind::free_requested), false}, true);
+  std::vector<alloc::AllocEvent> batch{ev(alloc::EventKind::alloc, 0x1000, 512, 1),
+                                       ev(alloc::EventKind::free_requested, 0x1000, 512, 2),
+                                       ev(alloc::EventKind::free_completed, 0x1000, 512, 3),
+                                       ev(alloc::EventKind::oom, 0, 4096, 4)};
+  ring.on_events(batch);
+  CHECK(seqs(ring.history()) == std::vector<std::uint64_t>{1, 3});
+
+  // The caller adds the oom record: the engine's event (its seq), with the provider's free bytes.
+  ring.record_oom(ev(alloc::EventKind::oom, 0, 4096, 0), 12345);
+  const auto records = ring.history();
+  REQUIRE(records.size() == 3);
+  CHECK(records.back().event.kind == alloc::EventKind::oom);
+  CHECK(records.back().event.seq == 4);
+  CHECK(records.back().device_free_bytes() == 12345);
+
+  // With no engine event held on this thread, the caller's own event is kept.
+  ring.record_oom(ev(alloc::EventKind::oom, 0, 8192, 9), 777);
+  CHECK(ring.history().back().event.seq == 9);
+  CHECK(ring.history().back().device_free_bytes() == 777);
+}
+
+TEST_CASE("TraceRing keeps the engine's oom event itself by default", "[ring]") {
+  TraceRing ring(8);
+  std::vector<alloc::AllocEvent> batch{ev(alloc::EventKind::alloc, 0x1000, 512, 1), ev(alloc::EventKind::oom, 0, 4096, 2)};
+  ring.on_events(batch);
+  CHECK(seqs(ring.records()) == std::vector<std::uint64_t>{1, 2});
+  CHECK(ring.records().back().device_free_bytes() == 0);
+}
+
+TEST_CASE("TraceRing attaches the thread's context to alloc records only when asked", "[ring]") {
+  TraceRing ring;
+  auto context = std::make_shared<int>(42);
+  std::vector<alloc::AllocEvent> batch{ev(alloc::EventKind::alloc, 0x1000, 512, 1),
+                                       ev(alloc::EventKind::free_requested, 0x1000, 512, 2)};
+
+  ring.configure(TraceSettings{10, 0, true}, true);
+  TraceRing::set_thread_context(context);
+  ring.on_events(batch);
+  auto records = ring.history();
+  REQUIRE(records.size() == 2);
+  CHECK(records[0].stack_context() == context);
+  CHECK(records[1].stack_context() == nullptr);
+
+  // The context is consumed by the batch it was set for.
+  ring.on_events(batch);
+  CHECK(ring.history()[2].stack_context() == nullptr);
+
+  ring.configure(TraceSettings{10, 0, false}, true);
+  TraceRing::set_thread_context(context);
+  ring.on_events(batch);
+  CHECK(ring.history()[0].stack_context() == nullptr);
+  TraceRing::set_thread_context(nullptr);
+}
+
+TEST_CASE("TraceRing hooks see records even at capacity 0, with metadata and compile context", "[ring]") {
+  TraceRing ring;
+  std::vector<TraceRecord> seen;
+  ring.add_hook([&](const TraceRecord& r) { seen.push_back(r); });
+  REQUIRE(ring.active());
+  ring.set_user_metadata("step=3");
+  ring.push_compile_context("graph_1");
+  std::vector<alloc::AllocEvent> batch{ev(alloc::EventKind::alloc, 0x1000, 512, 1)};
+  ring.on_events(batch);
+  ring.pop_compile_context();
+  ring.on_events(batch);
+  CHECK(ring.history().empty());
+  CHECK(ring.records().empty());
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0].user_metadata() == "step=3");
+  CHECK(seen[0].compile_context() == "graph_1");
+  CHECK(seen[1].compile_context().empty());
+  CHECK(seen[1].user_metadata() == "step=3");
+}
+
+TEST_CASE("TraceRing keeps the postmortem's floor whatever the history settings, and records once",
+          "[ring]") {
+  TraceRing ring;
+  ring.keep_at_least(4);
+  ring.configure(TraceSettings{2, skip_bit(alloc::EventKind::free_requested), false}, true);
+  REQUIRE(ring.active());
+  std::vector<alloc::AllocEvent> batch;
+  for (std::uint64_t i = 1; i <= 6; ++i)
+    batch.push_back(ev(i % 2 ? alloc::EventKind::alloc : alloc::EventKind::free_requested, 0x1000 * i, 512, i));
+  ring.on_events(batch);
+  // Every kind is kept for the floor; the history shows only what its settings ask for.
+  CHECK(seqs(ring.records()) == std::vector<std::uint64_t>{3, 4, 5, 6});
+  CHECK(seqs(ring.history()) == std::vector<std::uint64_t>{3, 5});
+  CHECK(ring.capacity() == 4);
+  CHECK(ring.dropped() == 2);
+
+  // Clearing the history leaves the postmortem's records.
+  ring.configure(TraceSettings{2, 0, false}, true);
+  CHECK(ring.history().empty());
+  CHECK(ring.records().size() == 4);
+  std::vector<alloc::AllocEvent> more{ev(alloc::EventKind::free_requested, 0x9000, 512, 7)};
+  ring.on_events(more);
+  CHECK(seqs(ring.history()) == std::vector<std::uint64_t>{7});
+
+  // History off: the floor still records; PyTorch's view is empty.
+  ring.configure(TraceSettings{0, 0, false}, true);
+  ring.on_events(more);
+  CHECK(ring.history().empty());
+  CHECK(ring.records().back().event.seq == 7);
+  CHECK(ring.records().size() == 4);
+
+  // Without the floor and the history the ring is inactive again.
+  ring.keep_at_least(0);
+  CHECK_FALSE(ring.active());
 }
 
 TEST_CASE("OpStack: nesting deeper than kMaxDepth stays balanced", "[ops]") {

@@ -1,4 +1,4 @@
-// The report on PyTorch's own OOM snapshot (../shared/traces/native/oom.snapshot.pickle): the
+// The report on PyTorch's own OOM snapshot ($GPUMEM_SHARED_DIR/traces/native/oom.snapshot.pickle): the
 // 200 MiB request, the largest free extent, the 692 MiB reserved-but-unallocated of PyTorch's
 // message, verdict fragmentation; the same from the CSV trace (segments rebuilt) and from a
 // snapshot taken after the exception unwound (frees after the oom entry rolled back).

@@ -1,5 +1,5 @@
 // The PyTorch 2.11 allocator model on small handmade sequences whose results were worked out by
-// hand from the algorithm (../shared/design/torch-2.11-allocator.md sections 4-5).
+// hand from the algorithm (PyTorch 2.11's c10/cuda/CUDACachingAllocator.cpp; pytorch_policy.h).
 #include "catch.h"
 
 #include "gpumem/forensics/pytorch_policy.h"

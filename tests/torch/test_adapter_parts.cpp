@@ -1,5 +1,6 @@
-// The torch-free parts of the adapter: the trace ring, mapped runs of snapshot segments, and the
-// pointer registry (with its registering source). No torch header here.
+// The torch-free parts of the adapter: mapped runs of snapshot segments, and the pointer registry
+// (with its registering source). No torch header here. (The trace ring the adapter uses is
+// forensics' TraceRing: tests/forensics/test_observers.cpp.)
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -8,123 +9,8 @@
 #include "gpumem/alloc/sim_source.h"
 #include "pointer_registry.h"
 #include "snapshot_ranges.h"
-#include "trace_ring.h"
 
 using namespace gpumem;
-using gpumem::torch::detail::TraceRecord;
-using gpumem::torch::detail::TraceRing;
-using gpumem::torch::detail::TraceSettings;
-
-namespace {
-
-alloc::AllocEvent event(alloc::EventKind kind, std::uintptr_t addr, std::uint64_t seq) {
-  alloc::AllocEvent e;
-  e.kind = kind;
-  e.addr = addr;
-  e.size_bytes = 512;
-  e.seq = seq;
-  return e;
-}
-
-std::vector<std::uint64_t> seqs(const std::vector<TraceRecord>& records) {
-  std::vector<std::uint64_t> out;
-  for (const auto& r : records) out.push_back(r.event.seq);
-  return out;
-}
-
-}  // namespace
-
-TEST_CASE("trace ring keeps nothing and costs one load while inactive") {
-  TraceRing ring;
-  CHECK_FALSE(ring.active());
-  std::vector<alloc::AllocEvent> events{event(alloc::EventKind::alloc, 0x1000, 1)};
-  ring.on_events(events);
-  CHECK(ring.records().empty());
-}
-
-TEST_CASE("trace ring overwrites the oldest records and returns them oldest first") {
-  TraceRing ring;
-  ring.configure(TraceSettings{3, 0, false}, true);
-  REQUIRE(ring.active());
-  for (std::uint64_t i = 1; i <= 5; ++i) {
-    std::vector<alloc::AllocEvent> batch{event(alloc::EventKind::alloc, 0x1000 * i, i)};
-    ring.on_events(batch);
-  }
-  CHECK(seqs(ring.records()) == std::vector<std::uint64_t>{3, 4, 5});
-
-  SECTION("a larger capacity keeps the order and grows") {
-    ring.configure(TraceSettings{5, 0, false}, false);
-    std::vector<alloc::AllocEvent> batch{event(alloc::EventKind::free_requested, 0x1000, 6)};
-    ring.on_events(batch);
-    CHECK(seqs(ring.records()) == std::vector<std::uint64_t>{3, 4, 5, 6});
-  }
-  SECTION("clear drops everything") {
-    ring.configure(TraceSettings{3, 0, false}, true);
-    CHECK(ring.records().empty());
-  }
-}
-
-TEST_CASE("trace ring skips masked kinds and leaves the engine's oom event to the adapter") {
-  TraceRing ring;
-  ring.configure(TraceSettings{10, gpumem::torch::detail::skip_bit(alloc::EventKind::free_requested), false}, true);
-  std::vector<alloc::AllocEvent> batch{event(alloc::EventKind::alloc, 0x1000, 1),
-                                       event(alloc::EventKind::free_requested, 0x1000, 2),
-                                       event(alloc::EventKind::free_completed, 0x1000, 3),
-                                       event(alloc::EventKind::oom, 0, 4)};
-  ring.on_events(batch);
-  CHECK(seqs(ring.records()) == std::vector<std::uint64_t>{1, 3});
-
-  TraceRecord oom;
-  oom.event = event(alloc::EventKind::oom, 0, 5);
-  oom.device_free_bytes = 12345;
-  ring.record(oom);
-  const auto records = ring.records();
-  REQUIRE(records.size() == 3);
-  CHECK(records.back().device_free_bytes == 12345);
-}
-
-TEST_CASE("trace ring attaches the thread's context to alloc records only when asked") {
-  TraceRing ring;
-  auto context = std::make_shared<int>(42);
-  std::vector<alloc::AllocEvent> batch{event(alloc::EventKind::alloc, 0x1000, 1),
-                                       event(alloc::EventKind::free_requested, 0x1000, 2)};
-
-  ring.configure(TraceSettings{10, 0, true}, true);
-  TraceRing::set_thread_context(context);
-  ring.on_events(batch);
-  auto records = ring.records();
-  REQUIRE(records.size() == 2);
-  CHECK(records[0].context == context);
-  CHECK(records[1].context == nullptr);
-
-  // The context is consumed by the batch it was set for.
-  ring.on_events(batch);
-  CHECK(ring.records()[2].context == nullptr);
-
-  ring.configure(TraceSettings{10, 0, false}, true);
-  TraceRing::set_thread_context(context);
-  ring.on_events(batch);
-  CHECK(ring.records()[0].context == nullptr);
-  TraceRing::set_thread_context(nullptr);
-}
-
-TEST_CASE("trace ring hooks see records even at capacity 0, with metadata and compile context") {
-  TraceRing ring;
-  std::vector<TraceRecord> seen;
-  ring.add_hook([&](const TraceRecord& r) { seen.push_back(r); });
-  REQUIRE(ring.active());
-  ring.set_user_metadata("step=3");
-  ring.push_compile_context("graph_1");
-  std::vector<alloc::AllocEvent> batch{event(alloc::EventKind::alloc, 0x1000, 1)};
-  ring.on_events(batch);
-  ring.pop_compile_context();
-  ring.on_events(batch);
-  CHECK(ring.records().empty());
-  REQUIRE(seen.size() == 2);
-  CHECK(seen[0].user_metadata == "step=3");
-  CHECK(seen[0].compile_context == "graph_1");
-  CHECK(seen[1].compile_context.empty());
-}
 
 TEST_CASE("mapped runs split expandable regions at unmapped blocks and tile each run") {
   alloc::SegmentView segment;

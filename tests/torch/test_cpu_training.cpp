@@ -126,8 +126,8 @@ TEST_CASE("cpu 1: install_cpu makes gpumem c10's CPU allocator, idempotently") {
     REQUIRE(gpumem::torch::engine(kCpu)->lookup(t.data_ptr()).has_value());
     CHECK(reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 512 == 0);
   }
-  gpumem::alloc::Config other;
-  other.expandable_segments = false;
+  gpumem::torch::Config other;
+  other.engine.expandable_segments = false;
   std::string message;
   try {
     gpumem::torch::install_cpu(other);

@@ -35,9 +35,9 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 cca::CUDAAllocator& sim_allocator() {
   static cca::CUDAAllocator* a = [] {
     setenv("GPUMEM_ALLOW_SIM", "1", 1);
-    auto parsed = gpumem::alloc::parse_config("source:sim,memory_limit_mb:1024");
-    REQUIRE(std::holds_alternative<gpumem::alloc::Config>(parsed));
-    gpumem::torch::install(std::get<gpumem::alloc::Config>(parsed));
+    auto parsed = gpumem::torch::parse_config("source:sim,memory_limit_mb:1024");
+    REQUIRE(std::holds_alternative<gpumem::torch::Config>(parsed));
+    gpumem::torch::install(std::get<gpumem::torch::Config>(parsed));
     return &gpumem::torch::cuda_allocator();
   }();
   return *a;
@@ -317,6 +317,6 @@ TEST_CASE("sim 6: unsupported features raise one error naming the feature; bad p
   CHECK(error_of([&] { gpumem_free(p, 4096, 0, nullptr); }).find("cannot free") != std::string::npos);
 
   // Another configuration cannot replace the one in use.
-  gpumem::alloc::Config other;
+  gpumem::torch::Config other;
   CHECK(error_of([&] { gpumem::torch::install(other); }).find("already exists with configuration") != std::string::npos);
 }

@@ -49,9 +49,9 @@ TEST_CASE("an OOM under install_cpu writes the snapshot and report the error nam
   char tmpl[] = "/tmp/gpumem-oom-test-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   const std::string dir = tmpl;
-  auto parsed = gpumem::alloc::parse_config("memory_limit_mb:64,oom_report_dir:" + dir);
-  REQUIRE(std::holds_alternative<gpumem::alloc::Config>(parsed));
-  gpumem::torch::install_cpu(std::get<gpumem::alloc::Config>(parsed));
+  auto parsed = gpumem::torch::parse_config("memory_limit_mb:64,oom_report_dir:" + dir);
+  REQUIRE(std::holds_alternative<gpumem::torch::Config>(parsed));
+  gpumem::torch::install_cpu(std::get<gpumem::torch::Config>(parsed));
 
   std::vector<torch::Tensor> held;
   for (int i = 0; i < 6; ++i) held.push_back(torch::ones({8 << 20}, torch::kUInt8));  // 48 MiB

@@ -76,6 +76,13 @@ class GpumemCpuAllocator final : public c10::Allocator {
 
  private:
   [[noreturn]] void raise_oom(size_t n, const alloc::OomInfo& oom) {
+    // The OOM trace record, as the CUDA allocator makes it (the postmortem's trace ends with it).
+    alloc::AllocEvent event;
+    event.kind = alloc::EventKind::oom;
+    event.pool = oom.pool;
+    event.size_bytes = oom.rounded_bytes;
+    event.requested_bytes = n;
+    de_->trace->record_oom(event, oom.provider.free_bytes);
     c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n), oom.allocated_bytes, oom.reserved_bytes,
                                      c10::Device(c10::DeviceType::CPU));
     std::string postmortem;
@@ -121,15 +128,15 @@ DeviceEngine* cpu_engine() noexcept {
 }
 }  // namespace detail
 
-void install_cpu(const alloc::Config& config) {
+void install_cpu(const Config& config) {
   std::lock_guard lock(cpu_install_mutex());
-  alloc::Config wanted = config;
-  wanted.source = alloc::SourceKind::host_vmm;
+  Config wanted = config;
+  wanted.adapter.source = SourceKind::host_vmm;
   GpumemCpuAllocator* ours = g_cpu.load();
   if (ours != nullptr) {
     TORCH_CHECK(ours->engine().config == wanted, "gpumem::torch::install_cpu: the CPU engine already exists with "
-                "configuration '", alloc::to_string(ours->engine().config), "'; it cannot be re-created with '",
-                alloc::to_string(wanted), "'. Call install_cpu once, with one configuration.");
+                "configuration '", to_string(ours->engine().config), "'; it cannot be re-created with '",
+                to_string(wanted), "'. Call install_cpu once, with one configuration.");
   } else {
     std::string error;
     auto de = detail::make_host_engine(wanted, detail::pointer_registry(), &error);

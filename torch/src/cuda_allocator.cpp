@@ -36,7 +36,6 @@
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/install.h"
 #include "snapshot_ranges.h"
-#include "trace_ring.h"
 
 namespace gpumem::torch {
 namespace {
@@ -121,7 +120,7 @@ std::uint32_t skip_mask_from(const std::vector<std::string>& skip_actions) {
     bool found = false;
     for (const auto& [text, kind] : kNames) {
       if (name == text) {
-        mask |= detail::skip_bit(kind);
+        mask |= forensics::skip_bit(kind);
         found = true;
       }
     }
@@ -152,9 +151,9 @@ struct SlotDeviceGuard {
 
 class GpumemCudaAllocator final : public cca::CUDAAllocator {
  public:
-  explicit GpumemCudaAllocator(alloc::Config config) : config_(std::move(config)) {}
+  explicit GpumemCudaAllocator(Config config) : config_(std::move(config)) {}
 
-  const alloc::Config& config() const noexcept { return config_; }
+  const Config& config() const noexcept { return config_; }
 
   // ---- c10::Allocator ----
   c10::DataPtr allocate(size_t n) override {
@@ -190,7 +189,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     check_device(device);
     if (DeviceSlot* slot = find_slot(device)) return detail::to_c10_stats(*slot->de);
-    return detail::empty_c10_stats(config_);
+    return detail::empty_c10_stats(config_.engine);
   }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
@@ -237,7 +236,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   double getMemoryFraction(c10::DeviceIndex device) override {
     check_device(device);
     if (DeviceSlot* slot = find_slot(device)) return slot->de->engine->memory_fraction();
-    return config_.per_process_memory_fraction;
+    return config_.engine.per_process_memory_fraction;
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
@@ -386,7 +385,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     } else {
       C10_CUDA_CHECK(err);
     }
-    if (config_.source == alloc::SourceKind::cuda_vmm) {
+    if (config_.adapter.source == SourceKind::cuda_vmm) {
       TORCH_WARN_ONCE("gpumem: peer access from device ", static_cast<int>(dev), " to device ",
                       static_cast<int>(dev_to_access),
                       " is enabled for cudaMalloc memory only; memory gpumem maps with the driver's virtual memory API "
@@ -453,16 +452,17 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
       if (DeviceSlot* slot = find_slot(d)) f(*slot);
   }
 
-  detail::TraceRing::Hook tracker_hook(cda::AllocatorTraceTracker tracker) {
-    return [tracker = std::move(tracker)](const detail::TraceRecord& record) {
+  forensics::TraceRing::Hook tracker_hook(cda::AllocatorTraceTracker tracker) {
+    return [tracker = std::move(tracker)](const forensics::TraceRecord& record) {
       bool known = false;
       const auto action = to_action(record.event.kind, &known);
       if (!known) return;
       cda::TraceEntry entry(action, static_cast<c10::DeviceIndex>(record.event.device),
-                            action == cda::TraceEntry::OOM ? record.device_free_bytes : record.event.addr,
+                            action == cda::TraceEntry::OOM ? record.device_free_bytes() : record.event.addr,
                             record.event.size_bytes, stream_ptr(record.event.stream), c10::MempoolId_t{0, 0},
-                            c10::getApproximateTime(), std::static_pointer_cast<c10::GatheredContext>(record.context),
-                            record.compile_context, record.user_metadata);
+                            c10::getApproximateTime(),
+                            std::static_pointer_cast<c10::GatheredContext>(record.stack_context()),
+                            record.compile_context(), record.user_metadata());
       tracker(entry);
     };
   }
@@ -485,7 +485,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
 
   [[noreturn]] void raise_oom(DeviceSlot& slot, size_t size, const alloc::OomInfo& oom, cudaStream_t stream);
 
-  const alloc::Config config_;
+  const Config config_;
   std::array<std::atomic<DeviceSlot*>, kMaxDevices> slots_{};
   std::atomic<DeviceSlot*> only_slot_{nullptr};  // set while exactly one slot exists
   std::mutex slots_mutex_;
@@ -498,7 +498,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   std::atomic<cda::CreateContextFn> context_recorder_{nullptr};
 
   mutable std::mutex hooks_mutex_;  // guards everything below
-  detail::TraceSettings trace_settings_;
+  forensics::TraceSettings trace_settings_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cda::AllocatorTraceTracker> trackers_;
   std::vector<Annotation> annotations_;
@@ -554,11 +554,11 @@ void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStre
       record_context_.load(std::memory_order_relaxed) >= static_cast<int>(cda::RecordContext::STATE);
   if (C10_UNLIKELY(recording)) {
     if (auto recorder = context_recorder_.load()) context = recorder();
-    detail::TraceRing::set_thread_context(context);
+    forensics::TraceRing::set_thread_context(context);
   }
   alloc::AllocResult result = slot.de->engine->allocate(size, stream_id(stream));
   if (C10_UNLIKELY(recording)) {
-    detail::TraceRing::set_thread_context(nullptr);
+    forensics::TraceRing::set_thread_context(nullptr);
     if (context != nullptr && result.ok()) {
       std::lock_guard lock(slot.contexts_mutex);
       slot.contexts[reinterpret_cast<std::uintptr_t>(result.ptr)] = std::move(context);
@@ -618,16 +618,16 @@ void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::
   const std::size_t device_free = oom.provider.free_bytes;
   const std::size_t device_total = oom.provider.total_bytes;
 
-  detail::TraceRecord record;
-  record.event.kind = alloc::EventKind::oom;
-  record.event.pool = oom.pool;
-  record.event.device = static_cast<std::int8_t>(device);
-  record.event.size_bytes = oom.rounded_bytes;
-  record.event.requested_bytes = size;
-  record.event.stream = stream_id(stream);
-  record.event.t_ns = steady_now_ns();
-  record.device_free_bytes = device_free;
-  slot.de->trace->record(std::move(record));
+  // The OOM trace entry: the engine's oom event with the provider's free bytes (PyTorch's entry).
+  alloc::AllocEvent event;
+  event.kind = alloc::EventKind::oom;
+  event.pool = oom.pool;
+  event.device = static_cast<std::int8_t>(device);
+  event.size_bytes = oom.rounded_bytes;
+  event.requested_bytes = size;
+  event.stream = stream_id(stream);
+  event.t_ns = steady_now_ns();
+  slot.de->trace->record_oom(event, device_free);
 
   const c10::Device where(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
   c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), oom.allocated_bytes, oom.reserved_bytes, where);
@@ -710,16 +710,16 @@ cca::SnapshotInfo GpumemCudaAllocator::snapshot(c10::MempoolId_t mempool_id, boo
     }
     if (!include_traces) return;
     auto& trace = info.device_traces[static_cast<std::size_t>(device)];
-    for (const auto& record : slot.de->trace->records()) {
+    for (const auto& record : slot.de->trace->history()) {
       bool known = false;
       const auto action = to_action(record.event.kind, &known);
       if (!known) continue;
       cda::TraceEntry entry(action, static_cast<c10::DeviceIndex>(device),
-                            action == cda::TraceEntry::OOM ? record.device_free_bytes : record.event.addr,
+                            action == cda::TraceEntry::OOM ? record.device_free_bytes() : record.event.addr,
                             record.event.size_bytes, stream_ptr(record.event.stream), c10::MempoolId_t{0, 0}, 0,
-                            std::static_pointer_cast<c10::GatheredContext>(record.context),
-                            record.compile_context.empty() ? std::string("N/A") : record.compile_context,
-                            record.user_metadata);
+                            std::static_pointer_cast<c10::GatheredContext>(record.stack_context()),
+                            record.compile_context().empty() ? std::string("N/A") : record.compile_context(),
+                            record.user_metadata());
       entry.time_.t_ = clock_.unix_us(record.event.t_ns);
       trace.push_back(std::move(entry));
     }
@@ -738,39 +738,40 @@ cca::SnapshotInfo GpumemCudaAllocator::snapshot(c10::MempoolId_t mempool_id, boo
   }
 
   auto& meta = info.config_metadata;
-  meta.garbage_collection_threshold = config_.garbage_collection_threshold;
-  meta.max_split_size = config_.max_split_size_bytes;
-  meta.pinned_num_register_threads = config_.pinned_num_register_threads;
-  meta.expandable_segments = config_.expandable_segments;
-  meta.release_lock_on_malloc = config_.release_lock_on_cudamalloc;
-  meta.pinned_use_host_register = config_.pinned_use_cuda_host_register;
-  meta.graph_capture_record_stream_reuse = config_.graph_capture_record_stream_reuse;
-  meta.last_allocator_settings = config_.source_string.empty() ? alloc::to_string(config_) : config_.source_string;
-  meta.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
-                                       config_.roundup_power2_divisions.end());
+  const alloc::Config& engine = config_.engine;
+  const AdapterConfig& adapter = config_.adapter;
+  meta.garbage_collection_threshold = engine.garbage_collection_threshold;
+  meta.max_split_size = engine.max_split_size_bytes;
+  meta.pinned_num_register_threads = adapter.pinned_num_register_threads;
+  meta.expandable_segments = engine.expandable_segments;
+  meta.release_lock_on_malloc = adapter.release_lock_on_cudamalloc;
+  meta.pinned_use_host_register = adapter.pinned_use_cuda_host_register;
+  meta.graph_capture_record_stream_reuse = adapter.graph_capture_record_stream_reuse;
+  meta.last_allocator_settings = config_.source_string.empty() ? to_string(config_) : config_.source_string;
+  meta.roundup_power2_divisions.assign(engine.roundup_power2_divisions.begin(), engine.roundup_power2_divisions.end());
   return info;
 }
 
-GpumemCudaAllocator& instance(const alloc::Config* config) {
+GpumemCudaAllocator& instance(const Config* config) {
   if (GpumemCudaAllocator* existing = g_allocator.load(std::memory_order_acquire)) {
     TORCH_CHECK(config == nullptr || *config == existing->config(),
-                "gpumem: the CUDA allocator already exists with configuration '", alloc::to_string(existing->config()),
-                "'; it cannot be re-created with '", alloc::to_string(*config),
+                "gpumem: the CUDA allocator already exists with configuration '", to_string(existing->config()),
+                "'; it cannot be re-created with '", to_string(*config),
                 "'. Configure gpumem once, before its first use (GPUMEM_ALLOC_CONF or the first install() call).");
     return *existing;
   }
   std::lock_guard lock(install_mutex());
   if (g_allocator.load(std::memory_order_acquire) != nullptr) return instance(config);
-  alloc::Config chosen;
+  Config chosen;
   if (config) {
     chosen = *config;
   } else {
-    auto parsed = alloc::config_from_environment();
-    if (auto* error = std::get_if<alloc::ConfigError>(&parsed)) TORCH_CHECK(false, error->message);
-    chosen = std::get<alloc::Config>(std::move(parsed));
+    auto parsed = config_from_environment();
+    if (auto* error = std::get_if<ConfigError>(&parsed)) TORCH_CHECK(false, error->message);
+    chosen = std::get<Config>(std::move(parsed));
   }
   // (source:sim is accepted here and checked when a device's engine is made: see make_cuda_engine.)
-  TORCH_CHECK(chosen.source != alloc::SourceKind::host_vmm, "gpumem: source:host_vmm cannot serve CUDA tensors; use "
+  TORCH_CHECK(chosen.adapter.source != SourceKind::host_vmm, "gpumem: source:host_vmm cannot serve CUDA tensors; use "
               "source:cuda_vmm (the default) or source:cuda_malloc (host memory is for install_cpu)");
   auto* created = new GpumemCudaAllocator(std::move(chosen));  // lives until the process ends
   g_allocator.store(created, std::memory_order_release);
@@ -804,9 +805,9 @@ DeviceEngine* cuda_engine(int index) noexcept {
 }  // namespace detail
 
 CUDAAllocator& cuda_allocator() { return instance(nullptr); }
-CUDAAllocator& cuda_allocator(const alloc::Config& config) { return instance(&config); }
+CUDAAllocator& cuda_allocator(const Config& config) { return instance(&config); }
 
-void install(const alloc::Config& config) { install_instance(instance(&config)); }
+void install(const Config& config) { install_instance(instance(&config)); }
 
 void install_from_environment() { install_instance(instance(nullptr)); }
 

@@ -19,15 +19,17 @@ std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::uniq
                                      std::unique_ptr<alloc::StreamEvents> events, PointerRegistry& registry) {
   de->source = std::make_unique<RegisteringSource>(std::move(source), registry, de->host ? -2 : de->device);
   de->events = std::move(events);
-  de->engine = std::make_unique<alloc::CachingAllocator>(*de->source, *de->events, de->config, de->device);
-  de->stats = std::make_shared<alloc::StatsObserver>(de->config);
-  de->trace = std::make_shared<TraceRing>();
+  de->engine = std::make_unique<alloc::CachingAllocator>(*de->source, *de->events, de->config.engine, de->device);
+  de->stats = std::make_shared<alloc::StatsObserver>(de->config.engine);
+  de->trace = std::make_shared<forensics::TraceRing>();
   de->trace->configure(trace_settings_from(de->config), /*clear=*/true);
+  de->trace->leave_oom_to_caller(true);  // the allocators record OOMs with the provider's free bytes
   de->engine->attach_observer(de->stats);
   de->engine->attach_observer(de->trace);
-  if (!de->config.oom_report_dir.empty() || de->config.record_ops) {
-    de->forensics = std::make_unique<forensics::EngineForensics>(*de->engine, de->config);
-    if (de->config.record_ops) forensics::install_record_function_attribution();
+  const forensics::Config& wanted = de->config.forensics;
+  if (!wanted.oom_report_dir.empty() || wanted.record_ops) {
+    de->forensics = std::make_unique<forensics::EngineForensics>(*de->engine, wanted, de->trace, to_string(de->config));
+    if (wanted.record_ops) forensics::install_record_function_attribution();
   }
   return de;
 }
@@ -39,9 +41,9 @@ PointerRegistry& pointer_registry() {
   return *registry;
 }
 
-TraceSettings trace_settings_from(const alloc::Config& config) {
-  TraceSettings settings;
-  settings.capacity = config.trace_entries;
+forensics::TraceSettings trace_settings_from(const Config& config) {
+  forensics::TraceSettings settings;
+  settings.capacity = config.forensics.trace_entries;
   return settings;
 }
 
@@ -50,9 +52,10 @@ bool sim_allowed() {
   return allow != nullptr && std::string(allow) == "1";
 }
 
-std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int device, PointerRegistry& registry,
+std::unique_ptr<DeviceEngine> make_cuda_engine(const Config& config, int device, PointerRegistry& registry,
                                                std::string* error) {
-  if (config.source == alloc::SourceKind::sim) {
+  const SourceKind kind = config.adapter.source;
+  if (kind == SourceKind::sim) {
     // A simulated device: accounting only, fake addresses. Lets the adapter's bookkeeping
     // (statistics, snapshots, traces, OOM) be tested on machines without a GPU.
     if (!sim_allowed()) {
@@ -62,7 +65,7 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int 
       return nullptr;
     }
     alloc::SimSourceOptions options;
-    if (config.memory_limit_bytes != 0) options.capacity_bytes = config.memory_limit_bytes;
+    if (config.engine.memory_limit_bytes != 0) options.capacity_bytes = config.engine.memory_limit_bytes;
     // Distinct fake address space per device, far from real mappings.
     options.base_address = std::uintptr_t{0x7e0000000000} - static_cast<std::uintptr_t>(device) * (std::uintptr_t{1} << 40);
     auto de = std::make_unique<DeviceEngine>();
@@ -73,12 +76,12 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int 
                   registry);
   }
 #if defined(GPUMEM_HAVE_CUDA)
-  if (config.source != alloc::SourceKind::cuda_vmm && config.source != alloc::SourceKind::cuda_malloc) {
-    *error = std::string("gpumem: source:") + alloc::to_string(config.source) +
+  if (kind != SourceKind::cuda_vmm && kind != SourceKind::cuda_malloc) {
+    *error = std::string("gpumem: source:") + to_string(kind) +
              " cannot serve CUDA tensors; use source:cuda_vmm (the default) or source:cuda_malloc";
     return nullptr;
   }
-  const bool vmm = config.source == alloc::SourceKind::cuda_vmm;
+  const bool vmm = kind == SourceKind::cuda_vmm;
   auto source = alloc::make_cuda_source(vmm, device);
   alloc::SourceStatus status = alloc::SourceStatus::ok;
   if (auto* s = dynamic_cast<alloc::CudaVmmSource*>(source.get())) status = s->init_status();
@@ -103,8 +106,7 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const alloc::Config& config, int 
 #endif
 }
 
-std::unique_ptr<DeviceEngine> make_host_engine(const alloc::Config& config, PointerRegistry& registry,
-                                               std::string* error) {
+std::unique_ptr<DeviceEngine> make_host_engine(const Config& config, PointerRegistry& registry, std::string* error) {
   auto source = std::make_unique<alloc::HostVmmSource>();
   if (source->init_status() != alloc::SourceStatus::ok) {
     *error = "gpumem: host memory source unavailable: " + source->last_error();
@@ -114,7 +116,7 @@ std::unique_ptr<DeviceEngine> make_host_engine(const alloc::Config& config, Poin
   de->device = 0;
   de->host = true;
   de->config = config;
-  de->config.source = alloc::SourceKind::host_vmm;
+  de->config.adapter.source = SourceKind::host_vmm;
   return finish(std::move(de), std::move(source), alloc::make_immediate_events(), registry);
 }
 

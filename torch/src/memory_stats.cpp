@@ -50,7 +50,7 @@ alloc::EngineSnapshot engine_snapshot(c10::Device device) { return existing_engi
 std::vector<alloc::AllocEvent> trace_events(c10::Device device) {
   std::vector<alloc::AllocEvent> events;
   if (detail::DeviceEngine* de = detail::find_engine(device)) {
-    for (const auto& record : de->trace->records()) events.push_back(record.event);
+    for (const auto& record : de->trace->history()) events.push_back(record.event);
   }
   return events;
 }

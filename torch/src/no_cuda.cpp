@@ -10,7 +10,7 @@ namespace detail {
 DeviceEngine* cuda_engine(int) noexcept { return nullptr; }
 }  // namespace detail
 
-void install(const alloc::Config&) {
+void install(const Config&) {
   TORCH_CHECK(false, "gpumem::torch::install: this libgpumem_torch was built without CUDA (no CUDA toolkit or a "
                      "CPU-only libtorch); rebuild gpumem against a CUDA build of libtorch, or use install_cpu()");
 }

@@ -18,7 +18,7 @@
 #include <string>
 #include <variant>
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
 
@@ -30,10 +30,10 @@ std::string& load_error_text() {
   return *text;
 }
 
-alloc::Config parse_or_throw(const std::string& text) {
-  auto parsed = alloc::parse_config(text);
-  if (auto* error = std::get_if<alloc::ConfigError>(&parsed)) TORCH_CHECK(false, error->message);
-  return std::get<alloc::Config>(std::move(parsed));
+Config parse_or_throw(const std::string& text) {
+  auto parsed = parse_config(text);
+  if (auto* error = std::get_if<ConfigError>(&parsed)) TORCH_CHECK(false, error->message);
+  return std::get<Config>(std::move(parsed));
 }
 
 void op_install(std::string config) {
@@ -48,7 +48,7 @@ bool op_installed() { return installed(); }
 
 std::string op_load_error() { return load_error_text(); }
 
-void op_install_cpu(std::string config) { install_cpu(config.empty() ? alloc::Config{} : parse_or_throw(config)); }
+void op_install_cpu(std::string config) { install_cpu(config.empty() ? Config{} : parse_or_throw(config)); }
 
 c10::Dict<std::string, int64_t> op_memory_stats(c10::Device device) {
   c10::Dict<std::string, int64_t> out;

@@ -1,6 +1,8 @@
 #include "gpumem/forensics/policy_factory.h"
 
 #include <algorithm>
+#include <iterator>
+#include <span>
 #include <variant>
 
 #include <fmt/format.h>
@@ -12,24 +14,35 @@
 namespace gpumem::forensics {
 namespace {
 
-// Keys of PYTORCH_CUDA_ALLOC_CONF the model uses, and PyTorch keys it accepts and ignores (they
-// change nothing the replay can see).
+// Keys of PYTORCH_CUDA_ALLOC_CONF the model uses (engine keys with PyTorch's meaning).
 constexpr std::string_view kModelKeys[] = {
     "expandable_segments",          "max_split_size_mb",           "max_non_split_rounding_mb",
     "large_segment_size_mb",        "roundup_power2_divisions",    "garbage_collection_threshold",
     "per_process_memory_fraction",
 };
-constexpr std::string_view kIgnoredTorchKeys[] = {
-    "backend",
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "pinned_num_register_threads",
-    "pinned_use_background_threads",
-    "pinned_reserve_segment_size_mb",
-    "graph_capture_record_stream_reuse",
+// PyTorch keys the PyTorch model accepts and ignores: any value is taken (their validation is the
+// torch adapter's, which owns them); they change nothing the replay can see.
+struct IgnoredKeys {};
+void ignore_value(const alloc::config_syntax::Entry&, const alloc::config_syntax::KeyInfo&, IgnoredKeys&) {}
+constexpr alloc::config_syntax::Key<IgnoredKeys> kIgnoredKeys[] = {
+    {{"backend", "", "native", "backend:native"}, ignore_value},
+    {{"release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "True or False", "release_lock_on_cudamalloc:False"},
+     ignore_value},
+    {{"pinned_use_cuda_host_register", "pinned_use_hip_host_register", "True or False",
+      "pinned_use_cuda_host_register:True"},
+     ignore_value},
+    {{"pinned_num_register_threads", "", "a power of 2 from 1 to 128", "pinned_num_register_threads:8"}, ignore_value},
+    {{"pinned_use_background_threads", "", "True or False", "pinned_use_background_threads:True"}, ignore_value},
+    {{"pinned_reserve_segment_size_mb", "", "a whole number of MiB", "pinned_reserve_segment_size_mb:256"},
+     ignore_value},
+    {{"graph_capture_record_stream_reuse", "", "True or False", "graph_capture_record_stream_reuse:True"},
+     ignore_value},
 };
+
+bool is_ignored_key(std::string_view key) {
+  return std::any_of(std::begin(kIgnoredKeys), std::end(kIgnoredKeys),
+                     [&](const auto& k) { return key == k.info.name || key == k.info.alias; });
+}
 
 // The keys at bracket depth 0 of a `k:v,k2:[a:b]` string.
 std::vector<std::string> top_level_keys(std::string_view conf) {
@@ -57,12 +70,17 @@ std::vector<std::string> top_level_keys(std::string_view conf) {
   return keys;
 }
 
-alloc::Config parse_gpumem_config(std::string_view conf, std::string_view policy) {
-  auto parsed = alloc::parse_config(conf);
-  if (auto* err = std::get_if<alloc::ConfigError>(&parsed)) {
+// conf's engine keys (gpumem's engine configuration; with_ignored: PyTorch's ignored keys too).
+alloc::Config parse_gpumem_config(std::string_view conf, std::string_view policy, bool with_ignored) {
+  alloc::Config config;
+  IgnoredKeys ignored;
+  const alloc::config_syntax::KeyTable tables[] = {alloc::config_key_table(config),
+                                                   alloc::config_syntax::KeyTable(kIgnoredKeys, ignored)};
+  const std::span<const alloc::config_syntax::KeyTable> used(tables, with_ignored ? 2 : 1);
+  if (auto err = alloc::config_syntax::parse_config_text(conf, alloc::config_syntax::error_prefix(""), used)) {
     throw ForensicsError(fmt::format("policy '{}': {}", policy, err->message));
   }
-  return std::get<alloc::Config>(parsed);
+  return config;
 }
 
 PytorchModelOptions pytorch_options_from(std::string_view conf, std::string_view policy, const ReplayEnvironment& env) {
@@ -72,8 +90,7 @@ PytorchModelOptions pytorch_options_from(std::string_view conf, std::string_view
   bool names_expandable = false;
   for (const std::string& key : top_level_keys(conf)) {
     const bool model = std::find(std::begin(kModelKeys), std::end(kModelKeys), key) != std::end(kModelKeys);
-    const bool ignored =
-        std::find(std::begin(kIgnoredTorchKeys), std::end(kIgnoredTorchKeys), key) != std::end(kIgnoredTorchKeys);
+    const bool ignored = is_ignored_key(key);
     if (!model && !ignored) {
       throw ForensicsError(fmt::format(
           "policy '{}': '{}' is not a PYTORCH_CUDA_ALLOC_CONF key the PyTorch model uses; it takes "
@@ -83,7 +100,7 @@ PytorchModelOptions pytorch_options_from(std::string_view conf, std::string_view
     }
     if (key == "expandable_segments") names_expandable = true;
   }
-  const alloc::Config c = parse_gpumem_config(conf, policy);
+  const alloc::Config c = parse_gpumem_config(conf, policy, /*with_ignored=*/true);
   // gpumem defaults to expandable segments; PyTorch does not.
   o.expandable_segments = names_expandable && c.expandable_segments;
   o.max_split_size_bytes = c.max_split_size_bytes;
@@ -135,13 +152,12 @@ PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env
     return spec;
   }
   if (family == "gpumem") {
-    alloc::Config config = conf.empty() ? alloc::Config{} : parse_gpumem_config(conf, text);
+    alloc::Config config = conf.empty() ? alloc::Config{} : parse_gpumem_config(conf, text, /*with_ignored=*/false);
     if (env.memory_limit_bytes != std::numeric_limits<std::size_t>::max()) {
       config.memory_limit_bytes = config.memory_limit_bytes == 0
                                       ? env.memory_limit_bytes
                                       : std::min(config.memory_limit_bytes, env.memory_limit_bytes);
     }
-    config.source = alloc::SourceKind::sim;
     spec.make = [name = spec.name, config, total = env.device_total_bytes] {
       return make_gpumem_policy(name, config, total);
     };

@@ -1,5 +1,5 @@
 // The model of PyTorch 2.11's DeviceCachingAllocator. The algorithm is described in
-// pytorch_policy.h and in ../shared/design/torch-2.11-allocator.md sections 4-5; the comments
+// pytorch_policy.h and docs/notes/pytorch-allocator-model.md; the comments
 // here say where the model follows a particular detail of PyTorch's behaviour.
 #include "gpumem/forensics/pytorch_policy.h"
 

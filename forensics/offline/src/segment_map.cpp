@@ -15,20 +15,6 @@ std::uint64_t round_block(std::uint64_t requested_bytes) noexcept {
   return (requested_bytes + 511) / 512 * 512;
 }
 
-void recompute_sizes(SnapshotSegment& seg) noexcept {
-  seg.allocated_size_bytes = seg.active_size_bytes = seg.requested_size_bytes = 0;
-  std::uint64_t total = 0;
-  for (const auto& b : seg.blocks) {
-    total += b.size_bytes;
-    if (b.state == kAllocated) {
-      seg.allocated_size_bytes += b.size_bytes;
-      seg.requested_size_bytes += b.requested_bytes;
-    }
-    if (b.state != kInactive) seg.active_size_bytes += b.size_bytes;
-  }
-  seg.total_size_bytes = total;
-}
-
 SegmentMap::SegmentMap(int device, const std::vector<SnapshotSegment>& segments) : device_(device) {
   for (const auto& s : segments) {
     if (s.device == device) segs_.emplace(s.address, s);

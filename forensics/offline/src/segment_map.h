@@ -51,6 +51,5 @@ class SegmentMap {
 };
 
 std::uint64_t round_block(std::uint64_t requested_bytes) noexcept;
-void recompute_sizes(SnapshotSegment& seg) noexcept;
 
 }  // namespace gpumem::forensics::detail

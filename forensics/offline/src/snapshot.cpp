@@ -13,6 +13,20 @@ bool inside_torch(const std::string& filename) {
 
 }  // namespace
 
+void recompute_sizes(SnapshotSegment& seg) noexcept {
+  seg.allocated_size_bytes = seg.active_size_bytes = seg.requested_size_bytes = 0;
+  std::uint64_t total = 0;
+  for (const auto& b : seg.blocks) {
+    total += b.size_bytes;
+    if (b.state == "active_allocated") {
+      seg.allocated_size_bytes += b.size_bytes;
+      seg.requested_size_bytes += b.requested_bytes;
+    }
+    if (b.state != "inactive") seg.active_size_bytes += b.size_bytes;
+  }
+  seg.total_size_bytes = total;
+}
+
 std::string call_site(const std::vector<SnapshotFrame>& frames) {
   for (const auto& f : frames) {
     if (f.filename.empty() || f.filename == "??" || inside_torch(f.filename)) continue;

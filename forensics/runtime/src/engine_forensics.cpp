@@ -27,12 +27,21 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const alloc::Config& config)
-    : engine_(engine), report_dir_(config.oom_report_dir) {
+EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& config)
+    : EngineForensics(engine, config, nullptr, std::string()) {}
+
+EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& config,
+                                 std::shared_ptr<TraceRing> ring, std::string settings)
+    : engine_(engine), report_dir_(config.oom_report_dir), settings_(std::move(settings)) {
   std::size_t trace = config.trace_entries;
   if (trace == 0 && !report_dir_.empty()) trace = kPostmortemMinTrace;
-  if (trace > 0) {
+  if (trace > 0 && ring != nullptr) {
+    ring_ = std::move(ring);
+    ring_->keep_at_least(trace);
+    ring_->set_record_ops(config.record_ops);
+  } else if (trace > 0) {
     ring_ = std::make_shared<TraceRing>(trace, config.record_ops);
+    own_ring_ = true;
     engine_.attach_observer(ring_);
   }
   if (trace > 0 || config.record_ops) {
@@ -48,7 +57,11 @@ EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const alloc::C
 EngineForensics::~EngineForensics() {
   if (ops_) engine_.detach_observer(ops_.get());
   if (tracker_) engine_.detach_observer(tracker_.get());
-  if (ring_) engine_.detach_observer(ring_.get());
+  if (ring_ && own_ring_) engine_.detach_observer(ring_.get());
+  if (ring_ && !own_ring_) {  // the composer's ring goes back to its own settings
+    ring_->keep_at_least(0);
+    ring_->set_record_ops(false);
+  }
 }
 
 Snapshot EngineForensics::snapshot_with(const std::optional<alloc::OomInfo>& oom) {
@@ -63,6 +76,7 @@ Snapshot EngineForensics::snapshot_with(const std::optional<alloc::OomInfo>& oom
   std::vector<TraceRecord> records;
   if (ring_) records = ring_->records();
   Snapshot snap = snapshot_from_engine(view, records, extras);
+  if (!settings_.empty()) snap.gpumem.settings = settings_;
   if (oom && oom->cap_bytes != alloc::kNoLimit) snap.gpumem.cap_bytes = oom->cap_bytes;
   return snap;
 }

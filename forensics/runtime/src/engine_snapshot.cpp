@@ -8,7 +8,6 @@
 #include "gpumem/alloc/memory_source.h"
 #include "gpumem/forensics/op_attribution.h"
 #include "gpumem/forensics/op_table_observer.h"
-#include "segment_map.h"
 
 namespace gpumem::forensics {
 namespace {
@@ -96,7 +95,7 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
     bool open = false;
     auto flush = [&]() {
       if (!open) return;
-      detail::recompute_sizes(cur);
+      recompute_sizes(cur);
       snap.segments.push_back(std::move(cur));
       cur = SnapshotSegment{};
       open = false;

@@ -50,14 +50,14 @@ std::string report_dir() {
 
 bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-alloc::Config config() {
-  alloc::Config c;
-  c.expandable_segments = false;     // classic segments: the fragmenting program fragments
-  c.memory_limit_bytes = 160 * kMiB;
-  c.trace_entries = 200000;
-  c.record_ops = true;
-  c.oom_report_dir = report_dir();
-  c.thread_cache = false;
+gpumem::torch::Config config() {
+  gpumem::torch::Config c;
+  c.engine.expandable_segments = false;  // classic segments: the fragmenting program fragments
+  c.engine.memory_limit_bytes = 160 * kMiB;
+  c.engine.thread_cache = false;
+  c.forensics.trace_entries = 200000;
+  c.forensics.record_ops = true;
+  c.forensics.oom_report_dir = report_dir();
   return c;
 }
 
@@ -69,7 +69,7 @@ EngineForensics& engine_forensics() {
     alloc::CachingAllocator* engine = gpumem::torch::engine(kCpu);
     REQUIRE(engine != nullptr);
     REQUIRE(gpumem::forensics::install_record_function_attribution());
-    return std::make_unique<EngineForensics>(*engine, config());
+    return std::make_unique<EngineForensics>(*engine, config().forensics);
   }();
   return *fx;
 }

@@ -4,14 +4,14 @@
 
 #include <cstdio>
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
 
 int main() {
-  auto parsed = gpumem::alloc::parse_config("expandable_segments:True");
-  if (!std::holds_alternative<gpumem::alloc::Config>(parsed)) return 1;
-  gpumem::torch::install_cpu(std::get<gpumem::alloc::Config>(parsed));
+  auto parsed = gpumem::torch::parse_config("expandable_segments:True,trace_entries:16");
+  if (!std::holds_alternative<gpumem::torch::Config>(parsed)) return 1;
+  gpumem::torch::install_cpu(std::get<gpumem::torch::Config>(parsed));
   const auto before = gpumem::torch::cpu_stats().requested_bytes[0].current;
   {
     c10::DataPtr p = c10::GetCPUAllocator()->allocate(1 << 20);

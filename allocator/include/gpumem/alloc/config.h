@@ -1,11 +1,14 @@
-// Config: one immutable value, parsed once, validated, passed to constructors. Nothing reads
-// configuration mid-algorithm.
+// Config: the engine's settings. One immutable value, parsed once, validated, passed to the
+// CachingAllocator's constructor; nothing reads configuration mid-algorithm. It holds the keys the
+// engine uses and nothing else: which memory source to build, tracing and the OOM postmortem
+// belong to the layers above (torch::AdapterConfig, forensics::Config), and gpumem::torch::Config
+// joins the three for the string users write (GPUMEM_ALLOC_CONF: docs/config.md).
 //
-// Syntax (the same as PYTORCH_CUDA_ALLOC_CONF): `key:value,key2:value2,key3:[a:b,c:d]`; white
-// space is ignored. GPUMEM_ALLOC_CONF accepts every PYTORCH_CUDA_ALLOC_CONF key with PyTorch
-// 2.11's meaning plus gpumem's own keys (documented in docs/config.md). from_environment() reads
-// GPUMEM_ALLOC_CONF; when that is unset it falls back to PYTORCH_CUDA_ALLOC_CONF, then
-// PYTORCH_ALLOC_CONF (PyTorch's own precedence).
+// parse_config() parses a string of engine keys only (for programs that drive the engine
+// directly: replay policies, benchmarks, tests); the syntax is PYTORCH_CUDA_ALLOC_CONF's
+// (gpumem/alloc/config_syntax.h). The keys keep PyTorch 2.11's meaning where PyTorch has them.
+//
+// Thread-safety: a plain value.
 #pragma once
 
 #include <array>
@@ -17,12 +20,12 @@
 #include <variant>
 #include <vector>
 
+#include "gpumem/alloc/config_syntax.h"
+
 namespace gpumem::alloc {
 
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
-
-enum class SourceKind : std::uint8_t { cuda_vmm, cuda_malloc, host_vmm, sim };
 
 struct Config {
   // ---- PyTorch 2.11 keys ----
@@ -41,19 +44,11 @@ struct Config {
   std::array<std::uint32_t, 16> roundup_power2_divisions{};
   // garbage_collection_threshold: in (0,1); 0 = off. Active only with a memory cap.
   double garbage_collection_threshold = 0.0;
-  // per_process_memory_fraction: [0,1]; 1 = no cap (unless memory_limit_bytes is set).
+  // per_process_memory_fraction: [0,1]; 1 = no fraction cap. The fraction applies to the memory
+  // source's total; when the source cannot say (total 0) only memory_limit_bytes caps.
   double per_process_memory_fraction = 1.0;
-  // Accepted for compatibility; kept and reported in snapshots' allocator_settings.
-  bool release_lock_on_cudamalloc = false;
-  bool pinned_use_cuda_host_register = false;
-  std::uint32_t pinned_num_register_threads = 1;
-  std::size_t pinned_reserve_segment_size_bytes = 0;
-  bool pinned_use_background_threads = false;
-  bool graph_capture_record_stream_reuse = false;
 
   // ---- gpumem's own keys ----
-  // source:cuda_vmm|cuda_malloc|host_vmm|sim. Which MemorySource the installer builds.
-  SourceKind source = SourceKind::cuda_vmm;
   // memory_limit_mb: absolute cap on reserved bytes (0 = none). With a fraction too, the smaller
   // of the two applies.
   std::size_t memory_limit_bytes = 0;
@@ -68,43 +63,23 @@ struct Config {
   std::size_t va_reserve_bytes = 0;
   // check_invariants:True|False: run check_invariants() after every mutation (slow; tests).
   bool check_invariants = false;
-  // Forensics: trace_entries (ring size, 0 = off), oom_report_dir (postmortem on OOM; empty =
-  // off), record_ops:True|False (per-op attribution through at::RecordFunction).
-  std::size_t trace_entries = 0;
-  std::string oom_report_dir;
-  bool record_ops = false;
 
-  // The string this config was parsed from (reported in snapshots).
-  std::string source_string;
-
-  // The cap on reserved bytes for a device of total_bytes memory (kNoLimit if none). A
-  // device_total_bytes of 0 means "unknown": the fraction cap is then not applied.
-  std::size_t cap_bytes(std::size_t device_total_bytes) const noexcept;
-
-  // Same settings: every field except source_string (two spellings of one configuration are
-  // equal). parse_config(to_string(c)) == c for every Config parse_config produces.
-  friend bool operator==(const Config& a, const Config& b) noexcept;
+  // Same settings (every field). parse_config(to_string(c)) == c for every Config parse_config
+  // produces.
+  friend bool operator==(const Config& a, const Config& b) noexcept = default;
 };
 
-struct ConfigError {
-  std::string message;  // names the key, the bad value and the accepted forms
-};
-
-// Parses a config string. Never throws.
+// Parses a string of engine keys. Never throws; messages start with "gpumem config: ".
 std::variant<Config, ConfigError> parse_config(std::string_view text);
 
-// Reads GPUMEM_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF; keys those
-// variables carry that gpumem does not use, such as backend:native, are accepted and ignored;
-// backend:cudaMallocAsync is an error, since gpumem replaces that allocator). The first variable
-// that is set wins, even if it is empty. Error messages name the variable they came from.
-std::variant<Config, ConfigError> config_from_environment();
-
-// A canonical `key:value,...` string of every key (for snapshots and logs).
+// A canonical `key:value,...` string of every engine key (for snapshots and logs).
 std::string to_string(const Config& config);
 
-const char* to_string(SourceKind kind) noexcept;
-
-// Every key parse_config accepts (canonical names, then aliases), for docs, tests and messages.
+// The engine's keys (canonical names, then aliases), for docs, tests and messages.
 std::vector<std::string_view> config_keys();
+
+// The engine's keys bound to target, for a parse that joins several layers' keys
+// (config_syntax::parse_config_text; gpumem::torch::parse_config does).
+config_syntax::KeyTable config_key_table(Config& target);
 
 }  // namespace gpumem::alloc

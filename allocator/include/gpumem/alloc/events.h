@@ -1,5 +1,5 @@
 // AllocEvent: one plain record per state change of the engine, in PyTorch's trace vocabulary so
-// traces convert both ways (see ../shared/design/torch-2.11-allocator.md section 6).
+// traces convert both ways (PyTorch 2.11's TraceEntry actions, c10/core/CachingDeviceAllocator.h).
 //
 // The engine emits events; it does not count. Observers (stats, trace ring, op attribution,
 // fragmentation tracker, OOM hook) turn them into numbers. Events are collected under the engine's

@@ -1,4 +1,4 @@
-// The only translation unit of gpumem::forensics that includes torch headers.
+// The only translation unit of gpumem's forensics that includes torch headers (gpumem_forensics_torch).
 #include "gpumem/forensics/op_attribution_torch.h"
 
 #include <ATen/record_function.h>

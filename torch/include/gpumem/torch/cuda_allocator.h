@@ -27,15 +27,16 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 
 namespace gpumem::torch {
 
 using CUDAAllocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
 
 // The process's gpumem CUDA allocator, created on first call. Throws c10::Error if config is
-// given and differs from the one it was created with, or if config.source is not a CUDA source.
+// given and differs from the one it was created with, or if config.adapter.source is not a CUDA
+// source.
 CUDAAllocator& cuda_allocator();
-CUDAAllocator& cuda_allocator(const alloc::Config& config);
+CUDAAllocator& cuda_allocator(const Config& config);
 
 }  // namespace gpumem::torch

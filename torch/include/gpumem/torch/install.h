@@ -19,17 +19,17 @@
 // threads use libtorch (c10::SetAllocator is not thread-safe). The query functions are safe anywhere.
 #pragma once
 
-#include "gpumem/alloc/config.h"
+#include "gpumem/torch/config.h"
 
 namespace gpumem::torch {
 
 // Makes gpumem libtorch's CUDA allocator (c10::cuda::CUDACachingAllocator::allocator and
-// c10::SetAllocator(kCUDA)). config.source must be cuda_vmm (the default) or cuda_malloc.
+// c10::SetAllocator(kCUDA)). config.adapter.source must be cuda_vmm (the default) or cuda_malloc.
 // Throws c10::Error, with one message naming the problem and the fix, if the CUDA allocator was
 // already initialized (a CUDA tensor exists or torch.cuda was initialized), if gpumem is already
 // installed with a different configuration, or if the source kind is not a CUDA one. Installing
 // twice with an equal configuration is a no-op.
-void install(const alloc::Config& config = {});
+void install(const Config& config = {});
 
 // install(config_from_environment()): GPUMEM_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else
 // PYTORCH_ALLOC_CONF. A bad string throws c10::Error naming the variable and the key.
@@ -40,11 +40,11 @@ bool installed() noexcept;
 
 // Replaces c10's CPU allocator with gpumem's engine on HostVmmSource (c10::SetAllocator(kCPU)
 // with a priority above the default allocator's). Allocations are 512-byte aligned (c10 needs 64).
-// config.source is ignored (the CPU engine always uses host memory). Throws c10::Error if the CPU
+// config.adapter.source is ignored (the CPU engine always uses host memory). Throws c10::Error if the CPU
 // allocator is already gpumem's with a different configuration; equal configuration is a no-op.
 // fork(): the child goes back to the previous CPU allocator (HostVmmSource memory is a shared
 // mapping, so tensors made before the fork are shared with the child rather than copied on write).
-void install_cpu(const alloc::Config& config = {});
+void install_cpu(const Config& config = {});
 
 // Puts back the CPU allocator install_cpu replaced. Tensors gpumem allocated keep working and are
 // returned to gpumem when freed; its engine stays alive. No-op if not installed.

@@ -9,7 +9,7 @@
 //   auto s = gpumem::torch::stats(c10::kCPU);
 //   int64_t peak = s.allocated_bytes[0].peak;   // [0] = all pools, [1] small, [2] large
 //
-// Meaning of the fields: ../shared/design/torch-2.11-allocator.md section 2 (PyTorch 2.11's).
+// Meaning of the fields: PyTorch 2.11's (DeviceStats in c10/core/CachingDeviceAllocator.h).
 // For CPU there is one engine; a c10::Device of type CPU with any index names it.
 //
 // A device whose engine does not exist yet (nothing was allocated there, or gpumem is not

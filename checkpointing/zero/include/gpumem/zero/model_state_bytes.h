@@ -2,7 +2,8 @@
 // (Rajbhandari et al., SC'20): compute-precision parameters and gradients, fp32 master weights,
 // and optimizer moments. The K of the paper is (master + moments) per parameter: 12 for Adam.
 //
-// expected_model_state_bytes() is the paper's formula for one rank (../shared/design/ANCHORS.md):
+// expected_model_state_bytes() is the paper's formula for one rank (Rajbhandari et al., "ZeRO:
+// Memory Optimizations Toward Training Trillion Parameter Models", SC 2020, section 5):
 //   plain data parallel (stage 0)  (c + c + K) Ψ            with c = compute bytes (2 for bf16)
 //   stage 1                        c Ψ + c Ψ + K Ψ / N
 //   stage 2                        c Ψ + (c + K) Ψ / N

@@ -1,5 +1,5 @@
-// Per-call costs of memory-provider calls on an NVIDIA H200 (driver 580), from
-// ../shared/design/ANCHORS.md ("CUDA virtual memory calls"). Used to turn a policy's call counts
+// Per-call costs of memory-provider calls on an NVIDIA H200 (driver 580), as measured there (the
+// figures below; bench/cuda_vmm_calls.cpp measures them again). Used to turn a policy's call counts
 // into the time they would take, as a share of the traced run.
 //
 //   cuMemCreate 14 us (13 for 20 MiB), cuMemMap 2 us (1), cuMemSetAccess 35-40 us (31) per mapping

@@ -1,4 +1,4 @@
-// Reader of the compact CSV trace format (../shared/traces/README.md): gzip-compressed (or plain)
+// Reader of the compact CSV trace format (docs/forensics.md): gzip-compressed (or plain)
 // UTF-8, the header `action,addr,size,stream,time_us,where`, then one line per trace entry.
 //
 // Errors: one ForensicsError naming the file and the line (or, for damaged gzip, the byte offset),

@@ -1,6 +1,8 @@
 // Policy names, as `gpumem replay --policy` takes them:
 //   gpumem               gpumem's engine with its default configuration
-//   gpumem:CONF          ... with the configuration string CONF (GPUMEM_ALLOC_CONF syntax)
+//   gpumem:CONF          ... with the configuration string CONF: the engine's keys (alloc::Config;
+//                        GPUMEM_ALLOC_CONF syntax; keys of other layers, such as source or
+//                        trace_entries, change nothing a replay does and are refused)
 //   pytorch              the model of PyTorch 2.11's native allocator, default settings
 //   pytorch:expandable   ... with expandable_segments:True
 //   pytorch:CONF         ... with the PYTORCH_CUDA_ALLOC_CONF string CONF (keys the model uses:

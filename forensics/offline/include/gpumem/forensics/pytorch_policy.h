@@ -1,6 +1,6 @@
 // PytorchPolicy: a model of PyTorch 2.11's native DeviceCachingAllocator (c10/cuda/
 // CUDACachingAllocator.cpp, namespace Native), classic and with expandable_segments:True, written
-// from the documented algorithm (../shared/design/torch-2.11-allocator.md sections 4 and 5).
+// from that code's algorithm (docs/notes/pytorch-allocator-model.md).
 // It predicts what PyTorch would reserve for a trace's requests without a GPU.
 //
 // What it models:
@@ -32,7 +32,7 @@
 //     against reserved + the segment size before each growth, as PyTorch does.
 // Not modelled: CUDA graph pools, record_stream / events (the replay has none), IPC.
 // See Note [PyTorch allocator model] in docs/notes/pytorch-allocator-model.md for why it is exact
-// on the shared traces and how that is checked.
+// on the real traces and how that is checked.
 //
 // Thread-safety: single-threaded, like every ReplayPolicy.
 #pragma once

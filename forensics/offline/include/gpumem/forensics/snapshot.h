@@ -1,5 +1,5 @@
-// Snapshot: PyTorch's memory snapshot (torch.cuda.memory._snapshot(), section 6 of
-// ../shared/design/torch-2.11-allocator.md) as plain C++ data: the segments with their blocks,
+// Snapshot: PyTorch's memory snapshot (torch.cuda.memory._snapshot(); PyTorch 2.11's
+// torch/cuda/memory.py documents its layout) as plain C++ data: the segments with their blocks,
 // one trace per device, and the allocator settings.
 //
 // Fields a snapshot may lack (older PyTorch versions, snapshots without history) take the
@@ -80,6 +80,10 @@ std::string call_site(const std::vector<SnapshotFrame>& frames);
 
 // One device's trace as the replay's Trace model. Throws ForensicsError if the device has none.
 Trace trace_from_snapshot(const Snapshot& snapshot, int device);
+
+// Sets seg's total, allocated, active and requested sizes from its blocks: total = every block,
+// allocated and requested = active_allocated blocks, active = every block that is not inactive.
+void recompute_sizes(SnapshotSegment& seg) noexcept;
 
 // The first device whose trace is not empty (0 if none is).
 int first_traced_device(const Snapshot& snapshot) noexcept;

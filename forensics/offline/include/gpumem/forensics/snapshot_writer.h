@@ -3,7 +3,7 @@
 // accept, and which anything else can parse).
 //
 // The pickle is protocol 2 and uses only the opcodes MemoryViz.js's own unpickler accepts
-// (../shared/design/torch-2.11-allocator.md 6.4): PROTO, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS,
+// (the unpickler in PyTorch 2.11's torch/utils/viz/MemoryViz.js): PROTO, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS,
 // APPENDS, TUPLE2, BININT, BININT1, BININT2, LONG1, BINFLOAT, BINUNICODE, NEWTRUE, NEWFALSE,
 // NONE, BINPUT, LONG_BINPUT, BINGET, LONG_BINGET, STOP. Repeated strings (keys, op names, frame
 // file and function names) and repeated frames lists are written once and referred to through the

@@ -1,10 +1,16 @@
-// EngineForensics: gpumem's forensics attached to one engine, as its Config asks:
+// EngineForensics: gpumem's forensics attached to one engine, as its forensics::Config asks:
 //   trace_entries > 0     a TraceRing of that many records (the snapshots' trace)
 //   record_ops            events tagged with the current op / user scope (OpStack) and a per-op
 //                         table (OpTableObserver)
-//   oom_report_dir != ""  the OOM postmortem: on_oom() writes a snapshot and a report there
+//   oom_report_dir != ""  the OOM postmortem: on_oom() writes a snapshot and a report there (with
+//                         at least the last 4096 events, even when trace_entries is 0)
 // plus a FragmentationTracker whenever any of them is on. With all off nothing is attached and
 // the engine pays nothing.
+//
+// The trace ring: alone, EngineForensics makes and attaches its own. A composer that already keeps
+// a ring on the engine (the torch adapter: PyTorch's _record_memory_history reads it) passes that
+// ring instead, so every event is recorded once: EngineForensics then asks it to keep at least
+// what the postmortem needs (TraceRing::keep_at_least) and reads all it keeps.
 //
 // The OOM postmortem: the code that calls allocate() (the torch adapter, or any user of the
 // engine) calls on_oom(oom) when the result carries an OomInfo, before it returns the error, and
@@ -24,7 +30,7 @@
 #include <string>
 
 #include "gpumem/alloc/caching_allocator.h"
-#include "gpumem/alloc/config.h"
+#include "gpumem/forensics/config.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
 #include "gpumem/forensics/op_table_observer.h"
 #include "gpumem/forensics/snapshot.h"
@@ -42,7 +48,12 @@ struct OomPostmortemFiles {
 
 class EngineForensics {
  public:
-  EngineForensics(alloc::CachingAllocator& engine, const alloc::Config& config);
+  // With its own trace ring (attached to engine while this object lives).
+  EngineForensics(alloc::CachingAllocator& engine, const Config& config);
+  // With the ring the composer attached to engine (not detached here), and the configuration text
+  // snapshots report as gpumem's settings (empty: the engine's own settings).
+  EngineForensics(alloc::CachingAllocator& engine, const Config& config, std::shared_ptr<TraceRing> ring,
+                  std::string settings);
   ~EngineForensics();
   EngineForensics(const EngineForensics&) = delete;
   EngineForensics& operator=(const EngineForensics&) = delete;
@@ -65,7 +76,9 @@ class EngineForensics {
   Snapshot snapshot_with(const std::optional<alloc::OomInfo>& oom);
   alloc::CachingAllocator& engine_;
   std::string report_dir_;
+  std::string settings_;
   std::shared_ptr<TraceRing> ring_;
+  bool own_ring_ = false;  // attached (and detached) by this object
   std::shared_ptr<FragmentationTracker> tracker_;
   std::shared_ptr<OpTableObserver> ops_;
   std::mutex write_mutex_;

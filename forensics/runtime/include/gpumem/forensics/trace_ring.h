@@ -1,54 +1,164 @@
-// TraceRing: a bounded history of an engine's events, the trace of gpumem's snapshots. An
-// AllocObserver that copies each event, tagged with the op and user scope current on the thread
-// that published it (when op recording is on), into a ring whose oldest records are overwritten.
+// TraceRing: the bounded history of one engine's events, and the only one: the trace of gpumem's
+// snapshots and OOM postmortems (EngineForensics) and the history the torch adapter shows as
+// torch.cuda.memory._snapshot()'s device_traces (_record_memory_history). An AllocObserver that
+// copies each event into a ring whose oldest records are overwritten, tagged with what was current
+// on the publishing thread: the op and user scope (when op recording is on, see OpStack), and what
+// the program attached (a stack context, a compile context, user metadata; TraceNotes).
 //
-// Cost: with record_ops off, tagging is one branch per batch; the ring's lock is held only for
-// copying the batch's records in (no allocation, no call out). Capacity is fixed at
-// construction (default kDefaultCapacity: about 50 training steps of BERT-base; 56 bytes a record).
+// Two readers, one buffer:
+//   history()   what the history settings ask for (TraceSettings: the last `capacity` records of
+//               the kinds not skipped, since the last clear): PyTorch's view.
+//   records()   everything kept: the history, plus the recent records a postmortem keeps whatever
+//               the history settings say (keep_at_least). EngineForensics reads this.
+// With only one of them in use the two are the same records. No event is stored twice.
 //
-// Invariants: size() <= capacity(); records() is oldest first, in publication order;
-// dropped() counts records overwritten since construction or clear().
-// Thread-safety: all members may be called from any thread.
+// OOM records: by default the engine's oom event is kept as it comes. A caller that adds what the
+// engine does not know (the torch adapter: the provider's free bytes, PyTorch's oom entry) calls
+// leave_oom_to_caller(true); the engine's oom event is then held on the publishing thread until
+// that thread calls record_oom(), which keeps it with the free bytes.
+//
+// Cost: while inactive (no history, no floor, no hook) on_events returns after one atomic load.
+// Active, the ring's lock is held only to copy the batch's records in; the buffer grows on demand
+// up to its capacity (a few allocations, amortized), and hooks run after the lock is released.
+// 80 bytes a record.
+//
+// Invariants: records().size() <= max(settings().capacity, floor); records() is oldest first, in
+// publication order; history() is a suffix-ordered subset of records(); dropped() counts records
+// overwritten since construction or the last clear().
+// Thread-safety: every member may be called from any thread; hooks are called on the thread that
+// published the events, with no lock of the ring held.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gpumem/alloc/events.h"
 
 namespace gpumem::forensics {
 
+// What the program attached to a record (all optional).
+struct TraceNotes {
+  std::shared_ptr<void> stack_context;  // opaque (the torch adapter's c10::GatheredContext), or null
+  std::string compile_context;          // empty = none
+  std::string user_metadata;            // empty = none
+  std::size_t device_free_bytes = 0;    // oom records from record_oom: provider free bytes
+};
+
 struct TraceRecord {
   alloc::AllocEvent event;
   std::uint32_t op = 0;     // OpRegistry id of the innermost op, 0 = none / not recorded
   std::uint32_t scope = 0;  // OpRegistry id of the innermost user scope, 0 = none
+  std::shared_ptr<const TraceNotes> notes;  // null = nothing attached
+
+  const std::shared_ptr<void>& stack_context() const noexcept;
+  const std::string& compile_context() const noexcept;
+  const std::string& user_metadata() const noexcept;
+  std::size_t device_free_bytes() const noexcept { return notes ? notes->device_free_bytes : 0; }
 };
+
+// The history PyTorch's _record_memory_history configures.
+struct TraceSettings {
+  std::size_t capacity = 0;     // records kept; 0 = none (SIZE_MAX = unbounded)
+  std::uint32_t skip_mask = 0;  // bit (1u << EventKind) set = leave that kind out
+  bool contexts = false;        // attach the thread's stack context to alloc records
+};
+
+constexpr std::uint32_t skip_bit(alloc::EventKind kind) noexcept {
+  return std::uint32_t{1} << static_cast<unsigned>(kind);
+}
 
 class TraceRing final : public alloc::AllocObserver {
  public:
-  static constexpr std::size_t kDefaultCapacity = 262144;
+  static constexpr std::size_t kDefaultCapacity = 262144;  // about 50 training steps of BERT-base
 
-  explicit TraceRing(std::size_t capacity = kDefaultCapacity, bool record_ops = false);
+  // Inactive: keeps nothing until configure(), keep_at_least() or add_hook().
+  TraceRing() = default;
+  // Keeps the last `capacity` records of every kind (capacity >= 1; throws ForensicsError for 0:
+  // trace_entries:0 turns tracing off, so no ring should be made then). record_ops: tag records
+  // with the publishing thread's op and scope.
+  explicit TraceRing(std::size_t capacity, bool record_ops = false);
 
+  // Times and order only matter while it keeps records or feeds hooks.
+  unsigned needs() const noexcept override {
+    return active() ? (alloc::kNeedsTimestamps | alloc::kNeedsSequence) : alloc::kNeedsNothing;
+  }
   void on_events(std::span<const alloc::AllocEvent> events) override;
 
-  std::vector<TraceRecord> records() const;
-  std::size_t size() const;
-  std::size_t capacity() const noexcept { return ring_.size(); }
+  // ---- configuration ----
+  // New history settings; clear starts the history afresh (see clear()). If the buffer's capacity
+  // falls below what is kept, the oldest records that no longer fit are dropped.
+  void configure(const TraceSettings& settings, bool clear);
+  TraceSettings settings() const;
+  // Keeps at least the last `records` records of every kind, whatever the history settings (the
+  // postmortem's need). 0 = no floor.
+  void keep_at_least(std::size_t records);
+  // Tag records with the publishing thread's op and scope (OpStack) from now on.
+  void set_record_ops(bool on) noexcept { record_ops_.store(on, std::memory_order_relaxed); }
+  bool records_ops() const noexcept { return record_ops_.load(std::memory_order_relaxed); }
+  // See "OOM records" above.
+  void leave_oom_to_caller(bool on);
+  // Adds a hook called for every record of a kind the history does not skip, from now on (even
+  // when the history keeps none).
+  using Hook = std::function<void(const TraceRecord&)>;
+  void add_hook(Hook hook);
+
+  // ---- what the program attaches ----
+  void set_user_metadata(std::string metadata);
+  std::string user_metadata() const;
+  void push_compile_context(std::string context);
+  void pop_compile_context();
+  // The stack context for the alloc event the calling thread's next engine call emits (engines
+  // publish events on the thread that made the call); consumed by that call's batch.
+  static void set_thread_context(std::shared_ptr<void> context);
+  // The oom record of the failure the calling thread just saw: the engine's oom event held for it
+  // (leave_oom_to_caller), else `fallback`, with the provider's free bytes.
+  void record_oom(const alloc::AllocEvent& fallback, std::size_t device_free_bytes);
+
+  // ---- reading ----
+  std::vector<TraceRecord> history() const;  // PyTorch's view, oldest first
+  std::vector<TraceRecord> records() const;  // everything kept, oldest first
+  std::size_t size() const;                  // records().size()
+  std::size_t capacity() const;              // max(settings().capacity, floor)
   std::uint64_t dropped() const;
-  bool records_ops() const noexcept { return record_ops_; }
+  bool active() const noexcept { return active_.load(std::memory_order_acquire); }
+  // Drops the history: history() is empty until new records arrive. Records kept for the floor
+  // stay (records()); without a floor everything is dropped and dropped() restarts at 0.
   void clear();
 
  private:
-  const bool record_ops_;
+  bool skipped_locked(alloc::EventKind kind) const noexcept { return (settings_.skip_mask & skip_bit(kind)) != 0; }
+  bool stored_locked(alloc::EventKind kind) const noexcept { return floor_ > 0 || !skipped_locked(kind); }
+  std::size_t capacity_locked() const noexcept { return std::max(settings_.capacity, floor_); }
+  void append_locked(TraceRecord&& record);
+  void fit_locked();
+  void clear_locked();
+  void update_active_locked();
+  void refresh_notes_locked();
+  std::vector<TraceRecord> ordered_locked() const;
+
   mutable std::mutex mutex_;
-  std::vector<TraceRecord> ring_;
-  std::size_t head_ = 0;   // next slot to write
-  std::size_t count_ = 0;  // valid records
+  std::atomic<bool> active_{false};
+  std::atomic<bool> record_ops_{false};
+  TraceSettings settings_;
+  std::size_t floor_ = 0;
+  bool oom_to_caller_ = false;
+  std::vector<TraceRecord> buffer_;  // grows to capacity_locked(), then wraps
+  std::size_t head_ = 0;             // when full: index of the oldest record
+  std::uint64_t appended_ = 0;       // records ever appended (ordinal of the next one)
+  std::uint64_t history_start_ = 0;  // ordinal of the first record the history shows
   std::uint64_t dropped_ = 0;
+  std::vector<Hook> hooks_;
+  std::string user_metadata_;
+  std::vector<std::string> compile_contexts_;
+  std::shared_ptr<const TraceNotes> current_notes_;  // metadata + compile context; null when both empty
 };
 
 }  // namespace gpumem::forensics

@@ -1,0 +1,50 @@
+// The forensics keys: trace_entries, oom_report_dir, record_ops (gpumem/forensics/config.h).
+// docs/config.md documents them; keep the table below and that page in step.
+#include "gpumem/forensics/config.h"
+
+#include <iterator>
+
+#include <fmt/format.h>
+
+namespace gpumem::forensics {
+namespace {
+
+using alloc::config_syntax::Entry;
+using alloc::config_syntax::fail_value;
+using alloc::config_syntax::Key;
+using alloc::config_syntax::KeyInfo;
+
+constexpr std::uint64_t kMaxTraceEntries = 1ull << 30;
+
+void apply_trace_entries(const Entry& e, const KeyInfo& k, Config& c) {
+  std::uint64_t v = alloc::config_syntax::want_uint(e, k);
+  if (v > kMaxTraceEntries) fail_value(e, k, "is too large");
+  c.trace_entries = static_cast<std::size_t>(v);
+}
+
+void apply_oom_report_dir(const Entry& e, const KeyInfo& k, Config& c) {
+  if (e.is_list) fail_value(e, k, "is a list, but this key takes a single value");
+  c.oom_report_dir = e.raw_value;  // empty = off; spaces inside the path are kept
+}
+
+void apply_record_ops(const Entry& e, const KeyInfo& k, Config& c) {
+  c.record_ops = alloc::config_syntax::want_bool(e, k);
+}
+
+constexpr Key<Config> kKeys[] = {
+    {{"trace_entries", "", "a whole number from 0 (off) to 1073741824", "trace_entries:100000"}, apply_trace_entries},
+    {{"oom_report_dir", "", "a directory path without ',', ':', '[' or ']' (empty = off)", "oom_report_dir:/tmp/oom"},
+     apply_oom_report_dir},
+    {{"record_ops", "", "True or False", "record_ops:True"}, apply_record_ops},
+};
+
+}  // namespace
+
+alloc::config_syntax::KeyTable config_key_table(Config& target) { return alloc::config_syntax::KeyTable(kKeys, target); }
+
+std::string to_string(const Config& c) {
+  return fmt::format("trace_entries:{},oom_report_dir:{},record_ops:{}", c.trace_entries, c.oom_report_dir,
+                     alloc::config_syntax::bool_text(c.record_ops));
+}
+
+}  // namespace gpumem::forensics

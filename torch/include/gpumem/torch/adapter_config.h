@@ -1,0 +1,46 @@
+// AdapterConfig: the keys the torch adapter owns: which memory source it builds for each device,
+// and PyTorch 2.11's keys gpumem accepts for compatibility (it reports them in snapshots'
+// allocator settings, as PyTorch does, and validates them as PyTorch does; none changes what the
+// engine does). The engine's keys are alloc::Config's, the forensics keys forensics::Config's;
+// gpumem::torch::Config (config.h) joins the three.
+//
+// Thread-safety: a plain value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gpumem/alloc/config_syntax.h"
+
+namespace gpumem::torch {
+
+// Which MemorySource the installer builds (source:...).
+enum class SourceKind : std::uint8_t { cuda_vmm, cuda_malloc, host_vmm, sim };
+
+const char* to_string(SourceKind kind) noexcept;
+
+struct AdapterConfig {
+  // source:cuda_vmm|cuda_malloc|host_vmm|sim. install_cpu always uses host_vmm.
+  SourceKind source = SourceKind::cuda_vmm;
+  // Accepted for compatibility (PyTorch 2.11's keys); kept and reported in snapshots'
+  // allocator_settings.
+  bool release_lock_on_cudamalloc = false;
+  bool pinned_use_cuda_host_register = false;
+  std::uint32_t pinned_num_register_threads = 1;
+  std::size_t pinned_reserve_segment_size_bytes = 0;
+  bool pinned_use_background_threads = false;
+  bool graph_capture_record_stream_reuse = false;
+
+  friend bool operator==(const AdapterConfig& a, const AdapterConfig& b) noexcept = default;
+};
+
+// A canonical `key:value,...` string of the adapter's keys (backend, which is not a setting, is
+// left out).
+std::string to_string(const AdapterConfig& config);
+
+// The adapter's keys (backend included) bound to target, for the parse that joins every layer's
+// keys.
+alloc::config_syntax::KeyTable adapter_key_table(AdapterConfig& target);
+
+}  // namespace gpumem::torch
