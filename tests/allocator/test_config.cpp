@@ -1,11 +1,9 @@
 // The engine's configuration (alloc::Config): the syntax every layer shares, every engine key, every
-// kind of bad input, the canonical string. The keys of the other layers and the environment are
-// tested with the parse that joins them all, in tests/torch/test_config.cpp.
+// kind of bad input, the canonical string. The keys of the other layers, the environment and the
+// documentation of every key are tested with the parse that joins them all, in
+// tests/torch/test_config.cpp.
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -418,24 +416,5 @@ TEST_CASE("config: config_keys names every engine key, and each is known", "[con
     CHECK(msg.find("unknown key") == std::string::npos);
     CHECK(msg.find(std::string(k) + ":@") != std::string::npos);
     CHECK(msg.find("expected") != std::string::npos);
-  }
-}
-
-TEST_CASE("config: docs/config.md documents every key", "[config][docs]") {
-  std::string root;
-  if (const char* dir = std::getenv("GPUMEM_SOURCE_DIR")) {
-    root = dir;
-  } else {
-    root = __FILE__;
-    root = root.substr(0, root.rfind("/tests/"));
-  }
-  std::ifstream in(root + "/docs/config.md");
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string doc = ss.str();
-  for (auto k : config_keys()) {
-    INFO(k);
-    CHECK(doc.find("`" + std::string(k)) != std::string::npos);
   }
 }

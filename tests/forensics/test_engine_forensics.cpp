@@ -1,7 +1,8 @@
 // gpumem's forensics on a live engine (CachingAllocator on HostVmmSource, driven directly): ops
 // recorded through OpStack, a deliberately fragmenting program whose OOM postmortem says
 // fragmentation with numbers equal to the engine's, snapshots PyTorch's layout, and diff of
-// two snapshots around a known allocation.
+// two snapshots around a known allocation, and the trace ring shared with a composer (recorded once).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -252,4 +253,56 @@ TEST_CASE("diff of two snapshots around a known allocation", "[engine][diff]") {
   CHECK(render_diff_json(d).find("\"delta_bytes\":67108864") != std::string::npos);
   e.engine.free(base);
   e.engine.free(extra);
+}
+
+TEST_CASE("with the composer's trace ring, every event is recorded once, and the postmortem's floor is kept",
+          "[engine][ring]") {
+  TempDir dir;
+  Setup config = classic_config(dir.file(""));
+  config.engine.memory_limit_bytes = 64 * kMiB;
+  config.forensics.trace_entries = 0;  // no history asked for: the postmortem still needs one
+  config.forensics.record_ops = false;
+  Engine e(config.engine);
+  // The composer's ring (the torch adapter's: PyTorch's history), attached once.
+  auto ring = std::make_shared<TraceRing>();
+  ring->leave_oom_to_caller(true);
+  e.engine.attach_observer(ring);
+  {
+    EngineForensics fx(e.engine, config.forensics, ring, "recycle:True,oom_report_dir:x");
+    REQUIRE(fx.trace_ring() == ring.get());
+    CHECK(ring->capacity() == 4096);  // the postmortem's floor
+    CHECK(ring->history().empty());   // nothing for PyTorch's history: it was not asked for
+
+    void* p = e.engine.allocate(3 * kMiB, 0).ptr;
+    REQUIRE(p != nullptr);
+    REQUIRE(e.engine.free(p) == alloc::FreeStatus::ok);
+    std::size_t allocs = 0;
+    for (const auto& r : ring->records()) allocs += r.event.kind == alloc::EventKind::alloc;
+    CHECK(allocs == 1);
+
+    // The OOM: the caller records it (with the provider's free bytes) and the postmortem reads it.
+    const alloc::AllocResult big = e.engine.allocate(100 * kMiB, 0);
+    REQUIRE_FALSE(big.ok());
+    alloc::AllocEvent fallback;
+    fallback.kind = alloc::EventKind::oom;
+    ring->record_oom(fallback, big.oom->provider.free_bytes);
+    const auto records = ring->records();
+    REQUIRE(records.back().event.kind == alloc::EventKind::oom);
+    CHECK(records.back().event.requested_bytes == 100 * kMiB);  // the engine's event, not the fallback
+    CHECK(std::count_if(records.begin(), records.end(),
+                        [](const TraceRecord& r) { return r.event.kind == alloc::EventKind::oom; }) == 1);
+    const auto files = fx.on_oom(*big.oom);
+    REQUIRE(files.has_value());
+    INFO(files->message);
+    CHECK(files->verdict == "capacity");
+    const Snapshot snap = load_snapshot(files->snapshot_path);
+    CHECK(snap.gpumem.settings == "recycle:True,oom_report_dir:x");  // the composer's settings text
+    REQUIRE_FALSE(snap.device_traces.empty());
+    const auto& trace = snap.device_traces[0];
+    CHECK(std::count_if(trace.begin(), trace.end(),
+                        [](const SnapshotTraceEntry& t) { return t.action == TraceAction::oom; }) == 1);
+  }
+  // EngineForensics gone: the ring is the composer's again, without the floor.
+  CHECK(ring->capacity() == 0);
+  CHECK_FALSE(ring->active());
 }
