@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<gpumem::forensics::EngineForensics> fx;
     if (on) {
       if (o.on != "observers") gpumem::forensics::install_record_function_attribution();
-      if (o.on != "callbacks") fx = std::make_unique<gpumem::forensics::EngineForensics>(*engine, config);
+      if (o.on != "callbacks") fx = std::make_unique<gpumem::forensics::EngineForensics>(*engine, config.forensics);
     }
     for (int s = 0; s < o.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
