@@ -1,5 +1,6 @@
 #include "gpumem/forensics/trace_ring.h"
 
+#include <cstring>
 #include <utility>
 
 #include "gpumem/forensics/error.h"
@@ -109,6 +110,7 @@ void TraceRing::refresh_notes_locked() {
 
 void TraceRing::update_active_locked() {
   active_.store(capacity_locked() > 0 || !hooks_.empty(), std::memory_order_release);
+  contexts_.store(settings_.contexts, std::memory_order_relaxed);
 }
 
 void TraceRing::clear_locked() {
@@ -117,7 +119,13 @@ void TraceRing::clear_locked() {
     buffer_.clear();
     head_ = 0;
     dropped_ = 0;
+    notes_.clear();
   }
+}
+
+void TraceRing::trim_notes_locked() {
+  const std::uint64_t oldest = oldest_ordinal_locked();
+  while (!notes_.empty() && notes_.front().last_ordinal < oldest) notes_.pop_front();
 }
 
 void TraceRing::fit_locked() {
@@ -125,32 +133,54 @@ void TraceRing::fit_locked() {
   if (buffer_.size() == cap) return;
   if (buffer_.size() > cap || head_ != 0) {
     // Straighten the ring (oldest first) and keep the newest records that fit.
-    std::vector<TraceRecord> ordered = ordered_locked();
-    const std::size_t drop = ordered.size() > cap ? ordered.size() - cap : 0;
+    const std::size_t drop = buffer_.size() > cap ? buffer_.size() - cap : 0;
+    std::vector<Slot> ordered;
+    ordered.reserve(buffer_.size() - drop);
+    for (std::size_t i = drop; i < buffer_.size(); ++i) ordered.push_back(buffer_[(head_ + i) % buffer_.size()]);
     dropped_ += drop;
-    buffer_.assign(std::make_move_iterator(ordered.begin() + static_cast<std::ptrdiff_t>(drop)),
-                   std::make_move_iterator(ordered.end()));
+    buffer_ = std::move(ordered);
     head_ = 0;
+    trim_notes_locked();
   }
   if (buffer_.capacity() < std::min(cap, kReserveRecords)) buffer_.reserve(std::min(cap, kReserveRecords));
 }
 
-void TraceRing::append_locked(TraceRecord&& record) {
-  const std::size_t cap = capacity_locked();
-  if (cap == 0) return;
-  ++appended_;
-  if (buffer_.size() < cap) {
-    buffer_.push_back(std::move(record));
+void TraceRing::note_locked(const std::shared_ptr<const TraceNotes>& notes, std::uint64_t ordinal) {
+  if (!notes_.empty() && notes_.back().notes == notes && notes_.back().last_ordinal + 1 == ordinal) {
+    notes_.back().last_ordinal = ordinal;
   } else {
-    buffer_[head_] = std::move(record);
-    head_ = head_ + 1 == buffer_.size() ? 0 : head_ + 1;
-    ++dropped_;
+    notes_.push_back(NotesRun{notes, ordinal, ordinal});
   }
+}
+
+void TraceRing::grow_locked(const Slot& slot) { buffer_.push_back(slot); }
+
+// The hot path of on_events: one store of the slot once the ring is full.
+inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint32_t op, std::uint32_t scope,
+                                     const std::shared_ptr<const TraceNotes>& notes, std::size_t cap) {
+  const std::uint64_t ordinal = appended_++;
+  if (notes != nullptr) [[unlikely]]
+    note_locked(notes, ordinal);
+  if (buffer_.size() < cap) [[unlikely]] {
+    grow_locked(Slot{event, op, scope});
+    return;
+  }
+  // Full: overwrite the oldest record: whole-slot stores (the slot's line is cold in a large ring;
+  // field by field, the event's padding bytes would be left out and each store would wait for it).
+  Slot& slot = buffer_[head_];
+  std::memcpy(&slot.event, &event, sizeof event);
+  slot.op = op;
+  slot.scope = scope;
+  if (++head_ == buffer_.size()) head_ = 0;
+  ++dropped_;
+  if (!notes_.empty() && notes_.front().last_ordinal < appended_ - buffer_.size()) [[unlikely]]
+    trim_notes_locked();
 }
 
 void TraceRing::on_events(std::span<const alloc::AllocEvent> events) {
   if (!active()) return;
-  std::shared_ptr<void> context = std::move(t_pending_context);
+  std::shared_ptr<void> context;  // the thread's stack context, read only while contexts are recorded
+  if (contexts_.load(std::memory_order_relaxed)) context = std::move(t_pending_context);
   std::uint32_t op = 0, scope = 0;
   if (record_ops_.load(std::memory_order_relaxed)) {
     op = OpStack::current_op();
@@ -168,17 +198,19 @@ void TraceRing::on_events(std::span<const alloc::AllocEvent> events) {
       notes->stack_context = std::move(context);
       with_context = std::move(notes);
     }
+    const std::size_t cap = capacity_locked();
+    const bool any_hooks = !hooks_.empty();
     for (const auto& event : events) {
       if (event.kind == alloc::EventKind::oom && oom_to_caller_) {
         t_held_oom = HeldOom{this, event};  // record_oom() keeps it, with the provider's free bytes
         continue;
       }
       const bool skipped = skipped_locked(event.kind);
-      if (skipped && !stored_locked(event.kind)) continue;
-      TraceRecord record{event, op, scope, current_notes_};
-      if (event.kind == alloc::EventKind::alloc && with_context != nullptr) record.notes = with_context;
-      if (!skipped && !hooks_.empty()) for_hooks.push_back(record);
-      append_locked(std::move(record));
+      if (skipped && floor_ == 0) continue;  // nobody keeps this kind
+      const std::shared_ptr<const TraceNotes>& notes =
+          event.kind == alloc::EventKind::alloc && with_context != nullptr ? with_context : current_notes_;
+      if (!skipped && any_hooks) for_hooks.push_back(TraceRecord{event, op, scope, notes});
+      if (cap != 0) append_locked(event, op, scope, notes, cap);
     }
     if (!for_hooks.empty()) hooks = hooks_;
   }
@@ -203,39 +235,48 @@ void TraceRing::record_oom(const alloc::AllocEvent& fallback, std::size_t device
   {
     std::lock_guard lock(mutex_);
     const bool skipped = skipped_locked(event.kind);
-    if (skipped && !stored_locked(event.kind)) return;
+    if (skipped && floor_ == 0) return;  // nobody keeps this kind
     auto notes = std::make_shared<TraceNotes>(current_notes_ ? *current_notes_ : TraceNotes{});
     notes->device_free_bytes = device_free_bytes;
     record = TraceRecord{event, op, scope, std::move(notes)};
     if (!skipped) hooks = hooks_;
-    append_locked(TraceRecord(record));
+    const std::size_t cap = capacity_locked();
+    if (cap != 0) append_locked(record.event, op, scope, record.notes, cap);
   }
   for (const auto& hook : hooks) hook(record);
 }
 
-std::vector<TraceRecord> TraceRing::ordered_locked() const {
+template <class Keep>
+std::vector<TraceRecord> TraceRing::copy_out_locked(std::size_t first, Keep keep) const {
   std::vector<TraceRecord> out;
-  out.reserve(buffer_.size());
-  for (std::size_t i = 0; i < buffer_.size(); ++i) out.push_back(buffer_[(head_ + i) % buffer_.size()]);
+  out.reserve(buffer_.size() - std::min(first, buffer_.size()));
+  const std::uint64_t oldest = oldest_ordinal_locked();
+  auto run = notes_.begin();
+  for (std::size_t i = first; i < buffer_.size(); ++i) {
+    const Slot& s = buffer_[(head_ + i) % buffer_.size()];
+    if (!keep(s)) continue;
+    TraceRecord r{s.event, s.op, s.scope, nullptr};
+    // Runs are in record order: the record's, if any, is the first that ends at or after it.
+    const std::uint64_t ordinal = oldest + i;
+    while (run != notes_.end() && run->last_ordinal < ordinal) ++run;
+    if (run != notes_.end() && run->first_ordinal <= ordinal) r.notes = run->notes;
+    out.push_back(std::move(r));
+  }
   return out;
 }
 
 std::vector<TraceRecord> TraceRing::records() const {
   std::lock_guard lock(mutex_);
-  return ordered_locked();
+  return copy_out_locked(0, [](const Slot&) { return true; });
 }
 
 std::vector<TraceRecord> TraceRing::history() const {
   std::lock_guard lock(mutex_);
-  std::vector<TraceRecord> out;
-  if (settings_.capacity == 0) return out;
-  // Ordinal of the oldest record kept: appended_ - buffer_.size().
-  const std::uint64_t oldest = appended_ - buffer_.size();
+  if (settings_.capacity == 0) return {};
+  const std::uint64_t oldest = oldest_ordinal_locked();
   const std::size_t first = history_start_ > oldest ? static_cast<std::size_t>(history_start_ - oldest) : 0;
-  for (std::size_t i = first; i < buffer_.size(); ++i) {
-    const TraceRecord& r = buffer_[(head_ + i) % buffer_.size()];
-    if (!skipped_locked(r.event.kind)) out.push_back(r);
-  }
+  std::vector<TraceRecord> out =
+      copy_out_locked(first, [this](const Slot& s) { return !skipped_locked(s.event.kind); });
   if (out.size() > settings_.capacity)
     out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(out.size() - settings_.capacity));
   return out;

@@ -20,7 +20,7 @@
 // Cost: while inactive (no history, no floor, no hook) on_events returns after one atomic load.
 // Active, the ring's lock is held only to copy the batch's records in; the buffer grows on demand
 // up to its capacity (a few allocations, amortized), and hooks run after the lock is released.
-// 80 bytes a record.
+// 64 bytes a record (what the program attached is kept once per run of records that share it).
 //
 // Invariants: records().size() <= max(settings().capacity, floor); records() is oldest first, in
 // publication order; history() is a suffix-ordered subset of records(); dropped() counts records
@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -134,27 +135,50 @@ class TraceRing final : public alloc::AllocObserver {
   void clear();
 
  private:
+  // A kept record: plain data, one cache line, so that overwriting the oldest one only stores
+  // (the slot is cold in a large ring: a load would stall). Notes are kept beside, in notes_.
+  struct Slot {
+    alloc::AllocEvent event;
+    std::uint32_t op = 0;
+    std::uint32_t scope = 0;
+  };
+  // The notes of kept records: one entry per run of consecutive records (by ordinal) that share
+  // one notes object, oldest first; records in no run have none.
+  struct NotesRun {
+    std::shared_ptr<const TraceNotes> notes;
+    std::uint64_t first_ordinal = 0;
+    std::uint64_t last_ordinal = 0;
+  };
+
   bool skipped_locked(alloc::EventKind kind) const noexcept { return (settings_.skip_mask & skip_bit(kind)) != 0; }
-  bool stored_locked(alloc::EventKind kind) const noexcept { return floor_ > 0 || !skipped_locked(kind); }
   std::size_t capacity_locked() const noexcept { return std::max(settings_.capacity, floor_); }
-  void append_locked(TraceRecord&& record);
+  std::uint64_t oldest_ordinal_locked() const noexcept { return appended_ - buffer_.size(); }
+  void append_locked(const alloc::AllocEvent& event, std::uint32_t op, std::uint32_t scope,
+                     const std::shared_ptr<const TraceNotes>& notes, std::size_t cap);
+  void note_locked(const std::shared_ptr<const TraceNotes>& notes, std::uint64_t ordinal);
+  void grow_locked(const Slot& slot);
+  void trim_notes_locked();
   void fit_locked();
   void clear_locked();
   void update_active_locked();
   void refresh_notes_locked();
-  std::vector<TraceRecord> ordered_locked() const;
+  // Kept records from position `first` (0 = oldest) on, oldest first, keep(record) deciding which.
+  template <class Keep>
+  std::vector<TraceRecord> copy_out_locked(std::size_t first, Keep keep) const;
 
   mutable std::mutex mutex_;
   std::atomic<bool> active_{false};
   std::atomic<bool> record_ops_{false};
+  std::atomic<bool> contexts_{false};  // settings_.contexts, read without the lock
   TraceSettings settings_;
   std::size_t floor_ = 0;
   bool oom_to_caller_ = false;
-  std::vector<TraceRecord> buffer_;  // grows to capacity_locked(), then wraps
+  std::vector<Slot> buffer_;         // grows to capacity_locked(), then wraps
   std::size_t head_ = 0;             // when full: index of the oldest record
   std::uint64_t appended_ = 0;       // records ever appended (ordinal of the next one)
   std::uint64_t history_start_ = 0;  // ordinal of the first record the history shows
   std::uint64_t dropped_ = 0;
+  std::deque<NotesRun> notes_;
   std::vector<Hook> hooks_;
   std::string user_metadata_;
   std::vector<std::string> compile_contexts_;
