@@ -23,7 +23,7 @@
 // 64 bytes a record (what the program attached is kept once per run of records that share it).
 //
 // Invariants: records().size() <= max(settings().capacity, floor); records() is oldest first, in
-// publication order; history() is a suffix-ordered subset of records(); dropped() counts records
+// publication order; history() is an ordered subset of records(); dropped() counts records
 // overwritten since construction or the last clear().
 // Thread-safety: every member may be called from any thread; hooks are called on the thread that
 // published the events, with no lock of the ring held.
