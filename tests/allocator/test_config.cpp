@@ -3,37 +3,21 @@
 // documentation of every key are tested with the parse that joins them all, in
 // tests/torch/test_config.cpp.
 #include <algorithm>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "catch.h"
+#include "config_test_support.h"
 #include "gpumem/alloc/config.h"
 
 using namespace gpumem::alloc;
 
 namespace {
 
-Config parse_ok(const std::string& text) {
-  auto r = parse_config(text);
-  if (auto* e = std::get_if<ConfigError>(&r)) FAIL("unexpected error for '" << text << "': " << e->message);
-  return std::get<Config>(r);
-}
+Config parse_ok(const std::string& text) { return gpumem::testing::parse_ok<Config, ConfigError>(parse_config, text); }
 
-std::string parse_err(const std::string& text) {
-  auto r = parse_config(text);
-  if (std::holds_alternative<Config>(r)) FAIL("'" << text << "' parsed but should have failed");
-  return std::get<ConfigError>(r).message;
-}
-
-// The error names the key and the bad value, says what is accepted, and is one line.
 void check_error(const std::string& text, const std::vector<std::string>& must_contain) {
-  INFO("config: " << text);
-  std::string msg = parse_err(text);
-  INFO("message: " << msg);
-  CHECK(msg.rfind("gpumem config: ", 0) == 0);
-  CHECK(msg.find('\n') == std::string::npos);
-  for (const auto& part : must_contain) CHECK(msg.find(part) != std::string::npos);
+  gpumem::testing::check_error<Config, ConfigError>(parse_config, text, must_contain);
 }
 
 }  // namespace
@@ -361,46 +345,22 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK_FALSE(a == b);
   }
   SECTION("seeded random configurations") {
-    std::mt19937_64 rng(20250611);
-    auto pick = [&](std::initializer_list<const char*> xs) {
-      std::vector<const char*> v(xs);
-      return std::string(v[rng() % v.size()]);
-    };
-    for (int iter = 0; iter < 2000; ++iter) {
-      std::vector<std::string> parts;
-      auto maybe = [&](const std::string& part) {
-        if (rng() % 2) parts.push_back(part);
-      };
-      maybe("large_segment_size_mb:" + pick({"11", "20", "32", "64"}));
-      maybe("expandable_segments:" + pick({"True", "False"}));
-      maybe("max_split_size_mb:" + pick({"64", "100", "unlimited", "4096"}));
-      maybe("max_non_split_rounding_mb:" + pick({"64", "80", "1000"}));
-      maybe("roundup_power2_divisions:" + pick({"0", "2", "[1:2,>:8]", "[16:4,64:0,1024:2]",
-                                                "[>:1]", "[2:8,4:4,8:2,16:1]"}));
-      maybe("garbage_collection_threshold:" + pick({"0", "0.1", "0.3333333333333333", "0.95"}));
-      maybe("per_process_memory_fraction:" + pick({"0", "0.5", "1", "0.123456789"}));
-      maybe("memory_limit_mb:" + pick({"0", "1", "81920"}));
-      maybe("small_piece_size_mb:" + pick({"2", "4", "16"}));
-      maybe("va_reserve_mb:" + pick({"0", "65536"}));
-      maybe("recycle:" + pick({"True", "False"}));
-      std::shuffle(parts.begin(), parts.end(), rng);
-      std::string text;
-      for (const auto& p : parts) text += (text.empty() ? "" : ",") + p;
-      INFO(text);
-      auto r = parse_config(text);
-      if (auto* e = std::get_if<ConfigError>(&r)) {
-        // Only the cross-key size rules may refuse these combinations.
-        CHECK((e->message.find("smaller than the large segment size") != std::string::npos ||
-               e->message.find("cannot hold one piece") != std::string::npos));
-        continue;
-      }
-      const Config& c = std::get<Config>(r);
-      std::string canonical = to_string(c);
-      INFO(canonical);
-      Config back = parse_ok(canonical);
-      REQUIRE(back == c);
-      REQUIRE(to_string(back) == canonical);
-    }
+    gpumem::testing::check_random_round_trips<Config, ConfigError>(
+        parse_config, [](const Config& c) { return to_string(c); },
+        {
+          {"large_segment_size_mb", {"11", "20", "32", "64"}},
+          {"expandable_segments", {"True", "False"}},
+          {"max_split_size_mb", {"64", "100", "unlimited", "4096"}},
+          {"max_non_split_rounding_mb", {"64", "80", "1000"}},
+          {"roundup_power2_divisions", {"0", "2", "[1:2,>:8]", "[16:4,64:0,1024:2]", "[>:1]", "[2:8,4:4,8:2,16:1]"}},
+          {"garbage_collection_threshold", {"0", "0.1", "0.3333333333333333", "0.95"}},
+          {"per_process_memory_fraction", {"0", "0.5", "1", "0.123456789"}},
+          {"memory_limit_mb", {"0", "1", "81920"}},
+          {"small_piece_size_mb", {"2", "4", "16"}},
+          {"va_reserve_mb", {"0", "65536"}},
+          {"recycle", {"True", "False"}},
+        },
+        20250611, 2000);
   }
 }
 
