@@ -226,6 +226,8 @@ struct CachingAllocator::Impl {
   std::size_t release_cached_dropping_lock(Lock& lock, detail::EventBatch& batch);
   // garbage_collection_threshold: frees wholly free classic segments as release_policy.h orders.
   void collect_garbage_dropping_lock(Lock& lock, detail::EventBatch& batch);
+  // Commit of a claimed classic segment whose memory went back: forgets it, emits segment_free.
+  void drop_segment_locked(Region& r, detail::EventBatch& batch);
   // Waits (engine lock dropped) for the markers of every pending free, then completes them.
   void wait_pending_dropping_lock(Lock& lock, detail::EventBatch& batch);
 

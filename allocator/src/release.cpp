@@ -31,10 +31,11 @@ struct SegmentMemory {
   VaRange va;
   PhysHandle handle = 0;
   bool backed_by_reservation = false;
+  bool released = false;  // result: given back (a segment that could not be unmapped stays cached)
 };
 
 SegmentMemory segment_memory(const Region& r) {
-  return {r.va, r.backed_by_reservation ? 0 : r.slots[0].handle, r.backed_by_reservation};
+  return {r.va, r.backed_by_reservation ? 0 : r.slots[0].handle, r.backed_by_reservation, false};
 }
 
 // The driver work of one release, as plain values.
@@ -48,7 +49,7 @@ struct ReleaseWork {
   };
   std::vector<StreamId> sync_streams;  // streams whose memory goes back (synchronized first)
   std::vector<Piece> pieces;
-  std::vector<SegmentMemory> segments;  // freed whole (statuses ignored: the engine forgets them)
+  std::vector<SegmentMemory> segments;  // freed whole
 };
 
 void run_release_unlocked(MemorySource& source, StreamEvents& events, ReleaseWork& w) {
@@ -63,12 +64,17 @@ void run_release_unlocked(MemorySource& source, StreamEvents& events, ReleaseWor
     source.destroy(p.handle);
     p.released = true;
   }
-  for (const SegmentMemory& s : w.segments) {
-    if (!s.backed_by_reservation) {
-      source.unmap(s.va.base, s.va.size_bytes);
-      source.destroy(s.handle);
+  for (SegmentMemory& s : w.segments) {
+    if (s.backed_by_reservation) {
+      s.released = source.release(s.va) == SourceStatus::ok;
+      continue;
     }
+    if (source.unmap(s.va.base, s.va.size_bytes) != SourceStatus::ok) continue;
+    // Unmapped: destroying the piece and releasing the range cannot fail in a way that keeps the
+    // memory usable, so the segment is gone whatever they answer.
+    source.destroy(s.handle);
     source.release(s.va);
+    s.released = true;
   }
 }
 
@@ -146,13 +152,15 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
   }
 
   // ---- commit
-  std::size_t piece_i = 0;
+  std::size_t piece_i = 0, segment_i = 0;
   for (const Claim& c : claims) {
     Region& r = *c.block->region;
     if (c.segment) {
-      map.reserved_bytes -= r.va.size_bytes;
-      emit(batch, EventKind::segment_free, r.pool, r.va.base, r.va.size_bytes, 0, r.stream, 1);
-      map.drop_region(r);
+      if (w.segments[segment_i++].released) {
+        drop_segment_locked(r, batch);
+      } else {
+        map.unclaim(c.block);
+      }
       continue;
     }
     const ReleaseWork::Piece& p = w.pieces[piece_i++];
@@ -210,12 +218,19 @@ void CachingAllocator::Impl::collect_garbage_dropping_lock(Lock& lock, EventBatc
   run_release_unlocked(source, events, w);
   lock.lock();
   // ---- commit
-  for (Block* b : claimed) {
-    Region& r = *b->region;
-    map.reserved_bytes -= r.va.size_bytes;
-    emit(batch, EventKind::segment_free, r.pool, r.va.base, r.va.size_bytes, 0, r.stream, 1);
-    map.drop_region(r);
+  for (std::size_t i = 0; i < claimed.size(); ++i) {
+    if (w.segments[i].released) {
+      drop_segment_locked(*claimed[i]->region, batch);
+    } else {
+      map.unclaim(claimed[i]);
+    }
   }
+}
+
+void CachingAllocator::Impl::drop_segment_locked(Region& r, EventBatch& batch) {
+  map.reserved_bytes -= r.va.size_bytes;
+  emit(batch, EventKind::segment_free, r.pool, r.va.base, r.va.size_bytes, 0, r.stream, 1);
+  map.drop_region(r);
 }
 
 }  // namespace gpumem::alloc

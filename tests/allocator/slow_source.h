@@ -67,6 +67,9 @@ class SlowSource final : public MemorySource {
   Gate& gate(Op op) { return gates_[static_cast<int>(op)]; }
   // The next call of op fails when fail_next(op) was called (one-shot).
   void fail_next(Op op) { fail_[static_cast<int>(op)].store(true); }
+  void clear_faults() {
+    for (auto& f : fail_) f.store(false);
+  }
   std::size_t max_in_flight() const { return max_in_flight_.load(); }
   std::size_t total_calls() const { return calls_.load(); }
   // Pretend the provider's total is unknown (0), as a source that cannot tell reports it.
