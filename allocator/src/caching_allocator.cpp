@@ -313,10 +313,11 @@ void CachingAllocator::detach_observer(const AllocObserver* observer) {
   m.observer_lists.push_back(std::move(next));
 }
 
-EngineTotals CachingAllocator::totals() const {
-  Impl& m = *impl_;
-  std::lock_guard lock(m.mutex);
-  detail::WorldStop stop(m.thread_caches);
+namespace {
+
+// The engine's totals (engine lock held, thread caches stopped).
+EngineTotals totals_locked(const CachingAllocator::Impl& m) {
+  m.mutex.assert_held();
   std::int64_t alloc_delta = 0, req_delta = 0;
   std::size_t in_caches = 0;
   for (const auto& tc : m.thread_caches.caches) {
@@ -341,22 +342,29 @@ EngineTotals CachingAllocator::totals() const {
   return t;
 }
 
+}  // namespace
+
+EngineTotals CachingAllocator::totals() const {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  detail::WorldStop stop(m.thread_caches);
+  return totals_locked(m);
+}
+
 EngineSnapshot CachingAllocator::snapshot() {
   Impl& m = *impl_;
   EngineSnapshot snap;
   snap.device = m.device;
   snap.settings = to_string(m.config);
-  {
-    // Views show cached blocks as the free memory they are: hand them back first.
-    std::lock_guard lock(m.mutex);
-    detail::WorldStop stop(m.thread_caches);
-    m.drain_all_caches_locked();
-  }
-  snap.totals = totals();
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
   {
+    // One instant: thread caches stay stopped (a fast path would change the blocks being read),
+    // and views show cached blocks as the free memory they are: they are handed back first.
     std::lock_guard lock(m.mutex);
+    detail::WorldStop stop(m.thread_caches);
+    m.drain_all_caches_locked();
+    snap.totals = totals_locked(m);
     snap.segments.reserve(m.map.regions.size());
     for (const auto& [base, rp] : m.map.regions) {
       const Region& r = *rp;
