@@ -37,6 +37,7 @@ CachingAllocator::Impl::Impl(MemorySource& s, StreamEvents& e, Config c, int dev
       thread_caches(config.thread_cache) {}
 
 void CachingAllocator::Impl::complete_pending_locked(std::vector<Block*>& list, EventBatch& batch) {
+  mutex.assert_held();
   // Swap-remove in place: the order blocks complete in (and so the events) is the same as the
   // engine always had.
   for (std::size_t i = 0; i < list.size();) {
@@ -116,6 +117,7 @@ FreeStatus CachingAllocator::Impl::classify_bad_pointer_locked(std::uintptr_t ad
 }
 
 std::size_t CachingAllocator::Impl::largest_free_locked() const {
+  mutex.assert_held();
   std::size_t m = 0;
   for (int pool = 0; pool < 2; ++pool)
     for (const Block& b : map.free_index[pool].blocks()) m = std::max(m, b.size_bytes);
@@ -124,6 +126,7 @@ std::size_t CachingAllocator::Impl::largest_free_locked() const {
 
 OomInfo CachingAllocator::Impl::make_oom_locked(std::size_t size, std::size_t rounded, StreamId stream, PoolKind pool,
                                                 const GrowFailure& f) {
+  mutex.assert_held();
   OomInfo o;
   o.requested_bytes = size;
   o.rounded_bytes = rounded;

@@ -190,6 +190,7 @@ struct CachingAllocator::Impl {
 
   // b (allocated or pending_free, in the live table) becomes free memory.
   void complete_free_locked(Block* b, detail::EventBatch& batch) {
+    mutex.assert_held();
     live.erase(*b, use_caches());
     b->uses.reset();
     b->state = BlockState::free;

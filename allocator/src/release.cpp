@@ -228,6 +228,7 @@ void CachingAllocator::Impl::collect_garbage_dropping_lock(Lock& lock, EventBatc
 }
 
 void CachingAllocator::Impl::drop_segment_locked(Region& r, EventBatch& batch) {
+  mutex.assert_held();
   map.reserved_bytes -= r.va.size_bytes;
   emit(batch, EventKind::segment_free, r.pool, r.va.base, r.va.size_bytes, 0, r.stream, 1);
   map.drop_region(r);
