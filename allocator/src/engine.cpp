@@ -67,12 +67,16 @@ void CachingAllocator::Impl::process_pending_locked(EventBatch& batch) {
 
 CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lock(
     Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded, EventBatch& batch, GrowFailure& fail) {
-  // Growth and release are serialized by growth_mutex, taken without the engine lock (lock order).
-  lock.unlock();
-  std::unique_lock growth(growth_mutex);
-  lock.lock();
-  // While this thread waited, another may have grown or freed: look again.
-  if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
+  // Growth and release are serialized by growth_mutex. Trying it costs nothing; waiting for it
+  // happens without the engine lock (lock order), and then another thread may have grown or freed
+  // meanwhile: look again.
+  std::unique_lock growth(growth_mutex, std::try_to_lock);
+  if (!growth.owns_lock()) {
+    lock.unlock();
+    growth.lock();
+    lock.lock();
+    if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
+  }
   const bool gc_due = policy::should_collect_garbage(rules.garbage_collection_threshold, map.reserved_bytes, cap);
   for (policy::RecoveryStep step : policy::recovery_steps(gc_due)) {
     Block* b = nullptr;

@@ -16,7 +16,8 @@
 //
 //   Lock order: registry mutex (thread_caches.cpp) -> growth_mutex -> mutex (the engine lock) ->
 //   ThreadCache::lock -> live-table shard lock -> the MemorySource's and StreamEvents' own locks.
-//   The registry mutex and growth_mutex are never held together.
+//   The registry mutex and growth_mutex are never held together. growth_mutex may be *tried* with
+//   the engine lock held (a try never waits); waiting for it happens without the engine lock.
 //
 //   mutex guards every structure below it. It is held for short critical sections only: never
 //   across MemorySource::reserve/release/create/destroy/map/unmap/mem_info, never across
