@@ -206,9 +206,10 @@ struct CachingAllocator::Impl {
 
   // ---------------------------------------------------------------- the slow path (engine.cpp)
 
-  // No cached block fits (pool, stream, rounded): takes growth_mutex, looks again, then runs the
-  // recovery steps of retry_policy.h until one yields a block (free, in no container) or none
-  // does (null; `fail` says why the last growth failed).
+  // No cached block fits (pool, stream, rounded): takes growth_mutex (if it had to wait for it,
+  // looks in the free index again), then runs the recovery steps of retry_policy.h until one
+  // yields a block (free, in no container) or none does (null; `fail` says why the last growth
+  // failed). growth_mutex is released on return; the engine lock is held.
   Block* allocate_slow_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                                      detail::EventBatch& batch, detail::GrowFailure& fail);
   Block* grow_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
