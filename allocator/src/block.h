@@ -9,6 +9,10 @@
 //            physical piece) or not.
 //   block    A contiguous address range inside a region with one state. The blocks of a region tile
 //            it exactly, in address order, through prev/next.
+//   claim    A block in state `claimed`: taken out of every container by a growth or a release in
+//            progress, which owns it while the engine's lock is dropped around driver calls (see
+//            Note [Engine locking] in docs/notes/engine-locking.md). Nobody else reads or changes a
+//            claimed block; its neighbours never merge with it.
 //
 // Invariants (checked by CachingAllocator::check_invariants)
 //   * blocks tile [region.base, region.base + region.size_bytes), prev/next consistent;
@@ -17,7 +21,9 @@
 //   * no two neighbouring blocks are both free, nor both unmapped (they are merged);
 //   * a free block is in exactly one FreeIndex; an unmapped block is in its region's unmapped set;
 //     allocated, pending_free and cached blocks are in the live-block table; nothing else is in
-//     those; a cached block is in exactly one ThreadCache bin;
+//     those; a cached block is in exactly one ThreadCache bin; a claimed block is in none of them;
+//   * a claimed block of an expandable region covers only mapped or only unmapped slots, and
+//     region.claims counts the claimed blocks of the region;
 //   * region.mapped_bytes == (mapped slots) x piece_bytes, or size_bytes for a classic segment.
 #pragma once
 
@@ -107,6 +113,7 @@ struct Region {
   bool backed_by_reservation = false;   // classic segment on a non-virtual-memory source
   std::size_t mapped_bytes = 0;
   std::uint64_t created_seq = 0;
+  std::size_t claims = 0;               // claimed blocks: while > 0 the region is never dropped
   Block* first = nullptr;
   UnmappedSet unmapped;
 

@@ -9,6 +9,7 @@
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/manual_stream_events.h"
 #include "gpumem/alloc/sim_source.h"
+#include "slow_source.h"
 
 using namespace gpumem::alloc;
 
@@ -338,6 +339,31 @@ TEST_CASE("the memory cap refuses growth and reports it", "[engine][oom]") {
   auto ok = f.engine.allocate(60 * MiB, 0);
   CHECK(ok.ok());
   REQUIRE(f.engine.free(a) == FreeStatus::ok);
+}
+
+TEST_CASE("a provider that cannot tell its total gets no fraction cap and full-size regions", "[engine][oom]") {
+  // One cap rule (cap_policy.h): a total of 0 means "unknown", and the fraction is then not applied.
+  SimSource sim;
+  test::SlowSource unknown(sim, std::chrono::microseconds(0));
+  unknown.report_unknown_total(true);
+  auto events = make_immediate_events();
+  Config c = test_config();
+  c.per_process_memory_fraction = 0.5;
+  c.va_reserve_bytes = 0;  // the region size comes from the provider's total, here unknown
+  CachingAllocator engine(unknown, *events, c);
+  CHECK(engine.totals().cap_bytes == kNoLimit);
+  auto small = engine.allocate(MiB, 0);
+  REQUIRE(small.ok());
+  auto big = engine.allocate(300 * MiB, 0);  // 15 pieces in one region
+  REQUIRE(big.ok());
+  CHECK(engine.totals().segments == 2);  // one region per pool
+  engine.set_memory_limit(400 * MiB);  // an absolute limit still caps
+  CHECK(engine.totals().cap_bytes == 400 * MiB);
+  auto over = engine.allocate(200 * MiB, 0);
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.oom->cap_reached);
+  REQUIRE(engine.free(big.ptr) == FreeStatus::ok);
+  REQUIRE(engine.free(small.ptr) == FreeStatus::ok);
 }
 
 TEST_CASE("the OOM retry frees cached memory of the other pool", "[engine][oom]") {

@@ -8,9 +8,13 @@
 // way PyTorch's native allocator does. When the source refuses or the cap is reached it frees
 // cached memory and retries; if that fails the result carries an OomInfo. Nothing throws.
 //
-// Thread-safety: every member function may be called from any thread. One mutex per engine
-// guards the block structures; observers and slow source calls are never called with it held
-// except where a function's name says so. Lock order: engine mutex -> source's own lock.
+// Thread-safety: every member function may be called from any thread. One spin lock per engine
+// guards the block structures and is held only briefly: observers run after it is released, and
+// the slow calls (the source's reserve/create/map/unmap/destroy/release, stream synchronization)
+// run without it, serialized by a second, sleeping growth mutex, while other threads keep
+// allocating from and freeing into cached memory (Note [Engine locking],
+// docs/notes/engine-locking.md). Lock order: growth mutex -> engine lock -> the source's and the
+// stream events' own locks. empty_cache() waits (sleeping) for a growth or release in progress.
 #pragma once
 
 #include <cstddef>

@@ -20,6 +20,9 @@ enum class BlockState : std::uint8_t {
   unmapped,      // address space with no physical memory behind it (expandable regions only)
   cached,        // freed into a thread's cache of recently freed blocks (engine-internal: views
                  // are taken after the caches are drained, so they never show it)
+  claimed,       // taken by a growth or release in progress while the engine's lock is dropped
+                 // around driver calls (engine-internal: views show it as free or unmapped, what
+                 // its memory is until the operation commits)
 };
 
 const char* to_string(BlockState state) noexcept;

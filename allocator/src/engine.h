@@ -1,0 +1,284 @@
+// CachingAllocator::Impl: the caching engine of one device. It owns the structures (RegionMap,
+// live-block table, pending frees, thread caches), the two locks, the observers, and the steps of
+// a request; what each step does lives in a file of its own:
+//
+//   caching_allocator.cpp  public interface and the fast paths (thread caches, best fit)
+//   engine.cpp             the slow path of a request: the retry sequence (retry_policy.h), OOM facts
+//   expandable_growth.cpp  growth of an expandable region: placement, recycling, map
+//   classic_growth.cpp     growth by a classic segment
+//   release.cpp            empty_cache / the OOM retry's release, garbage collection, pending waits
+//   thread_caches.cpp      per-thread caches: lookup, creation, draining, thread exit
+//   invariants.cpp         check_invariants()
+//   region_map.*           region mechanics (split, merge, carve, claim, commit); no driver calls
+//   *_policy.*             every decision, as pure functions of plain values
+//
+// Note [Engine locking] (docs/notes/engine-locking.md has the reasoning)
+//
+//   Lock order: registry mutex (thread_caches.cpp) -> growth_mutex -> mutex (the engine lock) ->
+//   ThreadCache::lock -> live-table shard lock -> the MemorySource's and StreamEvents' own locks.
+//   The registry mutex and growth_mutex are never held together. growth_mutex may be *tried* with
+//   the engine lock held (a try never waits); waiting for it happens without the engine lock.
+//
+//   mutex guards every structure below it. It is held for short critical sections only: never
+//   across MemorySource::reserve/release/create/destroy/map/unmap/mem_info, never across
+//   StreamEvents::synchronize/synchronize_stream, never while observers run. (StreamEvents::record,
+//   query and release, which do not block, are called under it.)
+//
+//   growth_mutex serializes the slow operations (growth, release, garbage collection, the OOM
+//   retry). They run as plan -> unlock -> act -> relock -> commit:
+//     plan    (engine lock) ask the policy; take what the operation uses out of every shared
+//             structure: target ranges and pieces to recycle or release become `claimed` blocks,
+//             pending frees to wait for move to `waiting`. Nobody else can use them now.
+//     act     (no engine lock; growth_mutex held) the driver calls and stream synchronizations,
+//             on a work order of plain values (no engine structure is touched).
+//     commit  (engine lock) record what succeeded, put back what did not (unclaim), emit events.
+//             Nothing leaks: every piece created is mapped or destroyed, every claim released.
+//   While the engine lock is dropped other threads allocate from and free into the free index
+//   (claimed blocks are in no container and never merge), use their thread caches, take
+//   snapshots, totals and invariant checks (which account for claims), and wait on growth_mutex
+//   (sleeping) to grow or release; a waiter looks in the free index again before it grows.
+//
+//   Naming: *_locked needs the engine lock (asserted in debug builds); *_dropping_lock is called
+//   with the engine lock and growth_mutex held, drops the engine lock around the act phase and
+//   holds it again when it returns; *_unlocked runs without the engine lock.
+//
+// Thread-safety: the public CachingAllocator methods may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "block.h"
+#include "engine_lock.h"
+#include "engine_rules.h"
+#include "event_batch.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "live_table.h"
+#include "region_map.h"
+#include "thread_caches.h"
+
+namespace gpumem::alloc {
+
+namespace detail {
+
+// Why growing failed.
+struct GrowFailure {
+  SourceStatus status = SourceStatus::ok;
+  bool cap_reached = false;
+  std::string detail;
+};
+
+std::uint64_t now_ns() noexcept;
+
+}  // namespace detail
+
+struct CachingAllocator::Impl {
+  using Block = detail::Block;
+  using Region = detail::Region;
+  using Lock = std::unique_lock<detail::EngineMutex>;
+  using ObserverList = std::vector<std::shared_ptr<AllocObserver>>;
+
+  Impl(MemorySource& s, StreamEvents& e, Config c, int dev);
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // ---- immutable
+  MemorySource& source;
+  StreamEvents& events;
+  const Config config;
+  const int device;
+  const SourceCaps caps;
+  const std::size_t provider_total;  // the provider's total memory at construction (0 = unknown)
+  const detail::EngineRules rules;
+
+  // ---- locks
+  detail::GrowthMutex growth_mutex{"engine's growth mutex"};
+  mutable detail::EngineMutex mutex{"engine lock"};
+
+  // ---- under mutex
+  detail::RegionMap map;
+  detail::ShardedLiveTable live;
+  std::vector<Block*> pending;  // pending_free blocks (markers outstanding)
+  std::vector<Block*> waiting;  // pending_free blocks a release waits for, engine lock dropped
+  // Counters the mechanism needs (caps, OOM facts). Observers do the accounting for users.
+  std::size_t allocated_bytes = 0;
+  std::size_t requested_bytes = 0;
+  std::size_t pending_bytes = 0;  // pending + waiting
+  double fraction = 1.0;
+  std::size_t limit_bytes = 0;
+  std::size_t cap = kNoLimit;
+  std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
+
+  // Observers: copy-on-write lists, never freed before the engine (a fast path may still be
+  // publishing to an older one); has_observers is the one branch taken when there are none.
+  std::atomic<bool> has_observers{false};
+  std::vector<std::unique_ptr<ObserverList>> observer_lists{};
+  std::atomic<const ObserverList*> observers{nullptr};
+
+  // Thread caches of recently freed blocks (thread_caches.h); `caches` under mutex.
+  detail::ThreadCacheSet thread_caches;
+
+  // ---------------------------------------------------------------- locking
+
+  // Takes the engine lock, noting contention: the first contended acquisition turns thread caches
+  // on (set under the lock, so every later holder sees it and locks live-table shards, and no fast
+  // path can run before that).
+  Lock lock_noting_contention() {
+    Lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      lock.lock();
+      if (thread_caches.enabled) thread_caches.active.store(true, std::memory_order_relaxed);
+    }
+    return lock;
+  }
+  bool use_caches() const noexcept { return thread_caches.in_use(); }
+
+  // ---------------------------------------------------------------- events
+
+  // Under the engine lock: advances the engine's tick and records the event. Returns the event's
+  // seq (0 when nothing is recording).
+  std::uint64_t emit(detail::EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr,
+                     std::size_t size, std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
+    ++map.tick;
+    return record(batch, kind, pool, addr, size, requested, stream, pieces);
+  }
+
+  // Records an event without the engine lock (thread-cache fast paths).
+  std::uint64_t record(detail::EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr,
+                       std::size_t size, std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
+    if (!batch.recording()) return 0;
+    AllocEvent e;
+    e.kind = kind;
+    e.pool = pool;
+    e.device = static_cast<std::int8_t>(device);
+    e.pieces_created_or_destroyed = pieces;
+    e.addr = addr;
+    e.size_bytes = size;
+    e.requested_bytes = requested;
+    e.stream = stream;
+    if (batch.needs() & kNeedsSequence) e.seq = event_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (batch.needs() & kNeedsTimestamps) e.t_ns = detail::now_ns();
+    batch.push(e);
+    return e.seq;
+  }
+
+  // An empty batch for one engine call: recording if anyone observes, with what they need.
+  detail::EventBatch new_batch() const noexcept {
+    if (!has_observers.load(std::memory_order_relaxed)) return detail::EventBatch(false, kNeedsNothing);
+    unsigned needs = kNeedsNothing;
+    if (const ObserverList* list = observers.load(std::memory_order_acquire))
+      for (const auto& o : *list) needs |= o->needs();
+    return detail::EventBatch(true, needs);
+  }
+
+  // Returns the observers to publish to after unlocking (null if the batch is empty).
+  const ObserverList* observers_for(const detail::EventBatch& batch) const {
+    if (batch.empty()) return nullptr;
+    return observers.load(std::memory_order_acquire);
+  }
+
+  static void publish(const ObserverList* obs, const detail::EventBatch& batch) {
+    if (!obs) return;
+    for (const auto& o : *obs) o->on_events(batch.view());
+  }
+
+  // ---------------------------------------------------------------- freeing (engine.cpp)
+
+  // b (allocated or pending_free, in the live table) becomes free memory.
+  void complete_free_locked(Block* b, detail::EventBatch& batch) {
+    mutex.assert_held();
+    live.erase(*b, use_caches());
+    b->uses.reset();
+    b->state = BlockState::free;
+    emit(batch, EventKind::free_completed, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
+    b->requested_bytes = 0;
+    map.insert_free_merged(b);
+  }
+  // Frees the pending blocks whose markers have all completed (queries; never waits).
+  void process_pending_locked(detail::EventBatch& batch);
+  // Completes the blocks of `list` whose markers have completed; the others go back to pending.
+  void complete_pending_locked(std::vector<Block*>& list, detail::EventBatch& batch);
+
+  // ---------------------------------------------------------------- the slow path (engine.cpp)
+
+  // No cached block fits (pool, stream, rounded): takes growth_mutex (if it had to wait for it,
+  // looks in the free index again), then runs the recovery steps of retry_policy.h until one
+  // yields a block (free, in no container) or none does (null; `fail` says why the last growth
+  // failed). growth_mutex is released on return; the engine lock is held.
+  Block* allocate_slow_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
+                                     detail::EventBatch& batch, detail::GrowFailure& fail);
+  Block* grow_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
+                            detail::EventBatch& batch, detail::GrowFailure& fail);
+  // expandable_growth.cpp
+  Block* grow_expandable_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
+                                       detail::EventBatch& batch, detail::GrowFailure& fail);
+  // classic_growth.cpp
+  Block* grow_classic_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
+                                    detail::EventBatch& batch, detail::GrowFailure& fail);
+
+  // ---------------------------------------------------------------- releasing (release.cpp)
+
+  // Releases all cached physical memory, after the frees pending now complete: every wholly free
+  // piece, every wholly free classic segment, every region left without mapped memory. Returns
+  // the bytes released.
+  std::size_t release_cached_dropping_lock(Lock& lock, detail::EventBatch& batch);
+  // garbage_collection_threshold: frees wholly free classic segments as release_policy.h orders.
+  void collect_garbage_dropping_lock(Lock& lock, detail::EventBatch& batch);
+  // Commit of a claimed classic segment whose memory went back: forgets it, emits segment_free.
+  void drop_segment_locked(Region& r, detail::EventBatch& batch);
+  // Waits (engine lock dropped) for the markers of every pending free, then completes them.
+  void wait_pending_dropping_lock(Lock& lock, detail::EventBatch& batch);
+
+  // ---------------------------------------------------------------- queries (engine.cpp)
+
+  // Why addr is not a pointer this engine can free.
+  FreeStatus classify_bad_pointer_locked(std::uintptr_t addr);
+  std::size_t largest_free_locked() const;
+  // The facts of a failed request (provider memory is filled in by the caller, without the lock).
+  OomInfo make_oom_locked(std::size_t size, std::size_t rounded, StreamId stream, PoolKind pool,
+                          const detail::GrowFailure& f);
+  // The view of a block's state: cached and claimed blocks show as the memory they are.
+  BlockState view_state_locked(const Block& b) const;
+
+  // ---------------------------------------------------------------- thread caches (thread_caches.cpp)
+
+  // This thread's cache for this engine; creates it if `create` (null if the thread's slots are
+  // all taken by live engines).
+  detail::ThreadCache* cache_for_this_thread(bool create) {
+    if (detail::ThreadCache* tc = thread_caches.find_for_this_thread()) return tc;
+    return create ? create_cache_for_this_thread() : nullptr;
+  }
+  detail::ThreadCache* create_cache_for_this_thread();
+  // Returns a cache's blocks to the engine and folds its counters in (its lock held).
+  void drain_cache_locked(detail::ThreadCache& tc);
+  // Drains the calling thread's cache, so the engine's choices see all of this thread's memory.
+  void drain_own_cache_locked() {
+    if (use_caches()) drain_own_cache_slow_locked();
+  }
+  void drain_own_cache_slow_locked();
+  // Drains every thread's cache (a WorldStop held).
+  void drain_all_caches_locked();
+  // A thread that owned `cache` exited: drain it and forget it (takes the engine lock).
+  void retire_cache(detail::ThreadCache* cache);
+
+  // ---------------------------------------------------------------- invariants (invariants.cpp)
+
+  // Aborts with a description if any invariant is broken. Engine lock held, thread caches stopped.
+  void check_locked() const;
+  void maybe_check_locked() {
+    if (rules.check_invariants) [[unlikely]] check_now_locked();
+  }
+  [[gnu::noinline]] void check_now_locked();
+
+  // ---------------------------------------------------------------- teardown (engine.cpp)
+
+  // Gives every region's memory and address space back (engine destruction; no other thread).
+  void release_all_locked();
+};
+
+}  // namespace gpumem::alloc

@@ -1,0 +1,31 @@
+#include "engine_rules.h"
+
+#include <algorithm>
+
+#include "growth_policy.h"
+
+namespace gpumem::alloc::detail {
+
+EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std::size_t provider_total_bytes) {
+  EngineRules r;
+  r.expandable = config.expandable_segments && caps.virtual_memory;
+  r.recycle = config.recycle;
+  r.thread_cache = config.thread_cache;
+  r.check_invariants = config.check_invariants;
+  const std::size_t g = caps.granularity_bytes ? caps.granularity_bytes : policy::kMinBlockBytes;
+  r.piece_bytes[0] = policy::round_up(std::max(config.small_piece_bytes, g), g);
+  r.piece_bytes[1] = policy::round_up(std::max(config.large_segment_size_bytes, g), g);
+  for (int p = 0; p < 2; ++p)
+    r.region_va_bytes[p] = policy::region_va_bytes(config.va_reserve_bytes, provider_total_bytes, r.piece_bytes[p]);
+  r.large_segment_bytes = config.large_segment_size_bytes;
+  r.granularity_bytes = caps.granularity_bytes;
+  r.split.max_split_bytes = config.max_split_size_bytes;
+  r.split.max_non_split_rounding_bytes = config.max_non_split_rounding_bytes;
+  r.garbage_collection_threshold = config.garbage_collection_threshold;
+  r.roundup_power2_divisions = config.roundup_power2_divisions;
+  r.any_divisions = std::any_of(r.roundup_power2_divisions.begin(), r.roundup_power2_divisions.end(),
+                                [](auto d) { return d > 1; });
+  return r;
+}
+
+}  // namespace gpumem::alloc::detail

@@ -1,0 +1,144 @@
+// check_invariants(): walks every structure of the engine and aborts with a description at the
+// first broken invariant (block.h and region_map.h state them). It runs with the engine lock held
+// and every thread cache stopped, so it may run while another thread's growth or release has the
+// engine lock dropped: claimed blocks, pieces in `waiting` and the counters are consistent then.
+#include <fmt/format.h>
+
+#include "engine.h"
+#include "size_policy.h"
+
+namespace gpumem::alloc {
+
+using detail::Block;
+using detail::PieceSlot;
+using detail::Region;
+
+namespace {
+
+[[noreturn]] void broken(const std::string& what) { detail::invariant_failed(what.c_str()); }
+
+}  // namespace
+
+void CachingAllocator::Impl::check_now_locked() {
+  detail::WorldStop stop(thread_caches);
+  check_locked();
+}
+
+void CachingAllocator::Impl::check_locked() const {
+  mutex.assert_held();
+  std::size_t live_count = 0, reserved = 0, alloc = 0, free_count[2] = {0, 0}, cached_count = 0, claimed = 0;
+  std::size_t va = 0;
+  for (const auto& [base, rp] : map.regions) {
+    const Region& r = *rp;
+    if (base != r.va.base) broken("region keyed by the wrong base");
+    va += r.va.size_bytes;
+    std::uintptr_t at = r.va.base;
+    std::size_t mapped_slots = 0;
+    for (const PieceSlot& s : r.slots) mapped_slots += s.mapped ? 1 : 0;
+    const std::size_t mapped = r.expandable ? mapped_slots * r.piece_bytes : r.va.size_bytes;
+    if (mapped != r.mapped_bytes) broken(fmt::format("region {:#x}: mapped_bytes {} != {}", base, r.mapped_bytes, mapped));
+    reserved += mapped;
+    std::size_t unmapped_blocks = 0, region_claims = 0;
+    const Block* prev = nullptr;
+    for (const Block* b = r.first; b; prev = b, b = b->next) {
+      const BlockState state = b->state;
+      if (b->addr != at) broken(fmt::format("region {:#x}: gap or overlap at {:#x}", base, at));
+      if (b->prev != prev) broken(fmt::format("block {:#x}: prev link broken", b->addr));
+      if (b->region != &r || b->stream != r.stream) broken(fmt::format("block {:#x}: wrong region or stream", b->addr));
+      if (b->size_bytes == 0 || b->size_bytes % policy::kMinBlockBytes)
+        broken(fmt::format("block {:#x}: size {} not a positive multiple of 512", b->addr, b->size_bytes));
+      if (prev && prev->state == state && (state == BlockState::free || state == BlockState::unmapped))
+        broken(fmt::format("block {:#x}: neighbouring {} blocks not merged", b->addr, to_string(state)));
+      if (r.expandable) {
+        const std::size_t s0 = r.slot_of(b->addr), s1 = r.slot_of(b->end() - 1);
+        if (state == BlockState::unmapped) {
+          if ((b->addr - r.va.base) % r.piece_bytes || b->size_bytes % r.piece_bytes)
+            broken(fmt::format("unmapped block {:#x} not slot-aligned", b->addr));
+          for (std::size_t s = s0; s <= s1; ++s)
+            if (r.slots[s].mapped) broken(fmt::format("unmapped block {:#x} covers a mapped slot", b->addr));
+        } else if (state == BlockState::claimed) {
+          for (std::size_t s = s0; s <= s1; ++s)
+            if (r.slots[s].mapped != r.slots[s0].mapped)
+              broken(fmt::format("claimed block {:#x} covers mapped and unmapped slots", b->addr));
+          if (!r.slots[s0].mapped && ((b->addr - r.va.base) % r.piece_bytes || b->size_bytes % r.piece_bytes))
+            broken(fmt::format("claimed unmapped block {:#x} not slot-aligned", b->addr));
+        } else {
+          for (std::size_t s = s0; s <= s1; ++s)
+            if (!r.slots[s].mapped)
+              broken(fmt::format("{} block {:#x} covers an unmapped slot", to_string(state), b->addr));
+        }
+      } else if (state == BlockState::unmapped) {
+        broken(fmt::format("classic segment {:#x} holds an unmapped block", base));
+      }
+      switch (state) {
+        case BlockState::free:
+          if (!map.free_index[static_cast<int>(r.pool)].contains(*b))
+            broken(fmt::format("free block {:#x} missing from the free index", b->addr));
+          ++free_count[static_cast<int>(r.pool)];
+          break;
+        case BlockState::unmapped:
+          ++unmapped_blocks;
+          if (r.unmapped.find(*b) == r.unmapped.end()) broken(fmt::format("unmapped block {:#x} not in the unmapped set", b->addr));
+          break;
+        case BlockState::allocated:
+        case BlockState::pending_free:
+          if (live.find_unlocked(b->addr) != b) broken(fmt::format("live block {:#x} missing from the live table", b->addr));
+          ++live_count;
+          if (state == BlockState::allocated) alloc += b->size_bytes;
+          break;
+        case BlockState::cached:
+          if (live.find_unlocked(b->addr) != b) broken(fmt::format("cached block {:#x} missing from the live table", b->addr));
+          ++live_count;
+          ++cached_count;
+          break;
+        case BlockState::claimed:
+          if (map.free_index[static_cast<int>(r.pool)].contains(*b) || live.find_unlocked(b->addr) == b)
+            broken(fmt::format("claimed block {:#x} is in a container", b->addr));
+          if (auto it = r.unmapped.find(*b); it != r.unmapped.end() && &*it == b)
+            broken(fmt::format("claimed block {:#x} is in the unmapped set", b->addr));
+          ++region_claims;
+          break;
+      }
+      at = b->end();
+    }
+    if (at != r.va.end()) broken(fmt::format("region {:#x}: blocks end at {:#x}, not {:#x}", base, at, r.va.end()));
+    if (unmapped_blocks != r.unmapped.size()) broken(fmt::format("region {:#x}: unmapped set size", base));
+    if (region_claims != r.claims) broken(fmt::format("region {:#x}: {} claimed blocks, claims says {}", base, region_claims, r.claims));
+    claimed += region_claims;
+  }
+  if (claimed != map.claimed_blocks) broken(fmt::format("{} claimed blocks, claimed_blocks says {}", claimed, map.claimed_blocks));
+  if (live_count != live.size_unlocked()) broken("live table holds blocks that are not live");
+  std::size_t in_bins = 0;
+  std::int64_t alloc_delta = 0;
+  for (const auto& tc : thread_caches.caches) {
+    std::size_t bytes = 0;
+    for (const auto& bin : tc->bins)
+      for (int i = 0; i < bin.count; ++i) {
+        const Block* b = bin.blocks[i];
+        if (b->state != BlockState::cached || b->stream != bin.stream || b->size_bytes != bin.size_bytes)
+          broken(fmt::format("thread cache holds block {:#x} that does not belong there", b->addr));
+        bytes += b->size_bytes;
+        ++in_bins;
+      }
+    if (bytes != tc->cached_bytes) broken("thread cache cached_bytes out of step");
+    alloc_delta += tc->allocated_delta;
+  }
+  if (in_bins != cached_count) broken("cached blocks and thread-cache bins disagree");
+  for (int pool = 0; pool < 2; ++pool) {
+    if (free_count[pool] != map.free_index[pool].size()) broken("free index holds blocks that are not free");
+    if (!map.free_index[pool].check_order()) broken("free index out of order or its byte count out of step");
+  }
+  if (reserved != map.reserved_bytes) broken(fmt::format("reserved_bytes {} != mapped {}", map.reserved_bytes, reserved));
+  if (alloc != allocated_bytes + static_cast<std::size_t>(alloc_delta))
+    broken(fmt::format("allocated_bytes {} + thread-cache deltas {} != {}", allocated_bytes, alloc_delta, alloc));
+  if (va != map.va_bytes) broken("va_bytes out of step");
+  std::size_t pend = 0;
+  for (const auto* list : {&pending, &waiting})
+    for (const Block* b : *list) {
+      if (b->state != BlockState::pending_free || !b->uses) broken("pending list holds a block not pending");
+      pend += b->size_bytes;
+    }
+  if (pend != pending_bytes) broken("pending_bytes out of step");
+}
+
+}  // namespace gpumem::alloc

@@ -1,0 +1,212 @@
+// RegionMap: the regions of one engine and the blocks that tile them, each block kept in the
+// container its state puts it in. Region mechanics: add and drop regions, split, merge, carve,
+// best fit, claim (take blocks out of every container for an operation in progress) and commit
+// (record pieces mapped or unmapped, put claimed blocks back). It decides nothing (callers pass what
+// the policy chose) and never calls a MemorySource: the driver calls happen in growth and release,
+// without the engine's lock, between a claim and its commit (Note [Engine locking],
+// docs/notes/engine-locking.md).
+//
+// Containers by block state (block.h has the data model and its glossary):
+//   free      -> free_index[region.pool]      unmapped -> region.unmapped
+//   claimed   -> none; counted in region.claims and claimed_blocks
+//   allocated, pending_free, cached -> the engine's live-block table, not here
+//
+// Invariants (checked by the engine's check_invariants), beyond those of block.h:
+//   * reserved_bytes == sum over regions of mapped_bytes; va_bytes == sum of region sizes;
+//   * claimed_blocks == number of claimed blocks == sum of region.claims.
+// Functions that take a block say which state and container it must be in; breaking that is an
+// internal error.
+//
+// Thread-safety: none. Every member is used under the engine's lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "block.h"
+#include "block_arena.h"
+#include "free_index.h"
+#include "size_policy.h"
+
+namespace gpumem::alloc::detail {
+
+// Aborts with a description: an engine invariant is broken (a bug, never a user error).
+[[noreturn]] void invariant_failed(const char* what);
+
+class RegionMap {
+ public:
+  using Regions = std::map<std::uintptr_t, std::unique_ptr<Region>>;
+
+  RegionMap() = default;
+  RegionMap(const RegionMap&) = delete;
+  RegionMap& operator=(const RegionMap&) = delete;
+
+  Regions regions;            // by base address
+  FreeIndex free_index[2];    // by PoolKind
+  BlockArena arena;
+  std::size_t reserved_bytes = 0;  // physical memory mapped in regions (pieces, classic segments)
+  std::size_t va_bytes = 0;        // address space of all regions
+  std::size_t claimed_blocks = 0;
+  std::uint64_t tick = 0;          // engine order of changes (advanced by the engine per event)
+
+  FreeIndex& index_of(const Region& r) noexcept { return free_index[static_cast<int>(r.pool)]; }
+
+  // ---- regions
+
+  // Adds a region over va (reserved by the caller). Expandable: one unmapped block in its unmapped
+  // set, no slot mapped. Classic: one free block in no container (the caller carves it or hands it
+  // out), mapped_bytes = the whole range. created_seq = tick + 1 (the next event's tick).
+  // reserved_bytes is the caller's to change.
+  Region* add_region(VaRange va, PoolKind pool, StreamId stream, bool expandable, std::size_t piece_bytes);
+  // Removes a region whose only block is free (classic; in the free index or not), unmapped
+  // (expandable; in its set) or claimed, and that has no other claim. reserved_bytes is the
+  // caller's to change.
+  void drop_region(Region& r);
+  // The region holding addr, or null.
+  Region* region_of(std::uintptr_t addr) noexcept;
+
+  // ---- block surgery (no container changes unless said)
+
+  // Splits b at `at` (b.addr < at < b.end()): b keeps the front, the returned block the rest, with
+  // b's state. Neither is put into or taken out of a container.
+  Block* split_at(Block* b, std::uintptr_t at) {
+    Block* rest = arena.make();
+    rest->addr = at;
+    rest->size_bytes = b->end() - at;
+    rest->stream = b->stream;
+    rest->region = b->region;
+    rest->state = BlockState(b->state);
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size_bytes = at - b->addr;
+    return rest;
+  }
+
+  // Absorbs b->next into b (both out of any container) and disposes of it.
+  void absorb_next(Block* b) noexcept {
+    Block* n = b->next;
+    b->size_bytes += n->size_bytes;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    arena.dispose(n);
+  }
+
+  // b is free and in no container: merges it with free neighbours and inserts the result into the
+  // free index. Returns the merged block.
+  Block* insert_free_merged(Block* b) {
+    FreeIndex& idx = index_of(*b->region);
+    Block* p = b->prev && b->prev->state == BlockState::free ? b->prev : nullptr;
+    Block* n = b->next && b->next->state == BlockState::free ? b->next : nullptr;
+    if (p) {
+      // p grows over b (and n): it keeps its node, moved only if its rank changed.
+      const std::size_t old = p->size_bytes;
+      if (n) idx.erase(*n);
+      absorb_next(p);
+      if (n) absorb_next(p);
+      p->free_seq = tick;
+      idx.resized(*p, old);
+      return p;
+    }
+    b->free_seq = tick;
+    if (n) {
+      // b takes n's node.
+      const std::size_t old = n->size_bytes;
+      b->size_bytes += old;
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      idx.replace(*n, old, *b);
+      arena.dispose(n);
+      return b;
+    }
+    idx.insert(*b);
+    return b;
+  }
+
+  // b is unmapped and in no container: merges it with unmapped neighbours and inserts the result
+  // into the region's unmapped set.
+  void insert_unmapped_merged(Block* b);
+
+  // b is free and out of the free index; cuts [addr, addr + size) out of it and returns that block
+  // (free, in no container). The remainders go back to the free index.
+  Block* carve(Block* b, std::uintptr_t addr, std::size_t size) {
+    FreeIndex& idx = index_of(*b->region);
+    if (addr > b->addr) {
+      Block* mid = split_at(b, addr);
+      b->free_seq = tick;
+      idx.insert(*b);
+      b = mid;
+    }
+    if (b->size_bytes > size) {
+      Block* rest = split_at(b, b->addr + size);
+      rest->free_seq = tick;
+      idx.insert(*rest);
+    }
+    return b;
+  }
+
+  // Hands out b (free, out of the free index) for a request of `rounded`, splitting off the rest
+  // when the policy says so.
+  Block* take_front(Block* b, std::size_t rounded, const policy::SplitLimits& limits) {
+    if (policy::should_split(b->region->expandable, b->region->pool, b->size_bytes, rounded, limits.max_split_bytes))
+      return carve(b, b->addr, rounded);
+    return b;
+  }
+
+  // Best fit among the free blocks of (pool, stream) for a request of `rounded`: the block (free,
+  // out of the free index; the rest split off as the policy says), or null. The fast path.
+  Block* take_cached(PoolKind pool, StreamId stream, std::size_t rounded, const policy::SplitLimits& limits) {
+    FreeIndex& idx = free_index[static_cast<int>(pool)];
+    auto it = idx.best_fit(stream, rounded);
+    if (it == idx.end()) return nullptr;
+    Block* b = &*it;
+    if (!b->region->expandable &&
+        !policy::accept_cached_classic(b->size_bytes, rounded, limits.max_split_bytes,
+                                       limits.max_non_split_rounding_bytes))
+      return nullptr;
+    if (!policy::should_split(b->region->expandable, pool, b->size_bytes, rounded, limits.max_split_bytes)) {
+      idx.erase(*b);
+      return b;
+    }
+    // The rest takes b's node in the index.
+    const std::size_t old = b->size_bytes;
+    Block* rest = split_at(b, b->addr + rounded);
+    rest->free_seq = tick;
+    idx.replace(*b, old, *rest);
+    return b;
+  }
+
+  // ---- claims: blocks an operation in progress owns while the engine's lock is dropped
+
+  // b is free, in the free index, in an expandable region, and holds the whole slot `slot`: claims
+  // that slot's block (returned). What b held below and above the slot stays free in the index;
+  // b itself keeps the part below (so b is still the block to claim the next lower slot from).
+  Block* claim_slot(Block* b, std::size_t slot);
+  // b is free and in the free index: claims it whole.
+  void claim_block(Block* b);
+  // Claims [lo, hi) of one region, starting the search at `from` (a block at or below lo): every
+  // block overlapping it must be free or unmapped; those are split at lo and hi (an unmapped block
+  // only at slot boundaries), the parts outside go back to their containers, and the claimed
+  // blocks are appended to `out` in address order.
+  void claim_range(Block* from, std::uintptr_t lo, std::uintptr_t hi, std::vector<Block*>& out);
+  // Puts claimed block b back: the parts over mapped slots (or all of a classic segment's block)
+  // become free, the parts over unmapped slots unmapped, each merged with its neighbours and
+  // inserted into its container. Returns the last free block it produced (merged), or null.
+  Block* unclaim(Block* b);
+
+  // Commit: the piece `handle` is now mapped at slot `slot` of r (an unmapped slot under a claimed
+  // block). The block stays claimed until unclaim().
+  void record_slot_mapped(Region& r, std::size_t slot, PhysHandle handle) noexcept;
+  // Commit: b is a claimed block of exactly one slot whose piece has been unmapped: the slot is
+  // cleared and b becomes unmapped, merged into the region's unmapped set.
+  void record_slot_unmapped(Block* b);
+
+ private:
+  void note_claimed(Block* b) noexcept;
+};
+
+}  // namespace gpumem::alloc::detail

@@ -1,0 +1,155 @@
+// FreeIndex (free_index.h) on its own: best fit per stream, order, in-place replacement, byte count.
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "block.h"
+#include "catch.h"
+#include "free_index.h"
+
+using namespace gpumem::alloc;
+using namespace gpumem::alloc::detail;
+
+namespace {
+
+// Blocks that outlive the index (the index never owns them).
+struct Blocks {
+  std::deque<Block> storage;
+  Block& make(StreamId stream, std::uintptr_t addr, std::size_t size) {
+    Block& b = storage.emplace_back();
+    b.stream = stream;
+    b.addr = addr;
+    b.size_bytes = size;
+    b.state = BlockState::free;
+    return b;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("free index: best fit is the smallest block of the stream that fits, lowest address among equals",
+          "[free_index]") {
+  Blocks bs;
+  FreeIndex idx;
+  idx.insert(bs.make(0, 0x5000, 4096));
+  idx.insert(bs.make(0, 0x1000, 4096));
+  idx.insert(bs.make(0, 0x9000, 1024));
+  idx.insert(bs.make(0, 0x20000, 65536));
+  idx.insert(bs.make(1, 0x40000, 2048));  // another stream: never served to stream 0
+  CHECK(idx.size() == 5);
+  CHECK(idx.bytes() == 4096 * 2 + 1024 + 65536 + 2048);
+  auto it = idx.best_fit(0, 2048);
+  REQUIRE(it != idx.end());
+  CHECK(it->addr == 0x1000);
+  CHECK(idx.best_fit(0, 1024)->addr == 0x9000);
+  CHECK(idx.best_fit(0, 5000)->addr == 0x20000);
+  CHECK(idx.best_fit(0, 65537) == idx.end());
+  CHECK(idx.best_fit(1, 2048)->addr == 0x40000);
+  CHECK(idx.best_fit(1, 2049) == idx.end());
+  CHECK(idx.best_fit(2, 512) == idx.end());
+  CHECK(idx.check_order());
+}
+
+TEST_CASE("free index: erase, contains and the byte count", "[free_index]") {
+  Blocks bs;
+  FreeIndex idx;
+  Block& a = bs.make(0, 0x1000, 4096);
+  Block& b = bs.make(0, 0x2000, 8192);
+  Block& outside = bs.make(0, 0x1000, 4096);  // same key as a, never inserted
+  idx.insert(a);
+  idx.insert(b);
+  CHECK(idx.contains(a));
+  CHECK_FALSE(idx.contains(outside));
+  idx.erase(a);
+  CHECK_FALSE(idx.contains(a));
+  CHECK(idx.size() == 1);
+  CHECK(idx.bytes() == 8192);
+  CHECK(idx.check_order());
+}
+
+TEST_CASE("free index: replace keeps the node when the rank is unchanged and moves it when not", "[free_index]") {
+  Blocks bs;
+  FreeIndex idx;
+  Block& small = bs.make(0, 0x1000, 1024);
+  Block& mid = bs.make(0, 0x8000, 8192);
+  Block& big = bs.make(0, 0x40000, 65536);
+  idx.insert(small);
+  idx.insert(mid);
+  idx.insert(big);
+  // A split leaves a rest that still ranks between its neighbours: swapped in place.
+  Block& rest = bs.make(0, 0x9000, 4096);
+  idx.replace(mid, 8192, rest);
+  CHECK(idx.contains(rest));
+  CHECK_FALSE(idx.contains(mid));
+  CHECK(idx.bytes() == 1024 + 4096 + 65536);
+  CHECK(idx.check_order());
+  // A rest that ranks below its neighbour moves.
+  Block& tiny = bs.make(0, 0x50000, 512);
+  idx.replace(big, 65536, tiny);
+  CHECK(idx.best_fit(0, 512)->addr == 0x50000);
+  CHECK(idx.bytes() == 1024 + 4096 + 512);
+  CHECK(idx.check_order());
+}
+
+TEST_CASE("free index: resized moves a block whose size changed rank", "[free_index]") {
+  Blocks bs;
+  FreeIndex idx;
+  Block& a = bs.make(0, 0x1000, 1024);
+  Block& b = bs.make(0, 0x8000, 4096);
+  idx.insert(a);
+  idx.insert(b);
+  const std::size_t old = a.size_bytes;
+  a.size_bytes = 16384;  // merged with neighbours: now the largest
+  idx.resized(a, old);
+  CHECK(idx.check_order());
+  CHECK(idx.best_fit(0, 8192)->addr == 0x1000);
+  CHECK(idx.bytes() == 16384 + 4096);
+}
+
+TEST_CASE("free index: random operations keep order, bytes and best fit right", "[free_index]") {
+  std::mt19937_64 rng(7);
+  Blocks bs;
+  FreeIndex idx;
+  std::vector<Block*> in;
+  std::uintptr_t next_addr = 0x100000;
+  for (int step = 0; step < 4000; ++step) {
+    const unsigned op = rng() % 4;
+    if (op < 2 || in.empty()) {
+      Block& b = bs.make(rng() % 3, next_addr, 512 * (1 + rng() % 64));
+      next_addr += 1 << 20;
+      idx.insert(b);
+      in.push_back(&b);
+    } else if (op == 2) {
+      const std::size_t k = rng() % in.size();
+      idx.erase(*in[k]);
+      in[k] = in.back();
+      in.pop_back();
+    } else {
+      Block* b = in[rng() % in.size()];
+      const std::size_t old = b->size_bytes;
+      b->size_bytes = 512 * (1 + rng() % 64);
+      idx.resized(*b, old);
+    }
+    if (step % 97 == 0) {
+      REQUIRE(idx.check_order());
+      std::size_t bytes = 0;
+      for (Block* b : in) bytes += b->size_bytes;
+      CHECK(idx.bytes() == bytes);
+      CHECK(idx.size() == in.size());
+      const StreamId s = rng() % 3;
+      const std::size_t want = 512 * (1 + rng() % 64);
+      const Block* expect = nullptr;
+      for (Block* b : in)
+        if (b->stream == s && b->size_bytes >= want &&
+            (!expect || std::tie(b->size_bytes, b->addr) < std::tie(expect->size_bytes, expect->addr)))
+          expect = b;
+      auto it = idx.best_fit(s, want);
+      CHECK((it == idx.end() ? nullptr : &*it) == expect);
+    }
+  }
+  for (Block* b : in) idx.erase(*b);
+  CHECK(idx.size() == 0);
+  CHECK(idx.bytes() == 0);
+}
