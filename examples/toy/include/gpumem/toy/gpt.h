@@ -29,17 +29,25 @@
 #include <memory>
 #include <vector>
 
+// TORCH_MODULE(Name) with ::torch spelled out (see the note at the top). Undefined at the end.
+#define GPUMEM_TOY_MODULE(Name)                                     \
+  class Name : public ::torch::nn::ModuleHolder<Name##Impl> {       \
+   public:                                                          \
+    using ::torch::nn::ModuleHolder<Name##Impl>::ModuleHolder;      \
+    using Impl = Name##Impl;                                        \
+  }
+
 namespace gpumem::toy {
 
 // The model's shape. A plain value; check_options() says what a valid one is.
 struct GptOptions {
-  std::int64_t layers = 4;   // transformer blocks, >= 1
-  std::int64_t width = 256;  // d_model, a multiple of heads
-  std::int64_t heads = 8;    // attention heads, >= 1
-  std::int64_t vocab = 8192;  // token ids are 0..vocab-1, >= 2
+  std::int64_t layers = 4;     // transformer blocks, >= 1
+  std::int64_t width = 256;    // d_model, a multiple of heads
+  std::int64_t heads = 8;      // attention heads, >= 1
+  std::int64_t vocab = 8192;   // token ids are 0..vocab-1, >= 2
   std::int64_t max_seq = 512;  // rows of the position embedding: the longest sequence, >= 1
   bool head_bias = false;      // whether the vocabulary projection has a bias
-  c10::ScalarType dtype = c10::ScalarType::Float;  // of every parameter (float, bfloat16, half, double)
+  c10::ScalarType dtype = c10::ScalarType::Float;  // of every parameter: float, bfloat16, half, double
 };
 
 // Throws std::invalid_argument naming the field, its value and what it must be.
@@ -54,11 +62,7 @@ struct EmbeddingsImpl : ::torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens);  // [batch, seq] long -> [batch, seq, width]
   ::torch::nn::Embedding tok{nullptr}, pos{nullptr};
 };
-class Embeddings : public ::torch::nn::ModuleHolder<EmbeddingsImpl> {
- public:
-  using ::torch::nn::ModuleHolder<EmbeddingsImpl>::ModuleHolder;
-  using Impl = EmbeddingsImpl;
-};
+GPUMEM_TOY_MODULE(Embeddings);
 
 // x + attention(ln1(x)), then x + fc_out(gelu(fc(ln2(x)))).
 struct BlockImpl : ::torch::nn::Module {
@@ -68,11 +72,7 @@ struct BlockImpl : ::torch::nn::Module {
   ::torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   ::torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_out{nullptr};
 };
-class Block : public ::torch::nn::ModuleHolder<BlockImpl> {
- public:
-  using ::torch::nn::ModuleHolder<BlockImpl>::ModuleHolder;
-  using Impl = BlockImpl;
-};
+GPUMEM_TOY_MODULE(Block);
 
 // Final LayerNorm and the vocabulary projection.
 struct HeadImpl : ::torch::nn::Module {
@@ -81,11 +81,7 @@ struct HeadImpl : ::torch::nn::Module {
   ::torch::nn::LayerNorm ln_f{nullptr};
   ::torch::nn::Linear proj{nullptr};
 };
-class Head : public ::torch::nn::ModuleHolder<HeadImpl> {
- public:
-  using ::torch::nn::ModuleHolder<HeadImpl>::ModuleHolder;
-  using Impl = HeadImpl;
-};
+GPUMEM_TOY_MODULE(Head);
 
 struct GptImpl : ::torch::nn::Module {
   explicit GptImpl(const GptOptions& options);  // check_options() first
@@ -109,10 +105,8 @@ struct GptImpl : ::torch::nn::Module {
   std::vector<Block> blocks;
   Head head{nullptr};
 };
-class Gpt : public ::torch::nn::ModuleHolder<GptImpl> {
- public:
-  using ::torch::nn::ModuleHolder<GptImpl>::ModuleHolder;
-  using Impl = GptImpl;
-};
+GPUMEM_TOY_MODULE(Gpt);
 
 }  // namespace gpumem::toy
+
+#undef GPUMEM_TOY_MODULE
