@@ -95,6 +95,8 @@ void CommandLine::take_positional(ArgReader& r, std::string_view arg) {
     p.many->emplace_back(arg);
   } else if (!p.one) {
     r.fail(fmt::format("unexpected argument '{}'", arg));
+  } else if (arg.empty()) {  // `gpumem report "$FILE"` with FILE unset
+    r.fail(fmt::format("no {} given: {}", p.noun, p.missing));
   } else if (p.seen) {
     r.fail(fmt::format("one {} at a time: got '{}' and '{}'{}", p.noun, *p.one, arg, p.extra_hint));
   } else {

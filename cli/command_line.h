@@ -21,7 +21,7 @@
 //     --x takes a size such as 8GiB, 512MiB or 80GB, not 'V'    size()
 //     --x takes A, B or C, not 'V'                choice()
 //     one NOUN at a time: got 'A' and 'B'HINT     positional(), given twice
-//     no NOUN given: USAGE                        positional(), never given
+//     no NOUN given: USAGE                        positional(), never given, or given empty
 //     unexpected argument 'A'                     a positional argument nobody declared
 //
 // Checks that need every argument (how many files, which options go together) run after
@@ -70,7 +70,8 @@ class CommandLine {
   void choice(std::string_view name, std::vector<std::string> choices, std::string& target);
 
   // The command's one positional argument, required. A second one is an error naming both
-  // ("one NOUN at a time: got 'A' and 'B'" + extra_hint); none is "no NOUN given: " + missing.
+  // ("one NOUN at a time: got 'A' and 'B'" + extra_hint); none, or an empty one, is
+  // "no NOUN given: " + missing.
   void positional(std::string& target, std::string noun, std::string missing, std::string extra_hint = {});
   // Any number of positional arguments, appended in order (the command checks how many).
   void positionals(std::vector<std::string>& target);

@@ -135,6 +135,7 @@ TEST_CASE("command line: each mistake is one line naming the argument, and exit 
       {{"a", "b"}, "one file at a time: got 'a' and 'b' (to compare two, use --diff)"},
       {{}, "no file given: gpumem test FILE"},
       {{"--json"}, "no file given: gpumem test FILE"},
+      {{""}, "no file given: gpumem test FILE"},  // an unset shell variable
   };
   for (const Case& c : cases) {
     std::string joined;
