@@ -12,14 +12,13 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "alloc_pattern.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
 #if __has_include("gpumem/alloc/stats.h")
@@ -31,22 +30,10 @@ using namespace gpumem::alloc;
 
 namespace {
 
-struct Pattern {
-  std::string name;
-  std::size_t fixed_bytes = 0;  // 0: window pattern
-  std::size_t window = 0;
-};
-
-std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(std::log(512.0), std::log(32.0 * 1024 * 1024));
-  std::vector<std::size_t> out(n);
-  for (auto& s : out) s = static_cast<std::size_t>(std::exp(u(rng)));
-  return out;
-}
+using gpumem::bench::AllocPattern;
 
 // Runs `ops` pairs of the pattern on one thread; returns ns per pair.
-double run_pattern(CachingAllocator& engine, const Pattern& p, std::size_t ops, std::uint64_t seed, StreamId stream) {
+double run_pattern(CachingAllocator& engine, const AllocPattern& p, std::size_t ops, std::uint64_t seed, StreamId stream) {
   using clock = std::chrono::steady_clock;
   if (p.fixed_bytes) {
     // warm-up
@@ -59,17 +46,14 @@ double run_pattern(CachingAllocator& engine, const Pattern& p, std::size_t ops, 
     }
     return std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
   }
-  const auto sizes = log_uniform_sizes(ops + p.window, seed);
-  std::mt19937_64 rng(seed ^ 0x5bd1e995);
-  std::vector<std::uint32_t> slots(ops);
-  for (auto& s : slots) s = static_cast<std::uint32_t>(rng() % p.window);
+  const gpumem::bench::AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, seed);
   std::vector<void*> live(p.window);
-  for (std::size_t i = 0; i < p.window; ++i) live[i] = engine.allocate(sizes[i], stream).ptr;
+  for (std::size_t i = 0; i < p.window; ++i) live[i] = engine.allocate(seq.sizes[i], stream).ptr;
   const auto t0 = clock::now();
   for (std::size_t i = 0; i < ops; ++i) {
-    void*& slot = live[slots[i]];
+    void*& slot = live[seq.slots[i]];
     engine.free(slot);
-    auto r = engine.allocate(sizes[p.window + i], stream);
+    auto r = engine.allocate(seq.sizes[p.window + i], stream);
     if (!r.ok()) std::abort();
     slot = r.ptr;
   }
@@ -97,16 +81,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::vector<Pattern> patterns = {
-      {"4 KiB pairs", 4096, 0},
-      {"1 MiB pairs", 1 << 20, 0},
-      {"64 MiB pairs", std::size_t{64} << 20, 0},
-      {"window 64, 512 B-32 MiB", 0, 64},
-      {"window 1024, 512 B-32 MiB", 0, 1024},
-  };
   fmt::print("gpumem engine on SimSource, {} pairs per thread{}\n", ops, observer ? ", stats observer attached" : "");
   fmt::print("{:<28} {:>14} {:>24}\n", "pattern", "1 thread ns", fmt::format("{} threads ns/thread", threads));
-  for (const auto& p : patterns) {
+  for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
     SimSourceOptions so;
     so.capacity_bytes = std::size_t{1} << 46;
     SimSource source(so);

@@ -1,6 +1,7 @@
 // ns per alloc+free pair: gpumem's CUDA allocator vs PyTorch's native caching allocator, side by
 // side in one process, both driven through the same c10 calls (raw_alloc_with_stream /
-// raw_delete) with the same op sequences as bench/alloc_pairs.cpp:
+// raw_delete) with the same op sequences as bench/alloc_pairs.cpp (one definition,
+// bench/alloc_pattern.h):
 // fixed 4 KiB, 1 MiB and 64 MiB pairs, and windows of W live allocations (W = 64, 1024; sizes
 // log-uniform in 512 B..32 MiB; each step frees a random slot and allocates a new size into it),
 // single-threaded and with T threads each running its own sequence.
@@ -17,15 +18,14 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
+#include "alloc_pattern.h"
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/cuda_allocator.h"
 
@@ -33,37 +33,10 @@ namespace {
 
 using Allocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
 
-struct Pattern {
-  const char* name;
-  std::size_t fixed_bytes;  // 0: window pattern
-  std::size_t window;
-};
+using gpumem::bench::AllocPattern;
+using gpumem::bench::AllocSequence;
 
-std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(std::log(512.0), std::log(32.0 * 1024 * 1024));
-  std::vector<std::size_t> out(n);
-  for (auto& s : out) s = static_cast<std::size_t>(std::exp(u(rng)));
-  return out;
-}
-
-// One thread's op sequence: the sizes and slots are fixed by the seed, whatever the allocator.
-struct Sequence {
-  std::vector<std::size_t> sizes;
-  std::vector<std::uint32_t> slots;
-};
-
-Sequence make_sequence(const Pattern& p, std::size_t ops, std::uint64_t seed) {
-  Sequence s;
-  if (p.fixed_bytes) return s;
-  s.sizes = log_uniform_sizes(ops + p.window, seed);
-  std::mt19937_64 rng(seed ^ 0x5bd1e995);
-  s.slots.resize(ops);
-  for (auto& slot : s.slots) slot = static_cast<std::uint32_t>(rng() % p.window);
-  return s;
-}
-
-double run(Allocator& a, const Pattern& p, const Sequence& seq, std::size_t ops, cudaStream_t stream) {
+double run(Allocator& a, const AllocPattern& p, const AllocSequence& seq, std::size_t ops, cudaStream_t stream) {
   using clock = std::chrono::steady_clock;
   if (p.fixed_bytes) {
     for (int i = 0; i < 1000; ++i) a.raw_delete(a.raw_alloc_with_stream(p.fixed_bytes, stream));
@@ -85,9 +58,11 @@ double run(Allocator& a, const Pattern& p, const Sequence& seq, std::size_t ops,
 }
 
 // T threads, each with its own sequence on the default stream; returns mean ns per pair per thread.
-double run_threads(Allocator& a, const Pattern& p, std::size_t ops, int threads) {
-  std::vector<Sequence> seqs;
-  for (int t = 0; t < threads; ++t) seqs.push_back(make_sequence(p, ops, 100 + static_cast<std::uint64_t>(t)));
+double run_threads(Allocator& a, const AllocPattern& p, std::size_t ops, int threads) {
+  std::vector<AllocSequence> seqs;
+  for (int t = 0; t < threads; ++t) {
+    seqs.push_back(gpumem::bench::make_alloc_sequence(p, ops, 100 + static_cast<std::uint64_t>(t)));
+  }
   std::vector<double> per(static_cast<std::size_t>(threads));
   std::barrier start(threads);
   std::vector<std::thread> pool;
@@ -154,20 +129,13 @@ int main(int argc, char** argv) {
   ours.init(static_cast<int>(c10::cuda::device_count()));
   const cudaStream_t stream = nullptr;  // the default stream, as raw_alloc uses with no stream set
 
-  const std::vector<Pattern> patterns = {
-      {"4 KiB pairs", 4096, 0},
-      {"1 MiB pairs", std::size_t{1} << 20, 0},
-      {"64 MiB pairs", std::size_t{64} << 20, 0},
-      {"window 64, 512 B-32 MiB", 0, 64},
-      {"window 1024, 512 B-32 MiB", 0, 1024},
-  };
   std::printf("torch_alloc_pairs: %s vs %s, %zu pairs (1 thread), %zu pairs per thread (%d threads), median of %d "
               "rounds\n",
               native.name().c_str(), ours.name().c_str(), ops, thread_ops, threads, rounds);
   std::printf("%-28s %12s %12s %8s   %14s %14s %8s\n", "pattern", "native ns", "gpumem ns", "speedup",
               "native ns/thr", "gpumem ns/thr", "speedup");
-  for (const auto& p : patterns) {
-    const Sequence seq = make_sequence(p, ops, 1);
+  for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
+    const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
     std::vector<double> n1, g1, nt, gt;
     for (int r = 0; r < rounds; ++r) {
       n1.push_back(run(native, p, seq, ops, stream));

@@ -62,8 +62,10 @@ std::string_view ArgReader::take_positional() {
   return a;
 }
 
-void ArgReader::fail(const std::string& what) const {
-  throw UsageError(fmt::format("gpumem {}: {}; see 'gpumem {} --help'", command_, what, command_));
+void ArgReader::fail(const std::string& what) const { throw UsageError(usage_message(command_, what)); }
+
+std::string usage_message(std::string_view command, std::string_view what) {
+  return fmt::format("gpumem {}: {}; see 'gpumem {} --help'", command, what, command);
 }
 
 std::optional<std::size_t> parse_size(std::string_view text) {

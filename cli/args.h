@@ -1,6 +1,7 @@
 // ArgReader: walks a subcommand's arguments. Options are `--name VALUE`, `--name=VALUE` or flags;
 // anything else is positional; `--` ends the options. Every mistake is one UsageError naming the
-// argument and pointing at `gpumem CMD --help`.
+// argument and pointing at `gpumem CMD --help`. Commands read their arguments through
+// CommandLine (command_line.h), which is built on this.
 //
 // Thread-safety: a plain value.
 #pragma once
@@ -43,6 +44,9 @@ class ArgReader {
   bool options_ended_ = false;
   void skip_double_dash();
 };
+
+// The one line of a usage error: "gpumem COMMAND: WHAT; see 'gpumem COMMAND --help'".
+std::string usage_message(std::string_view command, std::string_view what);
 
 // Parses a size: bytes, or a number with a unit B, KB, MB, GB, KiB, MiB, GiB (KB = 1000).
 std::optional<std::size_t> parse_size(std::string_view text);

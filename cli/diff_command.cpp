@@ -1,11 +1,10 @@
 // `gpumem diff`: what changed between two snapshots or traces of a program.
-#include <charconv>
 #include <cstdio>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "args.h"
+#include "command_line.h"
 #include "commands.h"
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/snapshot_diff.h"
@@ -38,36 +37,12 @@ int run_diff(const std::vector<std::string_view>& argv) {
   std::vector<std::string> files;
   bool json = false;
   std::size_t top = 20;
-  try {
-    ArgReader r("diff", argv);
-    while (!r.done()) {
-      if (!r.at_option()) {
-        files.emplace_back(r.take_positional());
-        continue;
-      }
-      const std::string_view name = r.option_name();
-      if (name == "-h" || name == "--help") {
-        std::fputs(kHelp, stdout);
-        return 0;
-      }
-      if (name == "--json") {
-        r.take_flag();
-        json = true;
-      } else if (name == "--top") {
-        const std::string_view v = r.take_value();
-        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), top);
-        if (ec != std::errc() || p != v.data() + v.size() || top > 1000) {
-          r.fail(fmt::format("--top takes a number from 0 to 1000, not '{}'", v));
-        }
-      } else {
-        r.fail(fmt::format("unknown option '{}'", name));
-      }
-    }
-    if (files.size() != 2) r.fail(fmt::format("diff takes two files, A and B (got {})", files.size()));
-  } catch (const UsageError& e) {
-    std::fputs(fmt::format("{}\n", e.what()).c_str(), stderr);
-    return 2;
-  }
+  CommandLine cl("diff", kHelp);
+  cl.positionals(files);
+  cl.flag("--json", json);
+  cl.integer("--top", 0, 1000, top);
+  if (const auto status = cl.parse(argv)) return *status;
+  if (files.size() != 2) return cl.usage_error(fmt::format("diff takes two files, A and B (got {})", files.size()));
   try {
     const fx::Snapshot a = fx::load_snapshot(files[0]);
     const fx::Snapshot b = fx::load_snapshot(files[1]);

@@ -1,6 +1,5 @@
 // `gpumem replay`: replays a PyTorch allocator trace through allocator policies and compares what
 // each would reserve.
-#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -9,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "args.h"
+#include "command_line.h"
 #include "commands.h"
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/policy_factory.h"
@@ -72,103 +71,51 @@ struct ReplayArgs {
   fx::ReplayEnvironment env;
 };
 
-std::optional<ReplayArgs> parse_args(const std::vector<std::string_view>& argv) {
-  ArgReader r("replay", argv);
-  ReplayArgs a;
-  bool have_trace = false;
-  while (!r.done()) {
-    if (!r.at_option()) {
-      const std::string_view p = r.take_positional();
-      if (have_trace) r.fail(fmt::format("one trace at a time: got '{}' and '{}'", a.trace, p));
-      a.trace = std::string(p);
-      have_trace = true;
-      continue;
-    }
-    const std::string_view name = r.option_name();
-    if (name == "-h" || name == "--help") {
-      std::fputs(help_text().c_str(), stdout);
-      return std::nullopt;
-    }
-    if (name == "--policy") {
-      a.policies.emplace_back(r.take_value());
-    } else if (name == "--json") {
-      r.take_flag();
-      a.json = true;
-    } else if (name == "--timeline") {
-      a.timeline = std::string(r.take_value());
-    } else if (name == "--top") {
-      const std::string_view v = r.take_value();
-      std::size_t n = 0;
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-      if (ec != std::errc() || p != v.data() + v.size() || n > 1000) {
-        r.fail(fmt::format("--top takes a count from 0 to 1000, not '{}'", v));
-      }
-      a.top = n;
-    } else if (name == "--device") {
-      const std::string_view v = r.take_value();
-      int d = 0;
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
-      if (ec != std::errc() || p != v.data() + v.size() || d < 0 || d > 1024) {
-        r.fail(fmt::format("--device takes a device index (0, 1, ...), not '{}'", v));
-      }
-      a.device = d;
-    } else if (name == "--memory-limit" || name == "--device-memory") {
-      const std::string_view v = r.take_value();
-      const auto bytes = parse_size(v);
-      if (!bytes) {
-        r.fail(fmt::format("{} takes a size such as 8GiB, 512MiB or 80GB, not '{}'", name, v));
-      }
-      (name == "--memory-limit" ? a.env.memory_limit_bytes : a.env.device_total_bytes) = *bytes;
-    } else {
-      r.fail(fmt::format("unknown option '{}'", name));
-    }
-  }
-  if (!have_trace) r.fail("no trace given: gpumem replay TRACE");
-  if (a.policies.empty()) a.policies = fx::default_policy_names();
-  return a;
-}
-
 int run_replay(const std::vector<std::string_view>& argv) {
-  std::optional<ReplayArgs> args;
-  try {
-    args = parse_args(argv);
-  } catch (const UsageError& e) {
-    std::fputs(fmt::format("{}\n", e.what()).c_str(), stderr);
-    return 2;
-  }
-  if (!args) return 0;  // --help
+  ReplayArgs a;
+  CommandLine cl("replay", help_text());
+  cl.positional(a.trace, "trace", "gpumem replay TRACE");
+  cl.values("--policy", a.policies);
+  cl.flag("--json", a.json);
+  cl.value("--timeline", a.timeline);
+  cl.integer("--top", 0, 1000, a.top, "a count from 0 to 1000");
+  cl.integer("--device", 0, 1024, a.device, "a device index (0, 1, ...)");
+  cl.size("--memory-limit", a.env.memory_limit_bytes);
+  cl.size("--device-memory", a.env.device_total_bytes);
+  if (const auto status = cl.parse(argv)) return *status;
+  if (a.policies.empty()) a.policies = fx::default_policy_names();
 
   // Policies first: a bad name should not wait for a large trace to load.
   std::vector<fx::PolicySpec> specs;
   try {
-    for (const auto& p : args->policies) specs.push_back(fx::parse_policy_spec(p, args->env));
+    for (const auto& p : a.policies) specs.push_back(fx::parse_policy_spec(p, a.env));
   } catch (const fx::ForensicsError& e) {
     std::fputs(fmt::format("gpumem replay: {}\n", e.what()).c_str(), stderr);
     return 2;
   }
   try {
-    const fx::LoadedTrace loaded = fx::load_trace(args->trace, args->device);
+    const fx::LoadedTrace loaded = fx::load_trace(a.trace, a.device);
     const fx::ReplayScript script = fx::compile_replay(loaded.trace);
-    fx::ReplayReport report{loaded.trace, script, loaded.format, fx::measured_beside(args->trace), {}};
+    fx::ReplayReport report{loaded.trace, script, loaded.format, fx::measured_beside(a.trace), {}};
     fx::ReplayOptions options;
-    options.record_timeline = !args->timeline.empty();
-    options.top_sites = args->top;
+    options.record_timeline = !a.timeline.empty();
+    options.top_sites = a.top;
     for (const auto& spec : specs) {
       ProgressBar bar(fmt::format("replaying {}", spec.name));
       options.progress = [&bar](std::size_t done, std::size_t total) { bar.update(done, total); };
       report.policies.push_back(fx::replay_policy(loaded.trace, script, spec.name, spec.make, options));
     }
-    if (!args->timeline.empty()) {
-      std::ofstream out(args->timeline);
+    if (!a.timeline.empty()) {
+      std::ofstream out(a.timeline);
       if (!out) {
-        std::fputs(fmt::format("gpumem replay: cannot write the timeline to '{}'; check the path\n", args->timeline)
+        std::fputs(fmt::format("gpumem replay: cannot write the timeline to '{}'; check the path\n", a.timeline)
                        .c_str(),
                    stderr);
         return 1;
       }
       fx::write_timeline_csv(out, report);
     }
-    const std::string text = args->json ? fx::format_json(report) : fx::format_table(report);
+    const std::string text = a.json ? fx::format_json(report) : fx::format_table(report);
     std::fputs(text.c_str(), stdout);
   } catch (const fx::ForensicsError& e) {
     std::fputs(fmt::format("gpumem replay: {}\n", e.what()).c_str(), stderr);

@@ -1,13 +1,12 @@
 // `gpumem report`: where the memory of a snapshot or trace went, how fragmented it is, and, when
 // the file records an OOM, why the request failed.
-#include <charconv>
 #include <cstdio>
 #include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "args.h"
+#include "command_line.h"
 #include "commands.h"
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/memory_report.h"
@@ -50,52 +49,17 @@ constexpr const char* kHelp =
     "\n"
     "Exit status: 0 on success, 1 if the file cannot be read, 2 for a usage error.\n";
 
-int parse_count(ArgReader& r, std::string_view what, std::string_view v, int max) {
-  int n = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || p != v.data() + v.size() || n < 0 || n > max) {
-    r.fail(fmt::format("{} takes a number from 0 to {}, not '{}'", what, max, v));
-  }
-  return n;
-}
-
 int run_report(const std::vector<std::string_view>& argv) {
   std::string file;
   bool json = false;
   fx::ReportOptions options;
-  try {
-    ArgReader r("report", argv);
-    while (!r.done()) {
-      if (!r.at_option()) {
-        const std::string_view p = r.take_positional();
-        if (!file.empty()) r.fail(fmt::format("one file at a time: got '{}' and '{}'", file, p));
-        file = std::string(p);
-        continue;
-      }
-      const std::string_view name = r.option_name();
-      if (name == "-h" || name == "--help") {
-        std::fputs(kHelp, stdout);
-        return 0;
-      }
-      if (name == "--json") {
-        r.take_flag();
-        json = true;
-      } else if (name == "--no-replay") {
-        r.take_flag();
-        options.replay_advice = false;
-      } else if (name == "--top") {
-        options.top = static_cast<std::size_t>(parse_count(r, "--top", r.take_value(), 1000));
-      } else if (name == "--device") {
-        options.device = parse_count(r, "--device", r.take_value(), 1024);
-      } else {
-        r.fail(fmt::format("unknown option '{}'", name));
-      }
-    }
-    if (file.empty()) r.fail("no file given: gpumem report FILE");
-  } catch (const UsageError& e) {
-    std::fputs(fmt::format("{}\n", e.what()).c_str(), stderr);
-    return 2;
-  }
+  CommandLine cl("report", kHelp);
+  cl.positional(file, "file", "gpumem report FILE");
+  cl.flag("--json", json);
+  cl.flag("--no-replay", options.replay_advice, false);
+  cl.integer("--top", 0, 1000, options.top);
+  cl.integer("--device", 0, 1024, options.device);
+  if (const auto status = cl.parse(argv)) return *status;
   try {
     const fx::Snapshot snap = fx::load_snapshot(file);
     const fx::MemoryReport report = fx::build_report(snap, options);

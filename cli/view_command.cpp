@@ -1,6 +1,5 @@
 // `gpumem view`: the terminal viewer of snapshots and traces (gpumem::view). Without ncurses the
 // viewer library is not built and this command says so.
-#include <charconv>
 #include <memory>
 #include <cstdio>
 #include <optional>
@@ -8,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "args.h"
+#include "command_line.h"
 #include "commands.h"
 #include "gpumem/forensics/error.h"
 
@@ -57,78 +56,32 @@ struct ViewArgs {
   std::optional<int> device;
 };
 
-std::optional<ViewArgs> parse_args(const std::vector<std::string_view>& argv) {
-  ArgReader r("view", argv);
-  ViewArgs a;
-  bool have_file = false;
-  auto number = [&](std::string_view name, std::string_view v, int lo, int hi) {
-    int n = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) {
-      r.fail(fmt::format("{} takes a number from {} to {}, not '{}'", name, lo, hi, v));
-    }
-    return n;
-  };
-  while (!r.done()) {
-    if (!r.at_option()) {
-      const std::string_view p = r.take_positional();
-      if (have_file) r.fail(fmt::format("one file at a time: got '{}' and '{}' (to compare two, use --diff)", a.file, p));
-      a.file = std::string(p);
-      have_file = true;
-      continue;
-    }
-    const std::string_view name = r.option_name();
-    if (name == "-h" || name == "--help") {
-      std::fputs(help_text().c_str(), stdout);
-      return std::nullopt;
-    }
-    if (name == "--report") {
-      r.take_flag();
-      a.report = true;
-    } else if (name == "--diff") {
-      a.diff = std::string(r.take_value());
-    } else if (name == "--width") {
-      a.width = number(name, r.take_value(), 40, 1000);
-    } else if (name == "--device") {
-      a.device = number(name, r.take_value(), 0, 1024);
-    } else if (name == "--colors") {
-      const std::string_view v = r.take_value();
-      if (v != "auto" && v != "256" && v != "8" && v != "none") {
-        r.fail(fmt::format("--colors takes auto, 256, 8 or none, not '{}'", v));
-      }
-      a.colors = std::string(v);
-    } else {
-      r.fail(fmt::format("unknown option '{}'", name));
-    }
-  }
-  if (!have_file) r.fail("no file given: gpumem view FILE (a snapshot .pickle or a trace .csv.gz)");
-  return a;
-}
-
 int run_view(const std::vector<std::string_view>& argv) {
-  std::optional<ViewArgs> args;
-  try {
-    args = parse_args(argv);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  }
-  if (!args) return 0;  // --help
+  ViewArgs a;
+  CommandLine cl("view", help_text());
+  cl.positional(a.file, "file", "gpumem view FILE (a snapshot .pickle or a trace .csv.gz)",
+                " (to compare two, use --diff)");
+  cl.flag("--report", a.report);
+  cl.value("--diff", a.diff);
+  cl.integer("--width", 40, 1000, a.width);
+  cl.integer("--device", 0, 1024, a.device);
+  cl.choice("--colors", {"auto", "256", "8", "none"}, a.colors);
+  if (const auto status = cl.parse(argv)) return *status;
 #if GPUMEM_HAVE_VIEWER
   namespace vw = gpumem::view;
   try {
-    auto model = vw::ViewerModel::open(args->file, args->device);
-    if (!args->diff.empty()) {
-      model.compare = std::make_shared<const vw::ViewerModel>(vw::ViewerModel::open(args->diff));
+    auto model = vw::ViewerModel::open(a.file, a.device);
+    if (!a.diff.empty()) {
+      model.compare = std::make_shared<const vw::ViewerModel>(vw::ViewerModel::open(a.diff));
     }
-    if (args->report) {
-      std::fputs(vw::text_report(model, args->width).c_str(), stdout);
+    if (a.report) {
+      std::fputs(vw::text_report(model, a.width).c_str(), stdout);
       return 0;
     }
-    const vw::ColorMode colors = args->colors == "256" ? vw::ColorMode::c256
-                                 : args->colors == "8" ? vw::ColorMode::c8
-                                 : args->colors == "none" ? vw::ColorMode::mono
-                                                          : vw::ColorMode::automatic;
+    const vw::ColorMode colors = a.colors == "256"    ? vw::ColorMode::c256
+                                 : a.colors == "8"    ? vw::ColorMode::c8
+                                 : a.colors == "none" ? vw::ColorMode::mono
+                                                      : vw::ColorMode::automatic;
     return vw::run_terminal(model, vw::initial_state(model, vw::Size{80, 24}), colors);
   } catch (const forensics::ForensicsError& e) {
     std::fprintf(stderr, "gpumem view: %s\n", e.what());

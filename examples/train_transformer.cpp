@@ -1,6 +1,6 @@
-// A small GPT-style language model trained with libtorch on gpumem: token and position
-// embeddings, pre-norm blocks with causal attention through scaled_dot_product_attention and a
-// GELU MLP, AdamW. The sequence length changes every step (uniform in [--min-seq, --max-seq]),
+// A small GPT-style language model (gpumem::toy::Gpt: token and position embeddings, pre-norm
+// blocks with causal attention through scaled_dot_product_attention and a GELU MLP) trained with
+// libtorch on gpumem, AdamW. The sequence length changes every step (uniform in [--min-seq, --max-seq]),
 // the workload that fragments a caching allocator.
 //
 //   train_transformer [--device cuda|cuda:N|cpu] [--allocator gpumem|native] [--config STR]
@@ -33,6 +33,7 @@
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
+#include "gpumem/toy/gpt.h"
 
 namespace {
 
@@ -43,11 +44,7 @@ struct Options {
   int steps = 30;
   int64_t batch = 16;
   int64_t min_seq = 64;
-  int64_t max_seq = 512;
-  int64_t d_model = 256;
-  int64_t layers = 4;
-  int64_t heads = 8;
-  int64_t vocab = 8192;
+  gpumem::toy::GptOptions model;  // --max-seq, --d-model, --layers, --heads, --vocab
   double lr = 3e-4;
   uint64_t seed = 0;
   bool deterministic = false;
@@ -84,70 +81,22 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = static_cast<int>(parse_int(a, value(), 1));
     else if (a == "--batch") o.batch = parse_int(a, value(), 1);
     else if (a == "--min-seq") o.min_seq = parse_int(a, value(), 2);
-    else if (a == "--max-seq") o.max_seq = parse_int(a, value(), 2);
-    else if (a == "--d-model") o.d_model = parse_int(a, value(), 8);
-    else if (a == "--layers") o.layers = parse_int(a, value(), 1);
-    else if (a == "--heads") o.heads = parse_int(a, value(), 1);
-    else if (a == "--vocab") o.vocab = parse_int(a, value(), 8);
+    else if (a == "--max-seq") o.model.max_seq = parse_int(a, value(), 2);
+    else if (a == "--d-model") o.model.width = parse_int(a, value(), 8);
+    else if (a == "--layers") o.model.layers = parse_int(a, value(), 1);
+    else if (a == "--heads") o.model.heads = parse_int(a, value(), 1);
+    else if (a == "--vocab") o.model.vocab = parse_int(a, value(), 8);
     else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0));
     else if (a == "--lr") o.lr = std::atof(value());
     else if (a == "--deterministic") o.deterministic = true;
     else usage_error("unknown argument '" + a + "'");
   }
   if (o.allocator != "gpumem" && o.allocator != "native") usage_error("--allocator is gpumem or native");
-  if (o.min_seq > o.max_seq) usage_error("--min-seq must not exceed --max-seq");
-  if (o.d_model % o.heads != 0) usage_error("--d-model must be a multiple of --heads");
+  if (o.min_seq > o.model.max_seq) usage_error("--min-seq must not exceed --max-seq");
+  if (o.model.width % o.model.heads != 0) usage_error("--d-model must be a multiple of --heads");
   if (!(o.lr > 0)) usage_error("--lr must be a positive number");
   return o;
 }
-
-struct BlockImpl : torch::nn::Module {
-  int64_t heads;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_out{nullptr};
-
-  BlockImpl(int64_t d, int64_t h) : heads(h) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
-    proj = register_module("proj", torch::nn::Linear(d, d));
-    fc = register_module("fc", torch::nn::Linear(d, 4 * d));
-    fc_out = register_module("fc_out", torch::nn::Linear(4 * d, d));
-  }
-
-  torch::Tensor forward(torch::Tensor x) {
-    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    auto parts = qkv(ln1(x)).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
-    auto y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], {}, 0.0, /*is_causal=*/true);
-    x = x + proj(y.transpose(1, 2).reshape({b, t, d}));
-    return x + fc_out(torch::gelu(fc(ln2(x))));
-  }
-};
-TORCH_MODULE(Block);
-
-struct GptImpl : torch::nn::Module {
-  torch::nn::Embedding tok{nullptr}, pos{nullptr};
-  torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};
-
-  GptImpl(const Options& o) {
-    tok = register_module("tok", torch::nn::Embedding(o.vocab, o.d_model));
-    pos = register_module("pos", torch::nn::Embedding(o.max_seq, o.d_model));
-    blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < o.layers; ++i) blocks->push_back(Block(o.d_model, o.heads));
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab).bias(false)));
-  }
-
-  torch::Tensor forward(const torch::Tensor& tokens) {
-    const int64_t t = tokens.size(1);
-    auto x = tok(tokens) + pos(torch::arange(t, tokens.options())).unsqueeze(0);
-    for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
-    return head(ln_f(x));
-  }
-};
-TORCH_MODULE(Gpt);
 
 struct Peaks {
   int64_t allocated = -1, reserved = -1, requested = -1;
@@ -221,18 +170,19 @@ int main(int argc, char** argv) {
     }
     torch::manual_seed(o.seed);
 
-    Gpt model(o);
+    gpumem::toy::Gpt model(o.model);
     model->to(device);
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(0.1));
     std::mt19937_64 lengths(o.seed + 1);
-    std::uniform_int_distribution<int64_t> seq_dist(o.min_seq, o.max_seq);
+    std::uniform_int_distribution<int64_t> seq_dist(o.min_seq, o.model.max_seq);
     const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
 
     std::printf("train_transformer: device %s, allocator %s, %lld layers, d_model %lld, vocab %lld, batch %lld, "
                 "seq %lld..%lld, %d steps%s\n",
-                device.str().c_str(), gpumem ? "gpumem" : "native", static_cast<long long>(o.layers),
-                static_cast<long long>(o.d_model), static_cast<long long>(o.vocab), static_cast<long long>(o.batch),
-                static_cast<long long>(o.min_seq), static_cast<long long>(o.max_seq), o.steps,
+                device.str().c_str(), gpumem ? "gpumem" : "native", static_cast<long long>(o.model.layers),
+                static_cast<long long>(o.model.width), static_cast<long long>(o.model.vocab),
+                static_cast<long long>(o.batch), static_cast<long long>(o.min_seq),
+                static_cast<long long>(o.model.max_seq), o.steps,
                 o.deterministic ? ", deterministic" : "");
     std::vector<double> step_ms;
     double loss_value = 0;
@@ -240,12 +190,12 @@ int main(int argc, char** argv) {
       const int64_t seq = seq_dist(lengths);
       const auto t0 = std::chrono::steady_clock::now();
       // A learnable stream: each token determines the next (x -> x + 7 mod V).
-      auto start = torch::randint(o.vocab, {o.batch, 1}, long_opts);
-      auto tokens = (start + 7 * torch::arange(seq + 1, long_opts).unsqueeze(0)) % o.vocab;
+      auto start = torch::randint(o.model.vocab, {o.batch, 1}, long_opts);
+      auto tokens = (start + 7 * torch::arange(seq + 1, long_opts).unsqueeze(0)) % o.model.vocab;
       auto input = tokens.slice(1, 0, seq);
       auto target = tokens.slice(1, 1, seq + 1);
       auto logits = model->forward(input);
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, o.vocab}), target.reshape({-1}));
+      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, o.model.vocab}), target.reshape({-1}));
       optimizer.zero_grad();
       loss.backward();
       optimizer.step();

@@ -27,13 +27,10 @@
 #include <gpumem/torch/install.h>
 #include <gpumem/torch/memory_stats.h>
 #endif
+#include <gpumem/toy/gpt.h>
 #include <torch/cuda.h>
-#include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/utils.h>
 
 #include <chrono>
@@ -50,95 +47,17 @@
 namespace nn = torch::nn;
 namespace zero = gpumem::zero;
 
-// ---------------------------------------------------------------------------------------------
-// The model: token + position embeddings, pre-norm blocks (causal self-attention through
-// scaled_dot_product_attention, GELU MLP), final norm and a vocabulary projection. Every
-// parameterized piece is a stage-3 unit run through zero::call.
-
-struct Config {
-  std::int64_t vocab = 256;
-  std::int64_t seq = 256;
-  std::int64_t layers = 8;
-  std::int64_t width = 768;
-  std::int64_t heads = 12;
-};
-
-struct EmbeddingsImpl : nn::Module {
-  explicit EmbeddingsImpl(const Config& c) {
-    tokens = register_module("tokens", nn::Embedding(c.vocab, c.width));
-    positions = register_module("positions", nn::Embedding(c.seq, c.width));
-  }
-  at::Tensor forward(const at::Tensor& idx) {
-    const at::Tensor pos = at::arange(idx.size(1), idx.options());
-    return tokens(idx) + positions(pos).unsqueeze(0);
-  }
-  nn::Embedding tokens{nullptr}, positions{nullptr};
-};
-TORCH_MODULE(Embeddings);
-
-struct BlockImpl : nn::Module {
-  explicit BlockImpl(const Config& c) : heads(c.heads) {
-    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({c.width})));
-    qkv = register_module("qkv", nn::Linear(c.width, 3 * c.width));
-    proj = register_module("proj", nn::Linear(c.width, c.width));
-    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({c.width})));
-    fc = register_module("fc", nn::Linear(c.width, 4 * c.width));
-    out = register_module("out", nn::Linear(4 * c.width, c.width));
-  }
-  at::Tensor forward(at::Tensor x) {
-    const std::int64_t b = x.size(0), t = x.size(1), w = x.size(2);
-    auto parts = qkv(ln1(x)).view({b, t, 3, heads, w / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
-    const at::Tensor attn = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], {}, 0.0,
-                                                             /*is_causal=*/true);
-    x = x + proj(attn.transpose(1, 2).reshape({b, t, w}));
-    return x + out(nn::functional::gelu(fc(ln2(x))));
-  }
-  std::int64_t heads;
-  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, out{nullptr};
-};
-TORCH_MODULE(Block);
-
-struct HeadImpl : nn::Module {
-  explicit HeadImpl(const Config& c) {
-    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({c.width})));
-    logits = register_module("logits", nn::Linear(nn::LinearOptions(c.width, c.vocab).bias(false)));
-  }
-  at::Tensor forward(const at::Tensor& x) { return logits(norm(x)); }
-  nn::LayerNorm norm{nullptr};
-  nn::Linear logits{nullptr};
-};
-TORCH_MODULE(Head);
-
-struct GptImpl : nn::Module {
-  explicit GptImpl(const Config& c) {
-    embed = register_module("embed", Embeddings(c));
-    for (std::int64_t i = 0; i < c.layers; ++i)
-      blocks.push_back(register_module(fmt::format("block{}", i), Block(c)));
-    head = register_module("head", Head(c));
-  }
-  at::Tensor forward(const at::Tensor& idx) {
-    at::Tensor x = zero::call(embed, idx);
-    for (Block& b : blocks) x = zero::call(b, x);
-    return zero::call(head, x);
-  }
-  std::vector<std::shared_ptr<nn::Module>> units() {
-    std::vector<std::shared_ptr<nn::Module>> u{embed.ptr()};
-    for (Block& b : blocks) u.push_back(b.ptr());
-    u.push_back(head.ptr());
-    return u;
-  }
-  Embeddings embed{nullptr};
-  std::vector<Block> blocks;
-  Head head{nullptr};
-};
-TORCH_MODULE(Gpt);
+// The model is gpumem::toy::Gpt (token + position embeddings, pre-norm blocks with causal
+// self-attention through scaled_dot_product_attention and a GELU MLP, final norm and vocabulary
+// projection). Its units (embeddings, each block, head) are the stage-3 units, each run through
+// zero::call.
 
 // ---------------------------------------------------------------------------------------------
 // Command line
 
 struct Args {
-  Config model;
+  // --layers, --width, --heads, --vocab, --seq (the sequence length every step trains on)
+  gpumem::toy::GptOptions model{.layers = 8, .width = 768, .heads = 12, .vocab = 256, .max_seq = 256};
   int stage = 2;
   int steps = 200;
   std::int64_t batch = 32;  // global, over all ranks
@@ -205,7 +124,7 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--batch") {
       a.batch = number<std::int64_t>(flag, value(), 1, 1 << 20);
     } else if (flag == "--seq") {
-      a.model.seq = number<std::int64_t>(flag, value(), 2, 1 << 20);
+      a.model.max_seq = number<std::int64_t>(flag, value(), 2, 1 << 20);
     } else if (flag == "--layers") {
       a.model.layers = number<std::int64_t>(flag, value(), 1, 4096);
     } else if (flag == "--width") {
@@ -362,7 +281,7 @@ int run(const Args& args) {
 
   const std::optional<AllocatorReading> before = read_allocator(device, gpumem);
   torch::manual_seed(args.seed);
-  Gpt model(args.model);
+  gpumem::toy::Gpt model(args.model);
   model->to(device);
 
   zero::ShardedTrainerOptions opts;
@@ -382,7 +301,7 @@ int run(const Args& args) {
   const std::optional<AllocatorReading> after_setup = read_allocator(device, gpumem);
   say(fmt::format(
       "model: {} layers, width {}, {} heads, vocab {}, sequence {}: {} parameters ({:.1f} M)\n",
-      args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.seq,
+      args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.max_seq,
       trainer.num_params(), trainer.num_params() / 1e6));
   say(fmt::format("ZeRO stage {}, compute {}, {} units{}{}, global batch {} ({} per rank)\n",
                   args.stage, args.dtype, trainer.num_units(),
@@ -404,10 +323,11 @@ int run(const Args& args) {
     double loss_value = 0;
     {
       const at::Tensor tokens =
-          data.batch(step, args.batch, args.model.seq).narrow(0, rank * rows, rows).to(device);
-      const at::Tensor x = tokens.narrow(1, 0, args.model.seq);
-      const at::Tensor y = tokens.narrow(1, 1, args.model.seq);
-      const at::Tensor logits = model->forward(x);
+          data.batch(step, args.batch, args.model.max_seq).narrow(0, rank * rows, rows).to(device);
+      const at::Tensor x = tokens.narrow(1, 0, args.model.max_seq);
+      const at::Tensor y = tokens.narrow(1, 1, args.model.max_seq);
+      const at::Tensor logits =
+          model->forward_with(x, [](auto& unit, const at::Tensor& in) { return zero::call(unit, in); });
       const at::Tensor loss = nn::functional::cross_entropy(
           logits.reshape({-1, args.model.vocab}).to(at::kFloat), y.reshape({-1}));
       trainer.backward(loss);
@@ -431,7 +351,7 @@ int run(const Args& args) {
   const std::optional<AllocatorReading> at_end = read_allocator(device, gpumem);
   const double ms_per_step = timed_steps > 0 ? timed_seconds / timed_steps * 1e3 : 0;
   const double tokens_per_s =
-      timed_steps > 0 ? args.batch * args.model.seq / (timed_seconds / timed_steps) : 0;
+      timed_steps > 0 ? args.batch * args.model.max_seq / (timed_seconds / timed_steps) : 0;
 
   const zero::ModelStateBytes measured = trainer.model_state_bytes();
   const zero::ModelStateBytes formula = trainer.expected_model_state_bytes();

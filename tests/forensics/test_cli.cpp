@@ -1,35 +1,18 @@
 // The `gpumem` command line: help for every option, one clear error per bad argument, exit
 // statuses, and a replay of the trace shipped in the project (table and JSON).
-#include <sys/wait.h>
-
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "catch.h"
 #include "forensics_test_support.h"
+#include "run_command.h"
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Run run_cli(const std::string& args) {
-  const std::string cmd = std::string("'") + GPUMEM_CLI_PATH + "' " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Run = gpumem::testing::CommandRun;
+using gpumem::testing::run_cli;
 
 std::string shipped_trace() {
   const char* src = std::getenv("GPUMEM_SOURCE_DIR");

@@ -1,8 +1,5 @@
 // `gpumem report` and `gpumem diff` on the command line: help, usage errors, exit statuses, the
 // OOM report on PyTorch's snapshot in text and JSON, and a diff of two files.
-#include <sys/wait.h>
-
-#include <array>
 #include <cstdio>
 #include <string>
 
@@ -10,28 +7,14 @@
 #include "forensics_test_support.h"
 #include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_writer.h"
+#include "run_command.h"
 
 using gpumem::forensics::testing::TempDir;
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Run run_cli(const std::string& args) {
-  const std::string cmd = std::string("'") + GPUMEM_CLI_PATH + "' " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Run = gpumem::testing::CommandRun;
+using gpumem::testing::run_cli;
 
 std::string oom_snapshot() {
   auto dir = gpumem::forensics::testing::shared_dir();

@@ -19,6 +19,7 @@
 #include "catch.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
+#include "gpumem/toy/gpt.h"
 
 namespace {
 
@@ -59,52 +60,24 @@ struct Ledger final : c10::MemoryReportingInfoBase {
   bool memoryProfilingEnabled() const override { return true; }
 };
 
-// A small GPT-style model: token + position embeddings, one pre-norm block (causal attention via
-// scaled_dot_product_attention, 4x MLP), a tied-free LM head.
-struct TinyGptImpl : torch::nn::Module {
-  static constexpr int64_t kVocab = 64, kDim = 32, kHeads = 4, kMaxSeq = 64;
-  torch::nn::Embedding tok{nullptr}, pos{nullptr};
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr}, lnf{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr}, head{nullptr};
-
-  TinyGptImpl() {
-    tok = register_module("tok", torch::nn::Embedding(kVocab, kDim));
-    pos = register_module("pos", torch::nn::Embedding(kMaxSeq, kDim));
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    lnf = register_module("lnf", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    qkv = register_module("qkv", torch::nn::Linear(kDim, 3 * kDim));
-    proj = register_module("proj", torch::nn::Linear(kDim, kDim));
-    fc1 = register_module("fc1", torch::nn::Linear(kDim, 4 * kDim));
-    fc2 = register_module("fc2", torch::nn::Linear(4 * kDim, kDim));
-    head = register_module("head", torch::nn::Linear(kDim, kVocab));
-  }
-
-  torch::Tensor forward(const torch::Tensor& tokens) {
-    const int64_t b = tokens.size(0), t = tokens.size(1);
-    auto x = tok(tokens) + pos(torch::arange(t, torch::kLong)).unsqueeze(0);
-    auto q_k_v = qkv(ln1(x)).view({b, t, 3, kHeads, kDim / kHeads}).permute({2, 0, 3, 1, 4});
-    auto y = at::scaled_dot_product_attention(q_k_v[0], q_k_v[1], q_k_v[2], {}, 0.0, /*is_causal=*/true);
-    x = x + proj(y.transpose(1, 2).reshape({b, t, kDim}));
-    x = x + fc2(torch::gelu(fc1(ln2(x))));
-    return head(lnf(x));
-  }
-};
-TORCH_MODULE(TinyGpt);
+// The model: gpumem::toy::Gpt with one pre-norm block (causal attention via
+// scaled_dot_product_attention, 4x MLP) and an LM head with a bias.
+const gpumem::toy::GptOptions kTinyGpt{.layers = 1, .width = 32, .heads = 4, .vocab = 64, .max_seq = 64,
+                                       .head_bias = true};
 
 // Trains for `steps` steps with a sequence length that changes every step; returns the losses.
 std::vector<double> train(int steps, const std::function<void(int)>& after_step = {}) {
   torch::manual_seed(7);
-  TinyGpt model;
+  gpumem::toy::Gpt model(kTinyGpt);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     const int64_t seq = 8 + (step * 13) % 40;
-    auto start = torch::randint(TinyGptImpl::kVocab, {4, 1}, torch::kLong);
-    auto tokens = (start + 3 * torch::arange(seq + 1, torch::kLong).unsqueeze(0)) % TinyGptImpl::kVocab;
+    auto start = torch::randint(kTinyGpt.vocab, {4, 1}, torch::kLong);
+    auto tokens = (start + 3 * torch::arange(seq + 1, torch::kLong).unsqueeze(0)) % kTinyGpt.vocab;
     auto input = tokens.slice(1, 0, seq), target = tokens.slice(1, 1, seq + 1);
     auto logits = model->forward(input);
-    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, TinyGptImpl::kVocab}), target.reshape({-1}));
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, kTinyGpt.vocab}), target.reshape({-1}));
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();

@@ -3,7 +3,6 @@
 // text with a timeout, so a slow machine makes the test slower, not flaky.
 #include <unistd.h>
 
-#include <array>
 #include <regex>
 #include <sstream>
 #include <vector>
@@ -11,12 +10,14 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "catch.h"
 #include "gpumem/view/view_state.h"
 #include "gpumem/view/viewer_model.h"
+#include "run_command.h"
 #include "viewer_test_support.h"
 
 using namespace gpumem::view;
@@ -24,16 +25,11 @@ using namespace gpumem::view::testing;
 
 namespace {
 
+// Runs a shell command; returns its output (stdout and stderr), and its exit status in *status.
 std::string run(const std::string& cmd, int* status = nullptr) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int rc = pclose(p);
-  if (status) *status = rc;
-  return out;
+  gpumem::testing::CommandRun r = gpumem::testing::run_command(cmd);
+  if (status) *status = r.status;
+  return std::move(r.out);
 }
 
 class Tmux {
