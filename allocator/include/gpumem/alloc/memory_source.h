@@ -20,8 +20,9 @@
 //   * Failure is a value (SourceStatus); nothing throws. last_error() describes the most recent
 //     failure in words (driver error names and the call that failed).
 //
-// Thread-safety: every implementation is safe to call from several threads; the engine still
-// serializes the calls of one device under its own lock.
+// Thread-safety: every implementation is safe to call from several threads. The engine calls a
+// source without its engine lock held; the calls of one engine are serialized by its growth mutex
+// (docs/notes/engine-locking.md), but several engines may share a source.
 #pragma once
 
 #include <cstddef>

@@ -6,8 +6,10 @@
 // has completed. On CUDA a marker is a cudaEvent; on the host (and in simulation) work is
 // synchronous and every marker is complete at once; tests use ManualStreamEvents to decide.
 //
-// Thread-safety: implementations are called under the engine's lock of one device, possibly from
-// several devices at once; they must be safe for that.
+// Thread-safety: record/query/release are called under the engine's lock of one device;
+// synchronize/synchronize_stream are called without it (the engine drops its lock for them, see
+// docs/notes/engine-locking.md). Calls come from several threads and several devices at once;
+// implementations must be safe for that.
 #pragma once
 
 #include <cstdint>
