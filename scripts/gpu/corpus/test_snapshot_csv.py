@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Tests of the corpus tooling that run without a GPU (standard library only):
+
+- snapshot_csv: a synthetic snapshot shaped like torch.cuda.memory._snapshot()'s (see
+  torch/cuda/_memory_viz.py: device_traces entries with action/addr/size/stream/time_us/frames,
+  frames innermost first, `device_free` on oom) converts to the exact CSV lines expected, with the
+  trace's own peaks, and its errors name the problem;
+- the CSV it writes is read by gpumem's own reader: `gpumem replay` on the CSV and on the pickle of
+  the same snapshot prints the same table (given --gpumem PATH, as ctest does);
+- capture.py's checks and manifest.py's manifest and summary on a small corpus directory.
+
+    test_snapshot_csv.py [--gpumem PATH_TO_gpumem] [unittest options]
+"""
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import capture  # noqa: E402
+import manifest  # noqa: E402
+import snapshot_csv  # noqa: E402
+
+GPUMEM = None  # set from --gpumem
+MiB = 1 << 20
+BASE = 139_900_000_000_000  # a device address in the range PyTorch's traces show
+
+TORCH_FRAME = {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"}
+CPP_FRAME = {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"}
+USER = {"filename": "/work/model.py", "line": 42, "name": "forward"}
+COMMA = {"filename": "/work/train,v2.py", "line": 7, "name": "<lambda, inner>"}
+
+
+def entry(action, addr, size, t, frames=(), stream=0):
+    e = {"action": action, "size": size, "stream": stream, "time_us": t,
+         "compile_context": "N/A", "user_metadata": "", "frames": list(frames)}
+    e["device_free" if action == "oom" else "addr"] = addr
+    return e
+
+
+def synthetic_snapshot():
+    """Device 1 holds a consistent history: two segments, allocations from Python frames (through
+    torch's own frames), a record_stream'd free completed later, a side-stream allocation, an
+    expandable map/unmap pair, an OOM and the snapshot marker. Device 0 is empty."""
+    shared = [TORCH_FRAME, USER]  # PyTorch shares one list between equal tracebacks
+    t = 1_700_000_000_000_000
+    side = 94_000_000_000_000  # a cudaStream_t as an integer
+    h = [
+        entry("segment_alloc", BASE, 20 * MiB, t + 0, [CPP_FRAME, TORCH_FRAME, USER]),
+        entry("alloc", BASE, 3 * MiB + 100, t + 1, shared),
+        entry("alloc", BASE + 4 * MiB, 8 * MiB, t + 2, shared),
+        entry("free_requested", BASE, 3 * MiB + 100, t + 3, [COMMA]),
+        entry("free_completed", BASE, 3 * MiB + 100, t + 3, [COMMA]),
+        entry("segment_alloc", BASE + 32 * MiB, 2 * MiB, t + 4, [], stream=side),
+        entry("alloc", BASE + 32 * MiB, 512, t + 5, [TORCH_FRAME], stream=side),
+        entry("free_requested", BASE + 4 * MiB, 8 * MiB, t + 6, shared),
+        entry("segment_map", BASE + 64 * MiB, 40 * MiB, t + 7, [USER]),
+        entry("alloc", BASE + 64 * MiB, 30 * MiB, t + 8, [USER]),
+        entry("free_completed", BASE + 4 * MiB, 8 * MiB, t + 9, []),  # after record_stream's event
+        entry("oom", 123 * MiB, 200 * MiB, t + 10, [USER]),
+        entry("free_requested", BASE + 64 * MiB, 30 * MiB, t + 11, [USER]),
+        entry("free_completed", BASE + 64 * MiB, 30 * MiB, t + 11, [USER]),
+        entry("segment_unmap", BASE + 64 * MiB, 40 * MiB, t + 12, [USER]),
+        entry("snapshot", 0, 512, t + 13, []),
+    ]
+    h[0]["frames"] = [CPP_FRAME, TORCH_FRAME, USER]
+    for e in h[1:3] + [h[7]]:
+        e["frames"] = shared
+    seg = lambda addr, size, stream: {  # noqa: E731
+        "device": 1, "address": addr, "total_size": size, "allocated_size": 0, "active_size": 0,
+        "requested_size": 0, "stream": stream, "segment_type": "large", "segment_pool_id": (0, 0),
+        "is_expandable": False, "frames": [], "blocks": [{"address": addr, "size": size,
+                                                          "requested_size": 0, "state": "inactive",
+                                                          "frames": []}]}
+    return {
+        "segments": [seg(BASE, 20 * MiB, 0), seg(BASE + 32 * MiB, 2 * MiB, side)],
+        "device_traces": [[], h],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False},
+        "external_annotations": [],
+    }
+
+
+EXPECTED_LINES = [
+    "action,addr,size,stream,time_us,where",
+    "segment_alloc,%d,%d,0,1700000000000000,model.py:42:forward" % (BASE, 20 * MiB),
+    "alloc,%d,%d,0,1700000000000001,model.py:42:forward" % (BASE, 3 * MiB + 100),
+    "alloc,%d,%d,0,1700000000000002,model.py:42:forward" % (BASE + 4 * MiB, 8 * MiB),
+    "free_requested,%d,%d,0,1700000000000003,train;v2.py:7:<lambda; inner>" % (BASE, 3 * MiB + 100),
+    "free_completed,%d,%d,0,1700000000000003,train;v2.py:7:<lambda; inner>" % (BASE, 3 * MiB + 100),
+    "segment_alloc,%d,%d,94000000000000,1700000000000004," % (BASE + 32 * MiB, 2 * MiB),
+    "alloc,%d,512,94000000000000,1700000000000005," % (BASE + 32 * MiB),
+    "free_requested,%d,%d,0,1700000000000006,model.py:42:forward" % (BASE + 4 * MiB, 8 * MiB),
+    "segment_map,%d,%d,0,1700000000000007,model.py:42:forward" % (BASE + 64 * MiB, 40 * MiB),
+    "alloc,%d,%d,0,1700000000000008,model.py:42:forward" % (BASE + 64 * MiB, 30 * MiB),
+    "free_completed,%d,%d,0,1700000000000009," % (BASE + 4 * MiB, 8 * MiB),
+    "oom,0,%d,0,1700000000000010,model.py:42:forward" % (200 * MiB),
+    "free_requested,%d,%d,0,1700000000000011,model.py:42:forward" % (BASE + 64 * MiB, 30 * MiB),
+    "free_completed,%d,%d,0,1700000000000011,model.py:42:forward" % (BASE + 64 * MiB, 30 * MiB),
+    "segment_unmap,%d,%d,0,1700000000000012,model.py:42:forward" % (BASE + 64 * MiB, 40 * MiB),
+    "snapshot,0,512,0,1700000000000013,",
+]
+
+
+class ConvertTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def convert(self, snap, name="t.trace.csv.gz", device=None):
+        path = os.path.join(self.dir, name)
+        dev, stats = snapshot_csv.write_csv(snap, path, device)
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return dev, stats, f.read()
+
+    def test_exact_lines(self):
+        dev, stats, text = self.convert(synthetic_snapshot())
+        self.assertEqual(dev, 1)  # the first device with entries
+        self.assertEqual(text, "\n".join(EXPECTED_LINES) + "\n")
+
+    def test_stats_are_the_traces_own_peaks(self):
+        _, stats, _ = self.convert(synthetic_snapshot())
+        self.assertEqual(stats.entries, len(EXPECTED_LINES) - 1)
+        # Reserved: 20 MiB + 2 MiB segments, then a 40 MiB map before anything is released.
+        self.assertEqual(stats.peak_reserved, 62 * MiB)
+        # Requested: live bytes peak after the 30 MiB alloc while 8 MiB (free requested but not
+        # completed) and 512 B (side stream) are still live.
+        self.assertEqual(stats.peak_requested, 8 * MiB + 512 + 30 * MiB)
+        d = stats.as_dict()
+        self.assertEqual(d["actions"]["alloc"], 4)
+        self.assertEqual(d["actions"]["oom"], 1)
+        self.assertEqual(d["alloc_streams"], {"0": 3, "94000000000000": 1})
+        self.assertEqual(d["traced_us"], 13)
+        self.assertEqual(d["time_regressions"], 0)
+        self.assertEqual(d["entries_with_where"], 12)
+
+    def test_call_site_rule(self):
+        self.assertEqual(snapshot_csv.call_site([CPP_FRAME, TORCH_FRAME, USER]), "model.py:42:forward")
+        self.assertEqual(snapshot_csv.call_site([TORCH_FRAME]), "")
+        self.assertEqual(snapshot_csv.call_site([]), "")
+        self.assertEqual(snapshot_csv.call_site(None), "")
+        rel = {"filename": "torch/_tensor.py", "line": 1, "name": "f"}
+        self.assertEqual(snapshot_csv.call_site([rel, USER]), "model.py:42:forward")
+        inductor = {"filename": "/tmp/torchinductor_root/ab/cabc.py", "line": 9, "name": "call"}
+        self.assertEqual(snapshot_csv.call_site([inductor]), "cabc.py:9:call")
+        nl = {"filename": "x.py", "line": 1, "name": "a\nb\rc,d"}
+        self.assertEqual(snapshot_csv.call_site([nl]), "x.py:1:a;b;c;d")
+
+    def test_explicit_device_and_empty_trace(self):
+        snap = synthetic_snapshot()
+        dev, stats, text = self.convert(snap, device=0)
+        self.assertEqual((dev, stats.entries, text), (0, 0, EXPECTED_LINES[0] + "\n"))
+        with self.assertRaisesRegex(snapshot_csv.SnapshotError, "device 5 is not in the snapshot"):
+            self.convert(snap, device=5)
+
+    def test_errors_name_the_problem(self):
+        with self.assertRaisesRegex(snapshot_csv.SnapshotError, "_record_memory_history"):
+            self.convert({"segments": []})
+        bad = synthetic_snapshot()
+        bad["device_traces"][1][2]["action"] = "allocate"
+        with self.assertRaisesRegex(snapshot_csv.SnapshotError, "entry 2 has action 'allocate'"):
+            self.convert(bad)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "t.trace.csv.gz")))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "t.trace.csv.gz.tmp")))
+        bad = synthetic_snapshot()
+        del bad["device_traces"][1][3]["time_us"]
+        with self.assertRaisesRegex(snapshot_csv.SnapshotError, "entry 3 .*time_us"):
+            self.convert(bad)
+
+    def test_dropped_entries_fail_loudly(self):
+        _, stats, _ = self.convert(synthetic_snapshot())
+        snapshot_csv.check_complete(stats, stats.entries + 1)
+        with self.assertRaisesRegex(snapshot_csv.SnapshotError, "older entries were dropped"):
+            snapshot_csv.check_complete(stats, stats.entries)
+        checks = capture.trace_checks(stats, stats.entries, 62 * MiB, 8 * MiB + 512 + 30 * MiB)
+        self.assertEqual(checks["entries_below_max_entries"], False)
+        self.assertTrue(checks["trace_peak_reserved_matches"] and checks["trace_peak_requested_matches"])
+        checks = capture.trace_checks(stats, 10**6, 64 * MiB, 0)
+        self.assertEqual(checks, {"entries_below_max_entries": True, "trace_peak_reserved_matches": False,
+                                  "trace_peak_requested_matches": False, "time_monotonic": True})
+
+    def test_cli_on_a_pickle_and_a_bad_file(self):
+        pkl = os.path.join(self.dir, "s.pickle")
+        with open(pkl, "wb") as f:
+            pickle.dump(synthetic_snapshot(), f, protocol=2)
+        out = os.path.join(self.dir, "s.trace.csv.gz")
+        r = subprocess.run([sys.executable, os.path.join(HERE, "snapshot_csv.py"), pkl, out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["entries"], len(EXPECTED_LINES) - 1)
+        r = subprocess.run([sys.executable, os.path.join(HERE, "snapshot_csv.py"), pkl, out,
+                            "--max-entries", str(len(EXPECTED_LINES) - 1)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("older entries were dropped", r.stderr)
+        junk = os.path.join(self.dir, "junk.pickle")
+        with open(junk, "wb") as f:
+            f.write(b"action,addr\n")
+        r = subprocess.run([sys.executable, os.path.join(HERE, "snapshot_csv.py"), junk, out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not a snapshot pickle", r.stderr)
+
+    def test_segments_end(self):
+        segs = snapshot_csv.segments_end(synthetic_snapshot(), 1)
+        self.assertEqual([s["total_size"] for s in segs], [20 * MiB, 2 * MiB])
+        self.assertEqual(set(segs[0]), {"address", "total_size", "allocated_size", "active_size",
+                                        "stream", "segment_type", "is_expandable"})
+        self.assertEqual(snapshot_csv.segments_end(synthetic_snapshot(), 0), [])
+
+
+class ReplayReadBackTest(unittest.TestCase):
+    """`gpumem replay` reads the CSV, and the CSV replays exactly as the snapshot it came from."""
+
+    def setUp(self):
+        if not (GPUMEM or os.environ.get("GPUMEM_CLI")):
+            self.skipTest("gpumem CLI not given (--gpumem PATH): the replay read-back is not tested")
+
+    def replay(self, path):
+        r = subprocess.run([GPUMEM or os.environ["GPUMEM_CLI"], "replay", path, "--top", "3"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # The first line names the file and its format; replay times are wall-clock.
+        return [l for l in r.stdout.splitlines()[1:] if not l.startswith("replay time")]
+
+    def test_csv_replays_like_the_snapshot(self):
+        with tempfile.TemporaryDirectory() as d:
+            snap = synthetic_snapshot()
+            # gpumem's snapshot reader takes the first device with entries: keep one device.
+            snap["device_traces"] = [snap["device_traces"][1]]
+            for s in snap["segments"]:
+                s["device"] = 0
+            pkl = os.path.join(d, "s.pickle")
+            with open(pkl, "wb") as f:
+                pickle.dump(snap, f, protocol=2)
+            csv = os.path.join(d, "s.trace.csv.gz")
+            snapshot_csv.write_csv(snap, csv)
+            from_csv, from_pickle = self.replay(csv), self.replay(pkl)
+            self.assertEqual(from_csv, from_pickle)
+            text = "\n".join(from_csv)
+            self.assertIn("model.py:42:forward", text)  # the call sites came through
+            self.assertIn("1 out-of-memory", text)
+
+
+class ManifestTest(unittest.TestCase):
+    def test_manifest_and_summary(self):
+        with tempfile.TemporaryDirectory() as corpus:
+            for mode, reserved in (("native", 30 * MiB), ("expandable", 22 * MiB)):
+                os.makedirs(os.path.join(corpus, mode))
+                snapshot_csv.write_csv(synthetic_snapshot(), os.path.join(corpus, mode, "w.trace.csv.gz"))
+                with open(os.path.join(corpus, mode, "w.json"), "w") as f:
+                    json.dump({"workload": "w", "alloc_conf": capture.MODES[mode], "torch": "2.11.0",
+                               "trace_entries": 16, "peak_allocated": 21 * MiB, "peak_reserved": reserved,
+                               "peak_requested": 20 * MiB, "ratio_reserved_to_requested": reserved / (20 * MiB),
+                               "step_s": 0.5, "steps": 10, "seed": 0, "model": "m", "shapes": {"batch": 2},
+                               "summary": "a test", "timed_with_other_captures": True,
+                               "checks": {"entries_below_max_entries": True}}, f)
+            man = manifest.build(corpus)
+            w = man["workloads"]["w"]
+            self.assertAlmostEqual(w["native_over_expandable_reserved"], 30 / 22)
+            self.assertEqual(w["modes"]["native"]["trace"], "native/w.trace.csv.gz")
+            manifest.write(corpus, man)
+            with open(os.path.join(corpus, "MANIFEST.md")) as f:
+                md = f.read()
+            self.assertIn("| w | native | 16 | 0.021 | 0.020 | 0.029 | 1.5000 | 0.500 | ok |", md)
+            self.assertIn("not benchmarks", md)
+            records = [{"capture": "w.native", "status": "ok", "seconds": 12.0},
+                       {"capture": "w.expandable", "status": "ok", "seconds": 11.0},
+                       {"capture": "zero3_prefetch.native", "status": "SKIPPED (no binary x)", "seconds": None}]
+            table = manifest.summary_table(man, records)
+            self.assertRegex(table, r"w\s+native\s+ok\s+16\s+0\.021\s+0\.020\s+0\.029\s+1\.5000\s+12\.0")
+            self.assertIn("zero3_prefetch.native: SKIPPED (no binary x)", table)
+
+
+if __name__ == "__main__":
+    if "--gpumem" in sys.argv:
+        i = sys.argv.index("--gpumem")
+        GPUMEM = sys.argv[i + 1]
+        if not os.access(GPUMEM, os.X_OK):
+            sys.exit("test_snapshot_csv.py: --gpumem %s is not an executable" % GPUMEM)
+        del sys.argv[i:i + 2]
+    unittest.main(verbosity=2)
