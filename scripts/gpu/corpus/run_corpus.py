@@ -3,11 +3,12 @@
 on one GPU within a wall-time deadline, several at once where their memory fits, and writes the
 results to OUT as it goes. capture_all.sh calls it; see README.md.
 
-Scheduling: captures start longest first. A capture starts when fewer than --max-parallel run, its
-estimated memory (workloads.py est_gib; for an expandable run, the native run's measured peak
-reserved when that is known) fits in what the running captures are estimated or seen (nvidia-smi)
-to hold, the GPU reports that much free, and it can finish before the deadline. Each runs under a
-timeout; at the deadline whatever still runs is stopped. A capture that failed, or that saw
+Scheduling (schedule.py): captures start in PRIORITY order, by EASY backfilling: the next one
+starts when fewer than --max-parallel run, its estimated memory (workloads.py est_gib; for an
+expandable run, the native run's measured peak reserved once known) fits beside what the running
+ones are estimated or seen (nvidia-smi) to hold, the GPU reports that much free, and it can finish
+before the deadline; while it waits, later ones start only where they do not delay it. Each runs
+under a timeout; at the deadline whatever still runs is stopped. A capture that failed, or that saw
 allocation retries or OOMs while others ran beside it, is run again alone if time is left (memory
 pressure from a neighbour changes what the allocator does).
 
@@ -30,10 +31,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import manifest  # noqa: E402
+import schedule  # noqa: E402
 import workloads  # noqa: E402
 
 MODES = ("native", "expandable")
 GIB = 1 << 30
+# Start order: the > 60 GiB capture first (it needs the GPU nearly to itself, twice), then the
+# slowest (compilation), the table workloads, the other required kinds, the extra last.
+PRIORITY = ["llama3b_train", "gpt2_compiled_train", "gpt2_varlen_train", "llama_train",
+            "llama_train_ckpt", "gpt2_generate", "mixtral_moe_varlen_train",
+            "checkpoint_llama_planner", "zero3_prefetch", "gpt2_decode_small", "bert_infer_varbatch",
+            "convnext_tiny_train", "swin_t_train", "t5_varlen_train"]
 
 
 def log(msg):
@@ -50,7 +58,7 @@ def parse_args(argv):
     ap.add_argument("--bin-dir", default=None, help="directory with checkpoint_llama and zero_train")
     ap.add_argument("--deadline-s", type=float, default=440,
                     help="seconds from start after which nothing runs (packing takes a few more)")
-    ap.add_argument("--max-parallel", type=int, default=4)
+    ap.add_argument("--max-parallel", type=int, default=5)
     ap.add_argument("--gpu-gib", type=float, default=None, help="GPU memory to plan with (default: "
                     "nvidia-smi's total minus 4 GiB)")
     ap.add_argument("--only", default="", help="comma-separated workloads (default: all)")
@@ -249,7 +257,8 @@ def main(argv=None):
         % ("%.1f GiB total, %.1f free" % mem if mem else "unknown", budget, args.max_parallel, args.deadline_s))
 
     ws = [workloads.WORKLOADS[n] for n in args.names]
-    ws.sort(key=lambda w: -w.est_s)  # longest first
+    rank = {n: i for i, n in enumerate(PRIORITY)}
+    ws.sort(key=lambda w: rank.get(w.name, len(rank)))
     jobs = [Job(w, m) for w in ws for m in args.mode_list]
     pending = []
     running = []
@@ -264,23 +273,9 @@ def main(argv=None):
         else:
             pending.append(job)
 
-    def fits(job):
-        if job.alone or any(r.alone for r in running):
-            return not running
-        if len(running) >= args.max_parallel:
-            return False
-        if args.dry_run_cpu:
-            return True
-        held = sum(max(r.est_gib, r.seen_gib) for r in running)
-        if held + job.est_gib > budget:
-            return False
-        m = gpu_memory_gib()
-        return m is None or not running or m[1] - 2 >= job.est_gib
-
     def can_finish(job):
         left = args.deadline_s - (time.monotonic() - T0)
-        slow = 1.0 if job.alone else 1.3
-        return job.est_s * slow <= left
+        return job.est_s * (1.0 if job.alone else schedule.SLOWDOWN_SHARED) <= left
 
     while pending or running:
         now = time.monotonic()
@@ -332,29 +327,29 @@ def main(argv=None):
                 log("%s will run again alone (%s)" % (r.key, "allocation retries/OOMs beside others"
                                                       if doc else "it failed beside others"))
             records[r.key] = record_of(r)
+            if r in pending:
+                r.start = None  # pending again: schedule.py treats it as not started
             pack_logs(args, list(records.values()))
         # Start what fits.
-        for job in list(pending):
-            if now - T0 > args.deadline_s:
-                break
-            if not can_finish(job):
-                continue
-            if fits(job):
+        if pending and now - T0 <= args.deadline_s:
+            free = None
+            if running and not args.dry_run_cpu:
+                m = gpu_memory_gib()
+                free = m[1] if m else None
+            chosen = schedule.choose(now, pending, running, 1e9 if args.dry_run_cpu else budget,
+                                     args.max_parallel, T0 + args.deadline_s, free)
+            for job in chosen:
                 pending.remove(job)
                 start(args, job, running)
                 running.append(job)
                 records[job.key] = record_of(job)
-        # Nothing can ever start: stop waiting.
-        if not running and pending and not any(can_finish(j) for j in pending):
+        # Nothing left that can start: stop waiting.
+        if not running and pending:
             for j in pending:
-                j.status = "NOT RUN (no time left before the deadline)"
+                j.status = ("NOT RUN (no time left before the deadline)" if not can_finish(j) else
+                            "NOT RUN (est %.0f GiB does not fit in %.0f GiB)" % (j.est_gib, budget))
                 records[j.key] = record_of(j)
-                log("not run: %s (est %.0f s, %.0f s left)" % (j.key, j.est_s, args.deadline_s - (now - T0)))
-            pending = []
-        if not running and pending and all(not fits(j) for j in pending) and not any(j.alone for j in pending):
-            for j in pending:
-                j.status = "NOT RUN (est %.0f GiB does not fit in %.0f GiB)" % (j.est_gib, budget)
-                records[j.key] = record_of(j)
+                log("not run: %s: %s" % (j.key, j.status))
             pending = []
         time.sleep(0.5)
 

@@ -185,7 +185,7 @@ def _generate(ctx, model, cfg, batch, prompt, new, sample):
 
 # ---- the workloads -------------------------------------------------------------------------------
 
-@python_workload("gpt2_varlen_train", steps=25, warmup=3, est_gib=40, est_s=45,
+@python_workload("gpt2_varlen_train", steps=25, warmup=3, est_gib=40, est_s=35,
                  summary="GPT-2 124M training, batch 16, sequence length uniform 64..1024 each step, "
                          "bf16 autocast, AdamW (issue 12's table)")
 def gpt2_varlen_train(ctx):
@@ -209,7 +209,7 @@ def gpt2_varlen_train(ctx):
                  _hf_extra(model))
 
 
-@python_workload("convnext_tiny_train", steps=15, warmup=3, est_gib=30, est_s=40,
+@python_workload("convnext_tiny_train", steps=15, warmup=3, est_gib=30, est_s=30,
                  summary="torchvision ConvNeXt-Tiny training, batch 128, 224x224, bf16 autocast, "
                          "AdamW (fixed shapes)")
 def convnext_tiny_train(ctx):
@@ -218,7 +218,7 @@ def convnext_tiny_train(ctx):
     return b._replace(model="torchvision convnext_tiny (random weights)")
 
 
-@python_workload("swin_t_train", steps=15, warmup=3, est_gib=20, est_s=40,
+@python_workload("swin_t_train", steps=15, warmup=3, est_gib=20, est_s=30,
                  summary="torchvision Swin-T vision transformer training, batch 64, 224x224, bf16 "
                          "autocast, AdamW")
 def swin_t_train(ctx):
@@ -227,28 +227,28 @@ def swin_t_train(ctx):
     return b._replace(model="torchvision swin_t (random weights)")
 
 
-@python_workload("llama_train", steps=15, warmup=3, est_gib=34, est_s=45,
+@python_workload("llama_train", steps=15, warmup=3, est_gib=34, est_s=30,
                  summary="Llama-style 12 layers, hidden 2048, intermediate 5504, 16 heads, vocab 32000, "
                          "batch 4 x seq 2048, bf16 autocast, AdamW, no checkpointing (issue 12, ANCHORS)")
 def llama_train(ctx):
     return _llama(ctx, 2048, 5504, 12, 16, 4, 2048, checkpointing=False, build_on_device=False)
 
 
-@python_workload("llama_train_ckpt", steps=15, warmup=3, est_gib=24, est_s=45,
+@python_workload("llama_train_ckpt", steps=15, warmup=3, est_gib=24, est_s=30,
                  summary="the same Llama-style model with Hugging Face gradient checkpointing "
                          "(gradient_checkpointing_enable, non-reentrant)")
 def llama_train_ckpt(ctx):
     return _llama(ctx, 2048, 5504, 12, 16, 4, 2048, checkpointing=True, build_on_device=False)
 
 
-@python_workload("llama3b_train", steps=12, warmup=3, est_gib=110, est_s=75,
+@python_workload("llama3b_train", steps=12, warmup=3, est_gib=95, est_s=40,
                  summary="Llama-style ~3.4B (OpenLLaMA-3B shape: 26 layers, hidden 3200, intermediate "
                          "8640, 32 heads), batch 2 x seq 2048, bf16 autocast, AdamW: the > 60 GiB one")
 def llama3b_train(ctx):
     return _llama(ctx, 3200, 8640, 26, 32, 2, 2048, checkpointing=False, build_on_device=True)
 
 
-@python_workload("gpt2_generate", steps=10, warmup=1, est_gib=8, est_s=70,
+@python_workload("gpt2_generate", steps=10, warmup=1, est_gib=8, est_s=60,
                  summary="GPT-2 124M generate() in bf16, greedy, batch 1..32, prompt 16..512, "
                          "16..128 new tokens per call: a growing KV cache (issue 12's table)")
 def gpt2_generate(ctx):
@@ -264,22 +264,24 @@ def gpt2_generate(ctx):
                  _hf_extra(model))
 
 
-@python_workload("gpt2_decode_small", steps=12, warmup=1, est_gib=3, est_s=50,
+@python_workload("gpt2_decode_small", steps=10, warmup=1, est_gib=3, est_s=50,
                  summary="small footprint (< 2 GiB): GPT-2 124M fp32 generate() with top-k sampling, "
-                         "batch 1..4, prompt 16..256, 32..128 new tokens per call")
+                         "batch 1..4, prompt 16..256, 16..80 new tokens per call")
 def gpt2_decode_small(ctx):
     from transformers import GPT2LMHeadModel
     cfg = _gpt2_config(ctx)
     model = GPT2LMHeadModel(cfg).to(ctx.device).eval()
+    # About 660 trace entries per generated token: 10 calls of 16..80 tokens keep the trace near
+    # 300k entries.
     shapes = {"batch": "uniform 1..4 per call", "prompt": "uniform 16..256", "new_tokens":
-              "uniform 32..128 (min_new_tokens = max_new_tokens)", "dtype": "fp32 weights",
+              "uniform 16..80 (min_new_tokens = max_new_tokens)", "dtype": "fp32 weights",
               "decoding": "top-k 50 sampling", "steps_are": "generate() calls"}
-    return Built(_generate(ctx, model, cfg, (1, 4), (16, 256), (32, 128), sample=True),
+    return Built(_generate(ctx, model, cfg, (1, 4), (16, 256), (16, 80), sample=True),
                  "transformers GPT2LMHeadModel (124M, random weights), generate()", shapes,
                  _hf_extra(model))
 
 
-@python_workload("bert_infer_varbatch", steps=25, warmup=2, est_gib=8, est_s=35,
+@python_workload("bert_infer_varbatch", steps=25, warmup=2, est_gib=8, est_s=25,
                  summary="BERT-base inference under no_grad, bf16 weights, batch log-uniform 1..256, "
                          "sequence 16..512, padded rows with an attention mask")
 def bert_infer_varbatch(ctx):
@@ -309,7 +311,7 @@ def bert_infer_varbatch(ctx):
                  _hf_extra(model))
 
 
-@python_workload("gpt2_compiled_train", steps=15, warmup=3, est_gib=14, est_s=150,
+@python_workload("gpt2_compiled_train", steps=15, warmup=3, est_gib=14, est_s=120,
                  summary="torch.compile (default mode) GPT-2 with 6 layers, batch 16 x seq 512 fixed, "
                          "bf16 autocast, AdamW (the compiled graphs' own buffers)")
 def gpt2_compiled_train(ctx):
@@ -333,7 +335,7 @@ def gpt2_compiled_train(ctx):
                  shapes, _hf_extra(model))
 
 
-@python_workload("mixtral_moe_varlen_train", steps=20, warmup=3, est_gib=36, est_s=60,
+@python_workload("mixtral_moe_varlen_train", steps=20, warmup=3, est_gib=36, est_s=40,
                  summary="the stress case: Mixtral-style MoE (8 layers, hidden 1024, 8 experts, top-2, "
                          "per-expert loop) training, batch 4, sequence 128..2048 per step, bf16 "
                          "autocast, AdamW: variable tokens per expert inside variable-length steps")
@@ -370,7 +372,7 @@ def mixtral_moe_varlen_train(ctx):
                  dict(_hf_extra(model), experts_implementation=cfg._experts_implementation))
 
 
-@python_workload("t5_varlen_train", steps=20, warmup=3, est_gib=30, est_s=50,
+@python_workload("t5_varlen_train", steps=20, warmup=3, est_gib=30, est_s=40,
                  summary="T5-base encoder-decoder training, batch 16, encoder length 32..512 and "
                          "decoder length 8..256 drawn independently each step, bf16 autocast, AdamW")
 def t5_varlen_train(ctx):
@@ -415,7 +417,7 @@ WORKLOADS["checkpoint_llama_planner"] = CppWorkload(
     dry_args=["--device", "cpu", "--probe", "cpu-events", "--mode", "planner", "--budget-fraction",
               "0.5", "--hidden", "64", "--intermediate", "172", "--layers", "2", "--heads", "4",
               "--vocab", "256", "--batch", "2", "--seq", "16", "--steps", "1", "--warmup", "1"],
-    steps=15, warmup=5, est_gib=34, est_s=60,
+    steps=15, warmup=5, est_gib=34, est_s=30,
     summary="gpumem's own activation-checkpointing planner (examples/checkpoint_llama, libtorch C++): "
             "the Llama-style 12-layer model, planner at half the activation memory, bf16 autocast, AdamW",
     model="examples/checkpoint_llama (libtorch C++ Llama-style decoder)",
@@ -431,7 +433,7 @@ WORKLOADS["zero3_prefetch"] = CppWorkload(
           "--log-every", "5", "--lr", "6e-4", "--seed", "0"],
     dry_args=["--device", "cpu", "--allocator", "native", "--stage", "3", "--layers", "2", "--width",
               "32", "--heads", "4", "--seq", "16", "--batch", "4", "--vocab", "64", "--steps", "1"],
-    steps=20, warmup=5, est_gib=12, est_s=45,
+    steps=20, warmup=5, est_gib=12, est_s=25,
     summary="gpumem's ZeRO stage 3 (examples/zero_train, one rank over NCCL) with side-stream "
             "prefetch of the next unit's all-gather: the multi-stream workload",
     model="examples/zero_train (libtorch C++ GPT-style, gpumem::zero::ShardedTrainer)",

@@ -7,9 +7,10 @@
   trace's own peaks, and its errors name the problem;
 - the CSV it writes is read by gpumem's own reader: `gpumem replay` on the CSV and on the pickle of
   the same snapshot prints the same table (given --gpumem PATH, as ctest does);
-- capture.py's checks and manifest.py's manifest and summary on a small corpus directory.
+- capture.py's checks and manifest.py's manifest and summary on a small corpus directory;
+- schedule.py's admission policy (EASY backfilling) on the corpus's own plan.
 
-    test_snapshot_csv.py [--gpumem PATH_TO_gpumem] [unittest options]
+    test_corpus_tools.py [--gpumem PATH_TO_gpumem] [unittest options]
 """
 
 import gzip
@@ -26,7 +27,9 @@ sys.path.insert(0, HERE)
 
 import capture  # noqa: E402
 import manifest  # noqa: E402
+import schedule  # noqa: E402
 import snapshot_csv  # noqa: E402
+import workloads  # noqa: E402
 
 GPUMEM = None  # set from --gpumem
 MiB = 1 << 20
@@ -280,11 +283,83 @@ class ManifestTest(unittest.TestCase):
             self.assertIn("zero3_prefetch.native: SKIPPED (no binary x)", table)
 
 
+class FakeJob:
+    def __init__(self, name, gib, s, alone=False, start=None, seen=0.0):
+        self.key, self.est_gib, self.est_s, self.alone, self.start, self.seen_gib = name, gib, s, alone, start, seen
+
+    def __repr__(self):
+        return self.key
+
+
+class ScheduleTest(unittest.TestCase):
+    def keys(self, jobs):
+        return [j.key for j in jobs]
+
+    def test_fills_up_to_the_budget_and_the_slots(self):
+        jobs = [FakeJob("a", 40, 30), FakeJob("b", 40, 30), FakeJob("c", 40, 30), FakeJob("d", 10, 30)]
+        self.assertEqual(self.keys(schedule.choose(0, jobs, [], 100, 5, 1000)), ["a", "b", "d"])
+        self.assertEqual(self.keys(schedule.choose(0, jobs, [], 1000, 2, 1000)), ["a", "b"])
+
+    def test_the_head_is_not_starved(self):
+        big = FakeJob("big.native", 95, 60, start=0)
+        head = FakeJob("big.expandable", 95, 60)
+        short = FakeJob("short", 10, 20)  # ends before big.native is expected to end: backfills
+        long_small = FakeJob("long_small", 14, 150)  # fits beside the head later: backfills
+        long_big = FakeJob("long_big", 50, 150)  # would delay the head: waits
+        got = schedule.choose(1, [head, long_big, long_small, short], [big], 137, 5, 1000)
+        self.assertEqual(self.keys(got), ["long_small", "short"])
+        # Once big.native is done, the head starts beside what backfilled.
+        long_small.start, short.start = 1, 1
+        got = schedule.choose(70, [head, long_big], [long_small], 137, 5, 1000)
+        self.assertEqual(self.keys(got), ["big.expandable"])
+
+    def test_seen_memory_and_free_memory_count(self):
+        running = [FakeJob("r", 10, 100, start=0, seen=60)]
+        self.assertEqual(self.keys(schedule.choose(1, [FakeJob("a", 50, 10)], running, 100, 5, 1000)), [])
+        self.assertEqual(self.keys(schedule.choose(1, [FakeJob("a", 30, 10)], running, 100, 5, 1000)), ["a"])
+        self.assertEqual(self.keys(schedule.choose(1, [FakeJob("a", 30, 10)], running, 100, 5, 1000,
+                                                   free_gib=25)), [])
+
+    def test_deadline_and_alone(self):
+        late = FakeJob("late", 1, 100)
+        ok = FakeJob("ok", 1, 10)
+        self.assertEqual(self.keys(schedule.choose(0, [late, ok], [], 100, 5, 50)), ["ok"])
+        alone = FakeJob("alone", 5, 10, alone=True)
+        other = FakeJob("other", 5, 5)
+        running = [FakeJob("r", 5, 30, start=0)]
+        self.assertEqual(self.keys(schedule.choose(1, [alone, other], running, 100, 5, 1000)), ["other"])
+        self.assertEqual(self.keys(schedule.choose(1, [alone, other], [], 100, 5, 1000)), ["alone"])
+        self.assertEqual(schedule.choose(1, [other], [alone], 100, 5, 1000), [])
+
+    def test_the_corpus_plan_fits_the_h200(self):
+        """Every capture of the corpus fits the planning budget (an H200: 139.8 GiB - 4), and the
+        estimated work fits the deadline with the default parallelism."""
+        import run_corpus
+        self.assertEqual(set(run_corpus.PRIORITY), set(workloads.WORKLOADS))
+        for w in workloads.WORKLOADS.values():
+            self.assertLessEqual(w.est_gib, 135, w.name)
+        # Simulate: every capture takes its estimate (stretched when shared), both modes.
+        jobs = [FakeJob("%s.%s" % (n, m), workloads.WORKLOADS[n].est_gib, workloads.WORKLOADS[n].est_s)
+                for n in run_corpus.PRIORITY for m in ("native", "expandable")]
+        pending, running, t = list(jobs), [], 0.0
+        while pending or running:
+            for r in [r for r in running if schedule.expected_end(r, t, schedule.SLOWDOWN_SHARED) <= t]:
+                running.remove(r)
+            for j in schedule.choose(t, pending, running, 135.8, 5, 420):
+                j.start = t
+                pending.remove(j)
+                running.append(j)
+            if not running and pending:
+                self.fail("not started by the deadline: %s" % pending)
+            t += 1
+        self.assertLessEqual(t, 420)
+
+
 if __name__ == "__main__":
     if "--gpumem" in sys.argv:
         i = sys.argv.index("--gpumem")
         GPUMEM = sys.argv[i + 1]
         if not os.access(GPUMEM, os.X_OK):
-            sys.exit("test_snapshot_csv.py: --gpumem %s is not an executable" % GPUMEM)
+            sys.exit("test_corpus_tools.py: --gpumem %s is not an executable" % GPUMEM)
         del sys.argv[i:i + 2]
     unittest.main(verbosity=2)
