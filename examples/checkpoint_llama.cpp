@@ -174,9 +174,10 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.probe.empty()) o.probe = o.device == "cuda" ? "gpumem-cuda" : "gpumem-cpu";
   if (o.autocast < 0) o.autocast = o.device == "cuda";
-  if (!o.record_native_history.empty() && o.probe != "cuda-native") {
+  if (!o.record_native_history.empty() && (o.probe != "cuda-native" || o.device != "cuda")) {
     usage_error("--record-native-history records PyTorch's native CUDA allocator: use it with "
-                "--device cuda --probe cuda-native (the probe is '" + o.probe + "')");
+                "--device cuda --probe cuda-native (the device is '" + o.device + "', the probe '" +
+                o.probe + "')");
   }
   return o;
 }

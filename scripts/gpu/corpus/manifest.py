@@ -98,11 +98,15 @@ def markdown(man):
                 "ok" if checks and not bad else ("FAILED: " + ", ".join(bad) if bad else "-")))
     lines += ["", "## Workloads", ""]
     for name, w in sorted(man["workloads"].items()):
-        lines.append("- **%s**: %s. Model: %s. Shapes: %s. Seed %s, %s steps, torch %s%s." % (
+        streams = max((m.get("alloc_streams") or {} for m in w["modes"].values()), key=len, default={})
+        side = sum(v for k, v in streams.items() if k != "0")
+        lines.append("- **%s**: %s. Model: %s. Shapes: %s. Seed %s, %s steps, torch %s%s%s." % (
             name, w.get("summary"), w.get("model"), json.dumps(w.get("shapes"), sort_keys=True),
             w.get("seed"), w.get("steps"), w.get("torch"),
             "" if "native_over_expandable_reserved" not in w else
-            "; native / expandable peak reserved %.3f" % w["native_over_expandable_reserved"]))
+            "; native / expandable peak reserved %.3f" % w["native_over_expandable_reserved"],
+            "" if len(streams) < 2 else
+            "; allocations on %d streams (%d off the default stream)" % (len(streams), side)))
     timed = any(m.get("timed_with_other_captures") for w in man["workloads"].values()
                 for m in w["modes"].values())
     if timed:
@@ -129,18 +133,20 @@ def summary_table(man, records=()):
             by_key["%s.%s" % (name, mode)] = m
     keys = [r["capture"] for r in records] if records else sorted(by_key)
     status = {r["capture"]: r for r in records}
-    hdr = "%-26s %-10s %-14s %8s %9s %9s %9s %7s %7s" % (
-        "workload", "mode", "status", "entries", "alloc_GiB", "req_GiB", "res_GiB", "res/req", "seconds")
+    hdr = "%-26s %-10s %-14s %8s %9s %9s %9s %7s %7s %7s" % (
+        "workload", "mode", "status", "entries", "alloc_GiB", "req_GiB", "res_GiB", "res/req", "streams",
+        "seconds")
     rows.append(hdr)
     rows.append("-" * len(hdr))
     for key in keys:
         wname, mode = key.rsplit(".", 1)
         m = by_key.get(key, {}) if status.get(key, {}).get("status", "ok") in ("ok", "CHECK FAILED") else {}
         r = status.get(key, {})
-        rows.append("%-26s %-10s %-14s %8s %9s %9s %9s %7s %7s" % (
+        streams = m.get("alloc_streams")
+        rows.append("%-26s %-10s %-14s %8s %9s %9s %9s %7s %7s %7s" % (
             wname, mode, (r.get("status") or "ok")[:14], m.get("entries", "-"), _gib(m.get("peak_allocated")),
             _gib(m.get("peak_requested")), _gib(m.get("peak_reserved")),
-            _ratio(m.get("ratio_reserved_to_requested")),
+            _ratio(m.get("ratio_reserved_to_requested")), "-" if streams is None else len(streams),
             "-" if r.get("seconds") is None else "%.1f" % r["seconds"]))
     long_status = [r for r in records if len(r.get("status") or "") > 14]
     for r in long_status:

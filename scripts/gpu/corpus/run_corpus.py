@@ -217,6 +217,8 @@ def finished_json(args, job):
 
 def pack_logs(args, records):
     """Rewrites OUT/corpus-logs.tar.gz, the manifest and the summary."""
+    rank = {n: i for i, n in enumerate(PRIORITY)}
+    records = sorted(records, key=lambda r: (rank.get(r["workload"], len(rank)), MODES.index(r["mode"])))
     corpus = os.path.join(args.work, "traces", "corpus")
     os.makedirs(corpus, exist_ok=True)
     man = manifest.build(corpus)

@@ -265,7 +265,8 @@ class ManifestTest(unittest.TestCase):
                                "peak_requested": 20 * MiB, "ratio_reserved_to_requested": reserved / (20 * MiB),
                                "step_s": 0.5, "steps": 10, "seed": 0, "model": "m", "shapes": {"batch": 2},
                                "summary": "a test", "timed_with_other_captures": True,
-                               "checks": {"entries_below_max_entries": True}}, f)
+                               "checks": {"entries_below_max_entries": True},
+                               "trace": {"alloc_streams": {"0": 3, "94000000000000": 1}}}, f)
             man = manifest.build(corpus)
             w = man["workloads"]["w"]
             self.assertAlmostEqual(w["native_over_expandable_reserved"], 30 / 22)
@@ -275,11 +276,12 @@ class ManifestTest(unittest.TestCase):
                 md = f.read()
             self.assertIn("| w | native | 16 | 0.021 | 0.020 | 0.029 | 1.5000 | 0.500 | ok |", md)
             self.assertIn("not benchmarks", md)
+            self.assertIn("allocations on 2 streams (1 off the default stream)", md)
             records = [{"capture": "w.native", "status": "ok", "seconds": 12.0},
                        {"capture": "w.expandable", "status": "ok", "seconds": 11.0},
                        {"capture": "zero3_prefetch.native", "status": "SKIPPED (no binary x)", "seconds": None}]
             table = manifest.summary_table(man, records)
-            self.assertRegex(table, r"w\s+native\s+ok\s+16\s+0\.021\s+0\.020\s+0\.029\s+1\.5000\s+12\.0")
+            self.assertRegex(table, r"w\s+native\s+ok\s+16\s+0\.021\s+0\.020\s+0\.029\s+1\.5000\s+2\s+12\.0")
             self.assertIn("zero3_prefetch.native: SKIPPED (no binary x)", table)
 
 
@@ -353,6 +355,74 @@ class ScheduleTest(unittest.TestCase):
                 self.fail("not started by the deadline: %s" % pending)
             t += 1
         self.assertLessEqual(t, 420)
+
+
+FAKE_CAPTURE = r"""#!%(python)s
+# Stands in for `python3 capture.py ...`: writes the synthetic trace and a JSON like capture.py's.
+import json, os, sys, time
+sys.path.insert(0, %(here)r)
+import snapshot_csv, test_corpus_tools as t
+args = sys.argv[2:]
+opt = dict(zip(args[::2], args[1::2]))
+name, mode = opt["--workload"], opt["--mode"]
+if name == "swin_t_train":
+    print("Traceback: a failing capture"); sys.exit(1)
+d = os.path.join(opt["--out-root"], mode)
+os.makedirs(d, exist_ok=True)
+_, st = snapshot_csv.write_csv(t.synthetic_snapshot(), os.path.join(d, name + ".trace.csv.gz"))
+json.dump({"workload": name, "alloc_conf": "", "trace_entries": st.entries, "peak_allocated": 1 << 30,
+           "peak_reserved": 3 << 29, "peak_requested": 1 << 30, "ratio_reserved_to_requested": 1.5,
+           "num_alloc_retries": 0, "num_ooms": 0, "step_s": 0.1, "steps": 3, "summary": name,
+           "timed_with_other_captures": "--shared-gpu" in args,
+           "checks": {"entries_below_max_entries": True}}, open(os.path.join(d, name + ".json"), "w"))
+time.sleep(0.3)
+"""
+
+
+class RunnerTest(unittest.TestCase):
+    """run_corpus.py end to end with a stand-in for capture.py: scheduling, packing into tars as
+    captures finish, the manifest, the summary, SKIPPED C++ workloads and a failing capture."""
+
+    def test_run(self):
+        import run_corpus
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "fake-python")
+            with open(fake, "w") as f:
+                f.write(FAKE_CAPTURE % {"python": sys.executable, "here": HERE})
+            os.chmod(fake, 0o755)
+            out, work = os.path.join(d, "out"), os.path.join(d, "work")
+            argv = ["--out", out, "--work", work, "--python", fake, "--gpu-gib", "200",
+                    "--deadline-s", "120", "--only",
+                    "bert_infer_varbatch,gpt2_decode_small,swin_t_train,zero3_prefetch"]
+            import contextlib
+            import io
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                rc = run_corpus.main(argv)
+            text = buf.getvalue()
+            self.assertEqual(rc, 1, text)  # swin_t_train failed
+            self.assertEqual(sorted(os.listdir(out)), ["MANIFEST.md", "corpus-logs.tar.gz", "corpus-traces-1.tar"])
+            import tarfile
+            with tarfile.open(os.path.join(out, "corpus-traces-1.tar")) as tar:
+                names = sorted(tar.getnames())
+            self.assertEqual(names, sorted("traces/corpus/%s/%s%s" % (m, w, ext)
+                                           for w in ("bert_infer_varbatch", "gpt2_decode_small")
+                                           for m in ("native", "expandable")
+                                           for ext in (".trace.csv.gz", ".json")))
+            with tarfile.open(os.path.join(out, "corpus-logs.tar.gz")) as tar:
+                logs = tar.getnames()
+            self.assertIn("traces/corpus/MANIFEST.md", logs)
+            self.assertIn("corpus-logs/summary.txt", logs)
+            self.assertIn("corpus-logs/swin_t_train.native.log", logs)
+            self.assertIn("SKIPPED zero3_prefetch.native", text)
+            self.assertRegex(text, r"bert_infer_varbatch\s+native\s+ok\s+16\s+1\.000\s+1\.000\s+1\.500")
+            # The failure was beside others, so it ran again alone, and failed again.
+            self.assertIn("swin_t_train.native will run again alone", text)
+            self.assertIn("swin_t_train.native: FAILED (exit 1)", text)
+            with open(os.path.join(work, "logs", "run.json")) as f:
+                runs = {r["capture"]: r for r in json.load(f)}
+            self.assertEqual(runs["swin_t_train.native"]["attempts"], 2)
+            self.assertEqual(runs["bert_infer_varbatch.native"]["status"], "ok")
 
 
 if __name__ == "__main__":
