@@ -74,7 +74,7 @@ struct Options {
                "       [--layers N] [--heads N] [--vocab N] [--batch N] [--seq N] [--steps N] "
                "[--warmup N]\n"
                "       [--autocast on|off] [--selective] [--seed N] [--verbose]\n"
-               "       [--record-native-history FILE (with --probe cuda-native)]\n",
+               "       [--record-native-history FILE (with --device cuda --probe cuda-native)]\n",
                what.c_str());
   std::exit(2);
 }

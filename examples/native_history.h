@@ -61,7 +61,7 @@ class NativeHistoryRecorder {
                                "'; give a path in a writable directory");
     }
     // enabled "all": keep every entry; context nullopt: no stacks (see above).
-    torch::cuda::_record_memory_history(std::optional<std::string>("all"),
+    ::torch::cuda::_record_memory_history(std::optional<std::string>("all"),
                                         /*context=*/std::nullopt, /*stacks=*/"python", kMaxEntries);
 #else
     throw std::runtime_error(
@@ -93,8 +93,8 @@ class NativeHistoryRecorder {
     namespace alloc = c10::cuda::CUDACachingAllocator;
     using c10::CachingAllocator::StatType;
     const auto all = static_cast<std::size_t>(StatType::AGGREGATE);
-    const std::string pickled = torch::cuda::_memory_snapshot_pickled();
-    torch::cuda::_record_memory_history(/*enabled=*/std::optional<std::string>());  // stop
+    const std::string pickled = ::torch::cuda::_memory_snapshot_pickled();
+    ::torch::cuda::_record_memory_history(/*enabled=*/std::optional<std::string>());  // stop
     write_file(path_, pickled);
 
     const c10::CachingDeviceAllocator::DeviceStats s =

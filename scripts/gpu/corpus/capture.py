@@ -64,8 +64,12 @@ def parse_args(argv):
     ap.add_argument("--dry-run-cpu", action="store_true",
                     help="build the workload with tiny shapes and run one step on the CPU")
     ap.add_argument("--list", action="store_true", help="list the workloads and exit")
+    ap.add_argument("--print-library-path", action="store_true",
+                    help="print the LD_LIBRARY_PATH the C++ examples run with (needs --bin-dir)")
     args = ap.parse_args(argv)
-    if args.list:
+    if args.print_library_path and not args.bin_dir:
+        ap.error("--print-library-path needs --bin-dir")
+    if args.list or args.print_library_path:
         return args
     if not args.workload:
         ap.error("--workload NAME is required (see --list)")
@@ -149,6 +153,11 @@ class Ctx:
         self.gen = torch.Generator().manual_seed(seed)
 
 
+def capture_device(torch):
+    """The device a capture runs on (a function so tests can run the capture path on the CPU)."""
+    return torch.device("cuda", 0)
+
+
 def run_python(w, args, alloc_conf):
     import torch
     if args.threads:
@@ -164,7 +173,7 @@ def run_python(w, args, alloc_conf):
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("capture.py: no CUDA device is visible; use --dry-run-cpu on a CPU machine")
-    device = torch.device("cuda", 0)
+    device = capture_device(torch)
     t_start = time.perf_counter()
     torch.cuda.memory._record_memory_history(max_entries=args.max_entries, stacks="python")
     built = w.build(Ctx(torch, device, False, args.seed))
@@ -247,12 +256,22 @@ def run_python(w, args, alloc_conf):
 
 # ---- C++ workloads -------------------------------------------------------------------------------
 
-def torch_lib_dir():
+def cpp_library_path(bin_dir):
+    """LD_LIBRARY_PATH for the C++ examples: torch's lib/, the CUDA libraries of the torch wheel
+    (site-packages/nvidia/*/lib: the examples need libcudart.so.13 themselves, and libtorch finds
+    the rest only through its own RPATH), then bin_dir (libgpumem_torch.so and friends travel with
+    the binaries), then what was set."""
+    import glob
     import importlib.util
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("capture.py: python3 cannot find torch, whose lib/ the C++ examples need")
-    return os.path.join(list(spec.submodule_search_locations)[0], "lib")
+    torch_dir = list(spec.submodule_search_locations)[0]
+    paths = [os.path.join(torch_dir, "lib")]
+    paths += sorted(glob.glob(os.path.join(os.path.dirname(torch_dir), "nvidia", "*", "lib")))
+    paths.append(os.path.abspath(bin_dir))
+    paths += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and p not in paths]
+    return ":".join(paths)
 
 
 def result_fields(output):
@@ -270,10 +289,7 @@ def run_cpp(w, args, alloc_conf):
               % (w.name, binary, w.binary), flush=True)
         return EXIT_SKIPPED
     env = dict(os.environ)
-    # torch's libraries, then the binaries' own directory (libgpumem_torch.so and friends travel
-    # with them), then whatever was set.
-    paths = [torch_lib_dir(), os.path.abspath(args.bin_dir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
-    env["LD_LIBRARY_PATH"] = ":".join(paths)
+    env["LD_LIBRARY_PATH"] = cpp_library_path(args.bin_dir)
     env.update(w.env)
     env.setdefault("MASTER_PORT", str(29600 + 7 * sorted(MODES).index(args.mode) + os.getpid() % 5))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -359,6 +375,9 @@ def run_cpp(w, args, alloc_conf):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.print_library_path:
+        print(cpp_library_path(args.bin_dir))
+        return 0
     if args.list:
         for name, w in workloads.WORKLOADS.items():
             print("%-26s %-6s %5d GiB %4d s  %s" % (name, w.kind, w.est_gib, w.est_s, w.summary))

@@ -42,10 +42,11 @@ cat "$work/logs/machine.txt"
 bin_args=()
 if [ -d "$bin_dir" ]; then
   bin_args=(--bin-dir "$bin_dir")
-  torch_lib=$(timeout 60 "$python" -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+  lib_path=$("$python" "$here/capture.py" --print-library-path --bin-dir "$bin_dir")
+  echo "C++ examples run with LD_LIBRARY_PATH=$lib_path" >> "$work/logs/machine.txt"
   for b in checkpoint_llama zero_train; do
     [ -x "$bin_dir/$b" ] || continue
-    missing=$(LD_LIBRARY_PATH="$torch_lib:$bin_dir" ldd "$bin_dir/$b" 2>&1 | grep "not found" || true)
+    missing=$(LD_LIBRARY_PATH="$lib_path" ldd "$bin_dir/$b" 2>&1 | grep "not found" || true)
     [ -z "$missing" ] || echo "WARNING: $b misses shared libraries (carry them in $bin_dir): $missing" \
       | tee -a "$work/logs/machine.txt"
   done
@@ -53,7 +54,7 @@ else
   echo "no binary directory $bin_dir: the C++ workloads will be SKIPPED" | tee -a "$work/logs/machine.txt"
 fi
 
-timeout --kill-after=15 $((deadline + 45)) "$python" "$here/run_corpus.py" --out "$OUT" --work "$work" \
+timeout --kill-after=15 $((deadline + 30)) "$python" "$here/run_corpus.py" --out "$OUT" --work "$work" \
   --deadline-s "$deadline" --python "$python" "${bin_args[@]}" "$@"
 rc=$?
 if [ $rc -ge 124 ]; then
@@ -61,5 +62,5 @@ if [ $rc -ge 124 ]; then
   echo "run_corpus.py was stopped (exit $rc)"
   cat "$work/logs/summary.txt" 2>/dev/null
 fi
-ls -la "$OUT"
+
 exit $rc

@@ -304,6 +304,8 @@ def main(argv=None):
             r.logfile.close()
             r.status = STATUS.get(rc, "FAILED (exit %d)" % rc)
             doc = finished_json(args, r) if rc in (0, 3) else None
+            if rc in (0, 3) and doc is None and not args.dry_run_cpu:
+                r.status = "FAILED (exit %d but no JSON)" % rc
             log("done %s: %s in %.1f s" % (r.key, r.status, r.end - r.start))
             retry = False
             if doc is not None:
@@ -320,7 +322,7 @@ def main(argv=None):
                 for p in pending:
                     if p.w is r.w and p.mode != r.mode:
                         p.est_gib = min(p.est_gib, doc["peak_reserved"] / GIB * 1.1 + 2)
-            elif rc not in (4,) and r.overlapped and not r.alone and rc != 124:
+            elif r.status.startswith("FAILED") and r.overlapped and not r.alone and rc != 124:
                 retry = True
             if retry and r.attempts < 2:
                 r.alone = True

@@ -7,7 +7,9 @@
   trace's own peaks, and its errors name the problem;
 - the CSV it writes is read by gpumem's own reader: `gpumem replay` on the CSV and on the pickle of
   the same snapshot prints the same table (given --gpumem PATH, as ctest does);
-- capture.py's checks and manifest.py's manifest and summary on a small corpus directory;
+- capture.py's GPU path with torch.cuda's recording calls stood in (needs torch), its C++ path with
+  a stand-in example, its checks; manifest.py's manifest and summary; run_corpus.py end to end
+  with a stand-in capture;
 - schedule.py's admission policy (EASY backfilling) on the corpus's own plan.
 
     test_corpus_tools.py [--gpumem PATH_TO_gpumem] [unittest options]
@@ -423,6 +425,160 @@ class RunnerTest(unittest.TestCase):
                 runs = {r["capture"]: r for r in json.load(f)}
             self.assertEqual(runs["swin_t_train.native"]["attempts"], 2)
             self.assertEqual(runs["bert_infer_varbatch.native"]["status"], "ok")
+
+
+class CapturePathTest(unittest.TestCase):
+    """capture.py's GPU path (recording, steps, stats, snapshot, CSV, JSON, checks) with torch.cuda's
+    recording and statistics calls replaced by stand-ins that return the synthetic snapshot: the
+    glue runs here exactly as on the GPU, minus the GPU. Needs torch (skips without it)."""
+
+    def setUp(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not importable by %s: capture.py's GPU path is not tested" % sys.executable)
+        self.torch = torch
+        self.calls = []
+        self.saved = {}
+
+        def patch(obj, name, value):
+            self.saved[(obj, name)] = getattr(obj, name)
+            setattr(obj, name, value)
+        cuda = torch.cuda
+        patch(cuda, "is_available", lambda: True)
+        patch(cuda, "synchronize", lambda *a: None)
+        patch(cuda, "get_device_name", lambda *a: "stand-in")
+        patch(cuda.memory, "_record_memory_history", lambda *a, **k: self.calls.append(("record", a, k)))
+        patch(cuda.memory, "_snapshot", lambda *a, **k: synthetic_snapshot())
+        patch(capture, "capture_device", lambda torch: torch.device("cpu"))
+        self.stats = {"allocated_bytes.all.peak": 40 * MiB, "reserved_bytes.all.peak": 62 * MiB,
+                      "requested_bytes.all.peak": 8 * MiB + 512 + 30 * MiB, "num_alloc_retries": 0,
+                      "num_ooms": 0, "allocated_bytes.all.current": 0}
+        patch(cuda, "memory_stats", lambda *a: dict(self.stats))
+
+        def build(ctx):
+            lin = torch.nn.Linear(4, 4)
+
+            def step(i):
+                lin(torch.randn(2, 4, generator=ctx.gen)).sum().backward()
+                return {"batch": 2, "i": i, "n": ctx.rng.randint(1, 9)}
+            return workloads.Built(step, "a stand-in model", {"batch": 2}, {"parameters": 20})
+        workloads.WORKLOADS["stand_in"] = workloads.PythonWorkload("stand_in", build, steps=4, warmup=1,
+                                                                   est_gib=1, est_s=1, summary="test")
+
+    def tearDown(self):
+        for (obj, name), value in self.saved.items():
+            setattr(obj, name, value)
+        workloads.WORKLOADS.pop("stand_in", None)
+
+    def run_capture(self, out):
+        args = capture.parse_args(["--workload", "stand_in", "--mode", "expandable", "--out-root", out,
+                                   "--shared-gpu", "--max-entries", "5000"])
+        return capture.run_python(workloads.WORKLOADS["stand_in"], args, "expandable_segments:True")
+
+    def test_capture_writes_trace_and_json(self):
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(self.run_capture(out), 0)
+            self.assertEqual(self.calls[0], ("record", (), {"max_entries": 5000, "stacks": "python"}))
+            self.assertEqual(self.calls[-1], ("record", (), {"enabled": None}))
+            with gzip.open(os.path.join(out, "expandable", "stand_in.trace.csv.gz"), "rt") as f:
+                self.assertEqual(f.read(), "\n".join(EXPECTED_LINES) + "\n")
+            with open(os.path.join(out, "expandable", "stand_in.json")) as f:
+                text = f.read()
+            doc = json.loads(text)
+            # The shared traces' keys come first, in their order (gpumem replay reads the first match).
+            self.assertEqual(list(doc)[:10], ["workload", "alloc_conf", "torch", "trace_entries", "peak_allocated",
+                                              "peak_reserved", "num_alloc_retries", "num_ooms", "step_s", "steps"])
+            self.assertEqual(doc["alloc_conf"], "expandable_segments:True")
+            self.assertEqual(doc["peak_reserved"], 62 * MiB)
+            self.assertEqual(doc["peak_requested"], 8 * MiB + 512 + 30 * MiB)
+            self.assertEqual(doc["trace_entries"], len(EXPECTED_LINES) - 1)
+            self.assertEqual((doc["steps"], doc["warmup_steps"], len(doc["step_s_all"])), (4, 1, 4))
+            self.assertEqual([s["i"] for s in doc["step_shapes"]], [0, 1, 2, 3])
+            self.assertTrue(all(doc["checks"].values()), doc["checks"])
+            self.assertFalse(doc["history_dropped"])
+            self.assertTrue(doc["timed_with_other_captures"])
+            self.assertEqual(doc["allocator_settings"]["expandable_segments"], False)  # the stand-in's
+            self.assertEqual(len(doc["segments_end"]), 2)
+            self.assertEqual(doc["max_entries"], 5000)
+
+    def test_a_check_that_fails_is_loud(self):
+        self.stats["reserved_bytes.all.peak"] = 64 * MiB
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(self.run_capture(out), capture.EXIT_CHECK_FAILED)
+            with open(os.path.join(out, "expandable", "stand_in.json")) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["checks"]["trace_peak_reserved_matches"], False)
+
+    def test_alloc_conf_is_set_per_mode_and_never_mixed(self):
+        old = os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        try:
+            self.assertEqual(capture.set_alloc_conf("expandable"), "expandable_segments:True")
+            self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True")
+            with self.assertRaisesRegex(SystemExit, "--mode native means ''"):
+                capture.set_alloc_conf("native")
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF")
+            self.assertEqual(capture.set_alloc_conf("native"), "")
+            self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", os.environ)
+        finally:
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            if old is not None:
+                os.environ["PYTORCH_CUDA_ALLOC_CONF"] = old
+
+
+FAKE_EXAMPLE = r"""#!%(python)s
+# Stands in for a C++ example run with --record-native-history FILE: writes the synthetic snapshot
+# as the pickle and FILE.stats.json, and prints the example's RESULT line.
+import json, os, pickle, sys
+sys.path.insert(0, %(here)r)
+import test_corpus_tools as t
+path = sys.argv[sys.argv.index("--record-native-history") + 1]
+assert "--allocator" in sys.argv and os.environ["RANK"] == "0", sys.argv
+pickle.dump(t.synthetic_snapshot(), open(path, "wb"), protocol=2)
+json.dump({"peak_allocated": 40 << 20, "peak_reserved": 62 << 20, "peak_requested": (38 << 20) + 512,
+           "num_alloc_retries": 0, "num_ooms": 0, "allocated_end": 0, "reserved_end": 0,
+           "peak_resets_noted": 0, "max_entries": 20000000, "device": 0}, open(path + ".stats.json", "w"))
+print("step 0 ...")
+print('RESULT allocator=native stage=3 ms_per_step=12.500 plan="a b"')
+"""
+
+
+class CaptureCppPathTest(unittest.TestCase):
+    """capture.py's C++ path with a stand-in example: runs it with --record-native-history and its
+    launcher variables, converts the pickle, writes the JSON (stats from FILE.stats.json, the step
+    time from the RESULT line, the side stream found), removes the pickle."""
+
+    def test_cpp_capture(self):
+        with tempfile.TemporaryDirectory() as d:
+            bins = os.path.join(d, "bin")
+            os.makedirs(bins)
+            fake = os.path.join(bins, "zero_train")
+            with open(fake, "w") as f:
+                f.write(FAKE_EXAMPLE % {"python": sys.executable, "here": HERE})
+            os.chmod(fake, 0o755)
+            out = os.path.join(d, "corpus")
+            args = capture.parse_args(["--workload", "zero3_prefetch", "--mode", "native", "--out-root", out,
+                                       "--bin-dir", bins])
+            w = workloads.WORKLOADS["zero3_prefetch"]
+            old = capture.cpp_library_path
+            capture.cpp_library_path = lambda bin_dir: bin_dir  # torch may be absent here
+            try:
+                rc = capture.run_cpp(w, args, "")
+            finally:
+                capture.cpp_library_path = old
+            self.assertEqual(rc, 0)
+            with open(os.path.join(out, "native", "zero3_prefetch.json")) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["step_s"], 0.0125)
+            self.assertEqual(doc["peak_reserved"], 62 * MiB)
+            self.assertTrue(doc["side_streams_used"])
+            self.assertTrue(all(doc["checks"].values()), doc["checks"])
+            self.assertEqual(doc["result_line"]["plan"], '"a b"')
+            self.assertEqual(sorted(os.listdir(os.path.join(out, "native"))),
+                             ["zero3_prefetch.json", "zero3_prefetch.trace.csv.gz"])
+            # Without the binary: SKIPPED, exit 4.
+            args.bin_dir = os.path.join(d, "nothing")
+            self.assertEqual(capture.run_cpp(w, args, ""), capture.EXIT_SKIPPED)
 
 
 if __name__ == "__main__":

@@ -312,12 +312,12 @@ def bert_infer_varbatch(ctx):
 
 
 @python_workload("gpt2_compiled_train", steps=15, warmup=3, est_gib=14, est_s=120,
-                 summary="torch.compile (default mode) GPT-2 with 6 layers, batch 16 x seq 512 fixed, "
+                 summary="torch.compile (default mode) GPT-2 with 4 layers, batch 16 x seq 512 fixed, "
                          "bf16 autocast, AdamW (the compiled graphs' own buffers)")
 def gpt2_compiled_train(ctx):
     torch = _torch()
     from transformers import GPT2LMHeadModel
-    cfg = _gpt2_config(ctx, n_layer=6)
+    cfg = _gpt2_config(ctx, n_layer=4)
     batch, seq = (16, 512) if not ctx.dry else (2, 16)
     model = GPT2LMHeadModel(cfg).to(ctx.device)
     model.train()
@@ -331,7 +331,7 @@ def gpt2_compiled_train(ctx):
               "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW (not compiled)",
               "compile": "torch.compile(model), default mode; the first steps compile"}
     return Built(_train_step(ctx, model, opt, forward),
-                 "transformers GPT2LMHeadModel (GPT2Config(n_layer=6), random weights), torch.compile",
+                 "transformers GPT2LMHeadModel (GPT2Config(n_layer=4), random weights), torch.compile",
                  shapes, _hf_extra(model))
 
 
@@ -415,8 +415,8 @@ WORKLOADS["checkpoint_llama_planner"] = CppWorkload(
     args=["--device", "cuda", "--probe", "cuda-native", "--mode", "planner", "--budget-fraction", "0.5",
           *_CKPT_MODEL, "--steps", "10", "--warmup", "3", "--seed", "0"],
     dry_args=["--device", "cpu", "--probe", "cpu-events", "--mode", "planner", "--budget-fraction",
-              "0.5", "--hidden", "64", "--intermediate", "172", "--layers", "2", "--heads", "4",
-              "--vocab", "256", "--batch", "2", "--seq", "16", "--steps", "1", "--warmup", "1"],
+              "0.5", "--hidden", "64", "--intermediate", "172", "--layers", "4", "--heads", "4",
+              "--vocab", "256", "--batch", "4", "--seq", "128", "--steps", "1", "--warmup", "1"],
     steps=15, warmup=5, est_gib=34, est_s=30,
     summary="gpumem's own activation-checkpointing planner (examples/checkpoint_llama, libtorch C++): "
             "the Llama-style 12-layer model, planner at half the activation memory, bf16 autocast, AdamW",
