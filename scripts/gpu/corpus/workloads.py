@@ -11,6 +11,18 @@ Variable shapes come from ``ctx.rng`` (random.Random(seed)) and data from ``ctx.
 (a seeded torch.Generator on the CPU, then copied to the device as a data loader would): a
 workload replays identically from its seed.
 
+Two optional hooks serve a runner that compares allocators run by run (scripts/gpu/live.py);
+capture.py's context has neither and nothing changes for it:
+
+- ``ctx.observe(name, tensor)``: each step hands over its loss (training, ``"loss"``, detached) or
+  its generated tokens (``"tokens"``), so that runs of different allocators can be checked for
+  the same results. The runner reads them after its timer stops and drops them before the next
+  step.
+- ``ctx.model_cache.get(key, factory)``: the model is built on the CPU by ``factory()`` from the
+  global torch RNG (which the runner seeds). A runner that forks every run from one parent builds
+  it there once and hands the same weights to each child (copy-on-write), with the RNG state the
+  build leaves behind; ``key`` names the model class and its configuration.
+
 A C++ workload (``CppWorkload``) names an example binary and its arguments; capture.py runs it with
 ``--record-native-history`` and converts what it writes.
 
@@ -74,6 +86,22 @@ def _torch():
     return torch
 
 
+def _observe(ctx, name, value):
+    """Hands a step's result to the runner's ctx.observe, if it has one (see the module's doc)."""
+    observe = getattr(ctx, "observe", None)
+    if observe is not None:
+        observe(name, value)
+
+
+def _new_model(ctx, cls, cfg):
+    """cls(cfg) on the CPU (a transformers model class and its config), or the same model from
+    ctx.model_cache (see the module's doc), keyed by the class name and the whole config."""
+    cache = getattr(ctx, "model_cache", None)
+    if cache is None:
+        return cls(cfg)
+    return cache.get("%s %s" % (cls.__name__, cfg.to_json_string()), lambda: cls(cfg))
+
+
 def _train_step(ctx, model, optimizer, forward):
     """One training step: forward under bf16 autocast (as the issue's measurements ran), backward
     outside it, AdamW step, gradients set to None."""
@@ -82,6 +110,7 @@ def _train_step(ctx, model, optimizer, forward):
     def step(i):
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
             loss, info = forward(i)
+        _observe(ctx, "loss", loss.detach())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -138,7 +167,7 @@ def _llama(ctx, hidden, intermediate, layers, heads, batch, seq, checkpointing, 
         with torch.device(ctx.device):
             model = LlamaForCausalLM(cfg)
     else:
-        model = LlamaForCausalLM(cfg).to(ctx.device)
+        model = _new_model(ctx, LlamaForCausalLM, cfg).to(ctx.device)
     model.train()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -179,6 +208,7 @@ def _generate(ctx, model, cfg, batch, prompt, new, sample):
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                                  min_new_tokens=n, pad_token_id=cfg.eos_token_id, **kwargs)
         assert out.shape == (b, p + n), out.shape
+        _observe(ctx, "tokens", out)
         return {"batch": b, "prompt": p, "new_tokens": n}
     return step
 
@@ -193,7 +223,7 @@ def gpt2_varlen_train(ctx):
     from transformers import GPT2LMHeadModel
     cfg = _gpt2_config(ctx)
     batch, lo, hi = (16, 64, 1024) if not ctx.dry else (2, 8, 32)
-    model = GPT2LMHeadModel(cfg).to(ctx.device)
+    model = _new_model(ctx, GPT2LMHeadModel, cfg).to(ctx.device)
     model.train()
     opt = _adamw(model)
 
@@ -255,7 +285,7 @@ def gpt2_generate(ctx):
     torch = _torch()
     from transformers import GPT2LMHeadModel
     cfg = _gpt2_config(ctx)
-    model = GPT2LMHeadModel(cfg).to(ctx.device, dtype=torch.bfloat16).eval()
+    model = _new_model(ctx, GPT2LMHeadModel, cfg).to(ctx.device, dtype=torch.bfloat16).eval()
     shapes = {"batch": "uniform 1..32 per call", "prompt": "uniform 16..512", "new_tokens":
               "uniform 16..128 (min_new_tokens = max_new_tokens)", "dtype": "bf16 weights",
               "decoding": "greedy", "steps_are": "generate() calls"}
