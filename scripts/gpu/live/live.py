@@ -109,13 +109,13 @@ PLAIN_MODES = ["native", "expandable", "gpumem"]
 EXTRA_MODES = {"gpt2_varlen_train": ["gpumem_trace", "gpumem_ops", "native_history"]}
 
 # Steps per run (warm-up included) and warm-up steps left out of the step time. The peak of the
-# GPT-2 run comes at step 11 (its longest sequence, 1004) in the corpus traces and the Llama ones
-# at step 2; every training step after the first is steady. generate(): the first three calls of
+# GPT-2 run comes at step 11 (its longest sequence, 1004; step 18 has 977) in the corpus traces and
+# the Llama ones at step 2; every training step after the first is steady. generate(): the first three calls of
 # seed 0 (batch 25/3/32, prompt 404/148/223, 69/81/116 new tokens), the first one as warm-up.
 # step_metric: how a run's timed steps make its step time (generate's calls differ in size, so
 # their mean, over the same calls in every mode; training steps: the median).
 WORKLOAD_DEFAULTS = {
-    "gpt2_varlen_train": {"steps": 20, "warmup": 3, "metric": "median"},
+    "gpt2_varlen_train": {"steps": 18, "warmup": 3, "metric": "median"},
     "llama_train": {"steps": 12, "warmup": 3, "metric": "median"},
     "llama_train_ckpt": {"steps": 12, "warmup": 3, "metric": "median"},
     "gpt2_generate": {"steps": 3, "warmup": 1, "metric": "mean"},
@@ -124,13 +124,14 @@ DRY_STEPS = 4
 # Workloads whose builder takes its model from ctx.model_cache (built once in this process).
 PREBUILT = {"gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate"}
 
-# Wall-time estimates for --plan, seconds on an H200 host (see /work/notes/live-script.md for where
-# they come from): per run, process start to CUDA ready plus exit; per workload, moving the
-# prebuilt model to the GPU, the first step, each later step; mode factors on the steps.
+# Wall-time estimates for --plan, seconds on an H200 host (README.md says where they come from):
+# per run, process start to CUDA ready plus exit; per workload, moving the prebuilt model to the
+# GPU, the first step, each later step, and building the CPU model once in this process (one
+# thread); mode factors on the steps.
 EST_PROCESS_S = 2.0
 EST_WORKLOAD = {
     "gpt2_varlen_train": {"build": 0.5, "first": 1.0, "step": 0.19, "prebuild": 2.0},
-    "llama_train": {"build": 1.0, "first": 1.0, "step": 0.135, "prebuild": 6.0},
+    "llama_train": {"build": 1.0, "first": 1.0, "step": 0.135, "prebuild": 8.0},
     "llama_train_ckpt": {"build": 1.0, "first": 1.0, "step": 0.16, "prebuild": 0.0},
     "gpt2_generate": {"build": 0.5, "first": 3.5, "step": 4.5, "prebuild": 0.0},
 }
@@ -229,6 +230,9 @@ def parse_args(argv):
                      % (name, ", ".join(args.workload_list)))
         if n < 0:
             ap.error("--steps/--warmup %s=%d: must not be negative" % (name, n))
+    for name, n in args.steps_by.items():
+        if n < 1:
+            ap.error("--steps %s=%d: a run needs at least one step" % (name, n))
     args.modes_by = {}
     for w in args.workload_list:
         if args.modes:
@@ -551,6 +555,10 @@ def run_child(spec):
             res["history"] = "torch.cuda.memory._record_memory_history(max_entries=%d, stacks=%r)" % (
                 spec["history_entries"], spec["history_stacks"])
     phases["ready_s"] = time.monotonic() - t0
+    print("run %d (repetition %d): %s under %s; %s; backend %s; %s" % (
+        spec["index"] + 1, spec["rep"] + 1, spec["workload"], mode.name,
+        ", ".join("%s=%r" % kv for kv in res["alloc_env"].items()) or "no allocator variables",
+        res["backend"], "; ".join(res["settings"].get("verified", []))), flush=True)
 
     import workloads
     w = workloads.WORKLOADS[spec["workload"]]
@@ -842,6 +850,16 @@ def write_summary(path, header, results, order):
     return body
 
 
+def driver_loaded():
+    """Whether libcuda.so is mapped into this process (something may have started the driver,
+    which a forked child cannot use)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return re.search(r"/libcuda\.so", f.read()) is not None
+    except OSError:
+        return False
+
+
 def default_lib():
     """The first libgpumem_torch.so among the places the lead carries builds to."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -948,9 +966,10 @@ def main(argv=None):
         "median over repetitions (min..max); vs native / vs base: ratios within each repetition, then their "
         "median (min..max)"])
     log(header)
-    log("parent: imports %.1f s, %d OS threads; %d runs planned, deadline %.0f s"
+    log("parent: imports %.1f s, %d OS threads, CUDA driver library %s; %d runs planned, deadline %.0f s"
         % (import_s, len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1,
-           len(plan), args.deadline_s))
+           "loaded (a forked child may not start CUDA: then the runs become subprocesses)"
+           if driver_loaded() else "not loaded", len(plan), args.deadline_s))
 
     hard_end = args.deadline_s + args.grace_s
     by_key = {}

@@ -220,7 +220,7 @@ class PlanTest(unittest.TestCase):
         self.assertEqual({p["steps"] for p in dry if p["workload"] == "gpt2_varlen_train"}, {live.DRY_STEPS})
 
     def test_default_plan_fits(self):
-        """The defaults were chosen to fit about 6.5 minutes on the H200 (live-script.md): the
+        """The defaults were chosen to fit about 6.5 minutes on the H200 (README.md): the
         estimate of the whole default plan stays under 390 s and the deadline under that."""
         a = args_for([])
         plan = live.make_plan(a)
