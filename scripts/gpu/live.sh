@@ -13,8 +13,8 @@
 # Environment: OUT (required), PYTHON (default python3), LIVE_DEADLINE_S (default 380: no run
 # starts later; the call ends by about deadline + 60 s).
 #
-# OUT receives live.jsonl (one line per run), summary.txt (the table) and live-logs.tar.gz (each
-# run's log, machine.txt). The table prints last.
+# OUT receives live.jsonl (one line per run), summary.txt (the table), summary.json (its rows, in
+# bytes) and live-logs.tar.gz (each run's log, machine.txt). The table prints last.
 set -uo pipefail
 : "${OUT:?set OUT to the directory for results}"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

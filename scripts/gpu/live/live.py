@@ -38,8 +38,8 @@ mode is always first). Each run has a timeout; a run that fails is reported and 
 on; runs not started by --deadline-s (from this process's start) are listed as NOT RUN.
 
 Results: OUT/live.jsonl (one line per run, written as it finishes), OUT/summary.txt (rewritten
-after every run; the table), OUT/live-logs.tar.gz (each child's log). The table prints last:
-per (workload, mode) the median of the runs' step times (training: median of the timed steps;
+after every run; the table), OUT/summary.json (its rows, bytes), OUT/live-logs.tar.gz (each
+child's log). The table prints last: per (workload, mode) the median of the runs' step times (training: median of the timed steps;
 generate: mean of the timed calls, the same calls in every mode) with min..max over repetitions,
 the ratio to native within each repetition (median, min..max), peak reserved / requested (bytes
 in the JSON, GiB in the table) and their ratio, and whether losses / generated tokens equal
@@ -622,7 +622,7 @@ def child_entry(spec, fd, child_fn):
         result["status"] = "ok"
     except RunError as err:
         print("RUN FAILED: %s" % err, flush=True)
-        result, code = {"status": "failed", "error": str(err)}, 3
+        result, code = {"status": "failed", "error": str(err), "error_is_reason": True}, 3
     except BaseException as err:  # noqa: BLE001 - everything a run can raise is reported
         traceback.print_exc()
         lines = [l for l in str(err).strip().splitlines() if l.strip()]
@@ -833,7 +833,13 @@ def describe_run(spec, res, native):
 
 
 def write_summary(path, header, results, order):
+    """summary.txt (the table and the rest, as printed) and summary.json beside it (the rows, with
+    bytes and unrounded ratios). Returns the text."""
     rows = report.summarize(results, order)
+    json_path = os.path.join(os.path.dirname(path), "summary.json")
+    with open(json_path + ".tmp", "w") as f:
+        json.dump({"header": header, "rows": rows, "targets": report.targets(rows)}, f, indent=1)
+    os.replace(json_path + ".tmp", json_path)
     text = [header, "", report.format_table(rows)]
     tg = report.targets(rows)
     if tg:
@@ -983,7 +989,7 @@ def main(argv=None):
             by_key[(spec["workload"], spec["mode"], spec["rep"])] = res
         log(describe_run(spec, res, by_key.get((spec["workload"], "native", spec["rep"]))))
         if res["status"] != "not_run":
-            if res["status"] != "ok" and res.get("log"):
+            if res["status"] != "ok" and res.get("log") and not res.get("error_is_reason"):
                 for line in log_tail(os.path.join(work, res["log"])):
                     log("    | " + line)
         jsonl_file.write(json.dumps(res, default=repr) + "\n")

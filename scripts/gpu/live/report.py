@@ -199,13 +199,12 @@ def format_table(rows):
 
 
 def verdict(s, limit):
-    """'within N%' / 'NOT within N%' for a spread of ratios against a limit (e.g. 1.01), said to be
-    inconclusive when the repetitions straddle the limit."""
-    pct = "%g%%" % round((limit - 1) * 100, 3)
+    """Whether a spread of ratios meets a target ratio <= limit (e.g. 1.01: at most 1% slower) by
+    its median, said to be inconclusive when the repetitions straddle the limit."""
+    text = "target <= %g: %s" % (limit, "met" if s["median"] <= limit else "MISSED")
     if s["min"] <= limit < s["max"]:
-        return "%s by the median; the repetitions straddle it (inconclusive at this spread)" % (
-            "within " + pct if s["median"] <= limit else "NOT within " + pct)
-    return "within " + pct if s["median"] <= limit else "NOT within " + pct
+        text += " by the median; the repetitions straddle it (inconclusive at this spread)"
+    return text
 
 
 def targets(rows):

@@ -132,16 +132,18 @@ class ReportTest(unittest.TestCase):
         tg = "\n".join(report.targets(rows))
         self.assertIn("issue 12  w                  gpumem peak reserved 24.500 GiB vs expandable 25.000 GiB: "
                       "below (-0.500 GiB)", tg)
-        self.assertIn("gpumem step / native 1.000 (0.950..1.050) over 3 reps: within 1% by the median; the "
-                      "repetitions straddle it (inconclusive at this spread)", tg)
-        self.assertIn("gpumem_trace step / gpumem 1.020 over 3 reps: within 3%", tg)
+        self.assertIn("gpumem step / native 1.000 (0.950..1.050) over 3 reps: target <= 1.01: met by the median; "
+                      "the repetitions straddle it (inconclusive at this spread)", tg)
+        self.assertIn("gpumem_trace step / gpumem 1.020 over 3 reps: target <= 1.03: met", tg)
         self.assertIn("FAILED    rep 1 w/gpumem_ops: gpumem is not torch's ...", report.problems(self.synthetic()))
         self.assertIn("NOT RUN   rep 2 w/gpumem_ops: deadline", report.problems(self.synthetic()))
 
     def test_verdict(self):
-        self.assertEqual(report.verdict({"median": 1.0, "min": 0.99, "max": 1.005}, 1.01), "within 1%")
-        self.assertEqual(report.verdict({"median": 1.05, "min": 1.04, "max": 1.06}, 1.01), "NOT within 1%")
-        self.assertTrue(report.verdict({"median": 1.02, "min": 1.0, "max": 1.04}, 1.03).startswith("within 3% by"))
+        self.assertEqual(report.verdict({"median": 1.0, "min": 0.99, "max": 1.005}, 1.01), "target <= 1.01: met")
+        self.assertEqual(report.verdict({"median": 0.7, "min": 0.6, "max": 0.8}, 1.01), "target <= 1.01: met")
+        self.assertEqual(report.verdict({"median": 1.05, "min": 1.04, "max": 1.06}, 1.01), "target <= 1.01: MISSED")
+        self.assertTrue(report.verdict({"median": 1.02, "min": 1.0, "max": 1.04}, 1.03).startswith(
+            "target <= 1.03: met by the median; the repetitions straddle"))
 
     def test_phase_table(self):
         res = [dict(run_result("w", "native", 0, 0.2), phases={"ready_s": 1.0, "build_s": 0.5, "steps_s": 4.0,
@@ -555,6 +557,9 @@ class DryRunTest(unittest.TestCase):
                 summary = f.read()
             self.assertRegex(summary, r"gpt2_varlen_train\s+expandable\s+2/2")
             self.assertTrue(os.path.isfile(os.path.join(d, "live-logs.tar.gz")))
+            with open(os.path.join(d, "summary.json")) as f:
+                rows = json.load(f)["rows"]
+            self.assertEqual([r["mode"] for r in rows], modes.split(","))
             self.assertIn("DRY RUN", r.stdout)
             self.assertTrue(r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1]))
 
