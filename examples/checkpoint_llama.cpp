@@ -17,6 +17,9 @@
 //   checkpoint_llama --mode planner --budget-fraction 0.5          (GPU, the benchmark config)
 //   checkpoint_llama --device cpu --hidden 64 --intermediate 172 --layers 4 --heads 4
 //                    --vocab 256 --batch 2 --seq 32 --mode sqrt    (a CPU smoke run)
+//
+// --record-native-history FILE (with --probe cuda-native) records libtorch's native allocator
+// history for the whole run and writes it as a snapshot pickle (see native_history.h).
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
@@ -26,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -33,6 +37,7 @@
 #include "gpumem/ckpt/checkpointed_sequential.h"
 #include "gpumem/ckpt/memory_probes.h"
 #include "gpumem/ckpt/planner.h"
+#include "native_history.h"
 
 namespace ckpt = gpumem::ckpt;
 using torch::Tensor;
@@ -55,6 +60,7 @@ struct Options {
   bool verbose = false;
   bool selective = false;  // checkpoint the cheap, memory-heavy parts inside every block
   std::uint64_t seed = 0;
+  std::string record_native_history;  // snapshot pickle path; empty: no recording
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -67,7 +73,8 @@ struct Options {
                "[--intermediate N]\n"
                "       [--layers N] [--heads N] [--vocab N] [--batch N] [--seq N] [--steps N] "
                "[--warmup N]\n"
-               "       [--autocast on|off] [--selective] [--seed N] [--verbose]\n",
+               "       [--autocast on|off] [--selective] [--seed N] [--verbose]\n"
+               "       [--record-native-history FILE (with --device cuda --probe cuda-native)]\n",
                what.c_str());
   std::exit(2);
 }
@@ -148,6 +155,8 @@ Options parse_options(int argc, char** argv) {
       o.warmup = static_cast<int>(parse_int(flag, v, 1));
     } else if (flag == "--seed") {
       o.seed = static_cast<std::uint64_t>(parse_int(flag, v, 0));
+    } else if (flag == "--record-native-history") {
+      o.record_native_history = v;
     } else {
       usage_error("unknown option '" + flag + "'");
     }
@@ -165,6 +174,11 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.probe.empty()) o.probe = o.device == "cuda" ? "gpumem-cuda" : "gpumem-cpu";
   if (o.autocast < 0) o.autocast = o.device == "cuda";
+  if (!o.record_native_history.empty() && (o.probe != "cuda-native" || o.device != "cuda")) {
+    usage_error("--record-native-history records PyTorch's native CUDA allocator: use it with "
+                "--device cuda --probe cuda-native (the device is '" + o.device + "', the probe '" +
+                o.probe + "')");
+  }
   return o;
 }
 
@@ -324,6 +338,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   const Options o = parse_options(argc, argv);
   try {
+    std::optional<gpumem::examples::NativeHistoryRecorder> history;
+    if (!o.record_native_history.empty()) history.emplace(o.record_native_history);
     // The probe first: the CPU one installs the counting allocator, which must see the model.
     std::unique_ptr<ckpt::MemoryProbe> probe = ckpt::make_memory_probe(o.probe, 0);
     torch::manual_seed(o.seed);
@@ -409,6 +425,7 @@ int main(int argc, char** argv) {
     probe->release_cached();
     for (int s = 0; s < 2; ++s) train_step();
     probe->synchronize();
+    if (history) history->note_peaks_before_reset();
     probe->reset_peak();
     std::vector<double> step_ms, opt_ms;
     double loss = 0;
@@ -450,6 +467,10 @@ int main(int argc, char** argv) {
         step, (long long)pred.peak_bytes, pred_step, (long long)none.peak_bytes,
         (long long)state_bytes, (long long)budget, plan.checkpointed_modules(),
         o.selective ? 1 : 0, plan.to_string().c_str());
+    if (history) {
+      history->write();
+      std::printf("native allocator history written to %s\n", history->path().c_str());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_llama: %s\n", e.what());

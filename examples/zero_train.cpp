@@ -16,6 +16,8 @@
 // model states is alive. With --allocator gpumem (the default) gpumem is installed before
 // anything touches the device (gpumem::torch::install on CUDA, install_cpu on the CPU) and its
 // statistics are read; --allocator native keeps libtorch's allocators (statistics on CUDA only).
+// --record-native-history FILE (with --allocator native, on CUDA) records the native allocator's
+// history for the whole run and writes it as a snapshot pickle (see native_history.h).
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
@@ -32,6 +34,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/utils.h>
+
+#include "native_history.h"
 
 #include <chrono>
 #include <cmath>
@@ -71,6 +75,7 @@ struct Args {
   std::string allocator = "gpumem";
   int log_every = 20;
   std::uint64_t seed = 0;
+  std::string record_native_history;  // snapshot pickle path; empty: no recording
 };
 
 const char* kUsage =
@@ -79,6 +84,7 @@ const char* kUsage =
     "                  [--dtype bf16|fp32] [--device auto|cpu|cuda] [--no-reshard-after-forward]\n"
     "                  [--no-prefetch] [--bucket-mb MB] [--allocator gpumem|native]\n"
     "                  [--log-every N] [--seed S]\n"
+    "                  [--record-native-history FILE (with --allocator native)]\n"
     "Launcher variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) select\n"
     "the rank; without them the process is a world of one.\n";
 
@@ -160,9 +166,15 @@ Args parse_args(int argc, char** argv) {
       a.log_every = number<int>(flag, value(), 1, 1'000'000);
     } else if (flag == "--seed") {
       a.seed = number<std::uint64_t>(flag, value(), 0, ~std::uint64_t{0} >> 1);
+    } else if (flag == "--record-native-history") {
+      a.record_native_history = value();
     } else {
       usage_error(fmt::format("unknown option '{}'", flag));
     }
+  }
+  if (!a.record_native_history.empty() && a.allocator != "native") {
+    usage_error("--record-native-history records PyTorch's native CUDA allocator: add "
+                "--allocator native");
   }
   if (a.model.width % a.model.heads != 0) {
     usage_error(
@@ -265,6 +277,16 @@ int run(const Args& args) {
   }
   const bool gpumem = args.allocator == "gpumem";
   if (gpumem) install_gpumem(type);  // before anything allocates on the device
+  std::optional<gpumem::examples::NativeHistoryRecorder> history;
+  if (!args.record_native_history.empty()) {
+    if (type != c10::DeviceType::CUDA) {
+      throw std::invalid_argument("--record-native-history needs the CUDA device (--device cuda)");
+    }
+    // One file per rank when there are several (RANK is known before the process group).
+    history.emplace(env.world_size > 1 ? fmt::format("{}.rank{}", args.record_native_history, env.rank)
+                                       : args.record_native_history,
+                    env.local_rank);
+  }
   zero::DistributedContext ctx = zero::init_distributed(env, type);
   const int rank = ctx.env.rank, world = ctx.env.world_size;
   if (args.batch % world != 0) {
@@ -385,6 +407,11 @@ int run(const Args& args) {
                   ms_per_step, measured.total_bytes(), formula.total_bytes(), allocator_states,
                   at_end ? at_end->peak : -1.0, trainer.transient_peak_bytes()));
   (void)after_step;
+  if (history) {
+    synchronize(device);
+    history->write();
+    say(fmt::format("native allocator history written to {}\n", history->path()));
+  }
   ctx.backend->shutdown();  // ProcessGroupNCCL wants an orderly shutdown before destruction
   return 0;
 }

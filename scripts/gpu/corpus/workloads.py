@@ -1,0 +1,473 @@
+"""The corpus's workloads: real models from transformers and torchvision (random weights, built
+from their library configs: the GPU machine has no network) and two of gpumem's own C++ examples.
+
+A Python workload is a function ``build(ctx)`` registered with ``@python_workload``; it builds the
+model, optimizer and data on ``ctx.device`` and returns ``Built(step, model, shapes, extra)``:
+``step(i)`` runs step i and returns that step's shapes (recorded per step in the JSON), ``model``
+and ``shapes`` describe the workload for the manifest. With ``ctx.dry`` (``--dry-run-cpu``) every
+size shrinks so that construction and a step run on a CPU in seconds; the code path is the same.
+
+Variable shapes come from ``ctx.rng`` (random.Random(seed)) and data from ``ctx.gen``
+(a seeded torch.Generator on the CPU, then copied to the device as a data loader would): a
+workload replays identically from its seed.
+
+Two optional hooks serve a runner that compares allocators run by run (scripts/gpu/live.py);
+capture.py's context has neither and nothing changes for it:
+
+- ``ctx.observe(name, tensor)``: each step hands over its loss (training, ``"loss"``, detached) or
+  its generated tokens (``"tokens"``), so that runs of different allocators can be checked for
+  the same results. The runner reads them after its timer stops and drops them before the next
+  step.
+- ``ctx.model_cache.get(key, factory)``: the model is built on the CPU by ``factory()`` from the
+  global torch RNG (which the runner seeds). A runner that forks every run from one parent builds
+  it there once and hands the same weights to each child (copy-on-write), with the RNG state the
+  build leaves behind; ``key`` names the model class and its configuration.
+
+A C++ workload (``CppWorkload``) names an example binary and its arguments; capture.py runs it with
+``--record-native-history`` and converts what it writes.
+
+``est_gib``: a pessimistic guess of PyTorch's native peak reserved plus the CUDA context, used to
+decide which captures share the GPU (capture_all.sh refines it with the native run's measured peak
+before the expandable run). ``est_s``: seconds alone on an H200 from process start to the written
+trace; the scheduler starts the longest first and skips what cannot finish before its deadline.
+"""
+
+import collections
+
+Built = collections.namedtuple("Built", "step model shapes extra")
+
+
+class PythonWorkload:
+    kind = "python"
+
+    def __init__(self, name, fn, steps, warmup, est_gib, est_s, summary):
+        self.name = name
+        self.build = fn
+        self.steps = steps  # total steps, warm-up included
+        self.warmup = warmup  # steps left out of step_s
+        self.est_gib = est_gib
+        self.est_s = est_s
+        self.summary = summary
+
+
+class CppWorkload:
+    kind = "cpp"
+
+    def __init__(self, name, binary, args, dry_args, steps, warmup, est_gib, est_s, summary,
+                 model, shapes, env=None):
+        self.name = name
+        self.binary = binary
+        self.args = args
+        self.dry_args = dry_args
+        self.steps = steps
+        self.warmup = warmup
+        self.est_gib = est_gib
+        self.est_s = est_s
+        self.summary = summary
+        self.model = model
+        self.shapes = shapes
+        self.env = env or {}
+
+
+WORKLOADS = collections.OrderedDict()
+
+
+def python_workload(name, steps, warmup, est_gib, est_s, summary):
+    def register(fn):
+        WORKLOADS[name] = PythonWorkload(name, fn, steps, warmup, est_gib, est_s, summary)
+        return fn
+    return register
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def _torch():
+    import torch
+    return torch
+
+
+def _observe(ctx, name, value):
+    """Hands a step's result to the runner's ctx.observe, if it has one (see the module's doc)."""
+    observe = getattr(ctx, "observe", None)
+    if observe is not None:
+        observe(name, value)
+
+
+def _new_model(ctx, cls, cfg):
+    """cls(cfg) on the CPU (a transformers model class and its config), or the same model from
+    ctx.model_cache (see the module's doc), keyed by the class name and the whole config."""
+    cache = getattr(ctx, "model_cache", None)
+    if cache is None:
+        return cls(cfg)
+    return cache.get("%s %s" % (cls.__name__, cfg.to_json_string()), lambda: cls(cfg))
+
+
+def _train_step(ctx, model, optimizer, forward):
+    """One training step: forward under bf16 autocast (as the issue's measurements ran), backward
+    outside it, AdamW step, gradients set to None."""
+    torch = _torch()
+
+    def step(i):
+        with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
+            loss, info = forward(i)
+        _observe(ctx, "loss", loss.detach())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return info
+    return step
+
+
+def _adamw(model):
+    torch = _torch()
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+
+def _param_count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def _hf_extra(model):
+    cfg = model.config
+    return {
+        "parameters": _param_count(model),
+        "attn_implementation": getattr(cfg, "_attn_implementation", None),
+    }
+
+
+def _image_classifier(ctx, make_model, batch, image):
+    torch = _torch()
+    if ctx.dry:
+        batch, image = 2, 64
+    model = make_model().to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward(i):
+        x = torch.randn(batch, 3, image, image, generator=ctx.gen).to(ctx.device)
+        y = torch.randint(1000, (batch,), generator=ctx.gen).to(ctx.device)
+        return loss_fn(model(x), y), {"batch": batch, "image": image}
+    shapes = {"batch": batch, "image": [3, image, image], "classes": 1000, "dtype": "bf16 autocast",
+              "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward), None, shapes, {"parameters": _param_count(model)})
+
+
+def _llama(ctx, hidden, intermediate, layers, heads, batch, seq, checkpointing, build_on_device):
+    torch = _torch()
+    from transformers import LlamaConfig, LlamaForCausalLM
+    if ctx.dry:
+        hidden, intermediate, layers, heads, batch, seq = 64, 172, 2, 4, 2, 32
+    vocab = 32000 if not ctx.dry else 256
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
+                      max_position_embeddings=max(seq, 2048 if not ctx.dry else seq))
+    if build_on_device:
+        # Initialized on the device: a CPU init of billions of parameters takes minutes.
+        with torch.device(ctx.device):
+            model = LlamaForCausalLM(cfg)
+    else:
+        model = _new_model(ctx, LlamaForCausalLM, cfg).to(ctx.device)
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = _adamw(model)
+
+    def forward(i):
+        ids = torch.randint(vocab, (batch, seq), generator=ctx.gen).to(ctx.device)
+        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    shapes = {"hidden": hidden, "intermediate": intermediate, "layers": layers, "heads": heads,
+              "vocab": vocab, "batch": batch, "seq": seq, "dtype": "bf16 autocast, fp32 weights",
+              "optimizer": "AdamW",
+              "gradient_checkpointing": "every layer, non-reentrant" if checkpointing else "off",
+              "built_on": "device" if build_on_device else "cpu, then .to(device)"}
+    name = "transformers LlamaForCausalLM (LlamaConfig, random weights)"
+    return Built(_train_step(ctx, model, opt, forward), name, shapes, _hf_extra(model))
+
+
+def _gpt2_config(ctx, **full):
+    from transformers import GPT2Config
+    if ctx.dry:
+        return GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128,
+                          bos_token_id=511, eos_token_id=511)
+    return GPT2Config(**full)
+
+
+def _generate(ctx, model, cfg, batch, prompt, new, sample):
+    torch = _torch()
+    if ctx.dry:
+        batch, prompt, new = (1, 2), (4, 16), (2, 6)
+
+    def step(i):
+        b = ctx.rng.randint(*batch)
+        p = ctx.rng.randint(*prompt)
+        n = ctx.rng.randint(*new)
+        ids = torch.randint(cfg.vocab_size, (b, p), generator=ctx.gen).to(ctx.device)
+        kwargs = dict(do_sample=True, top_k=50) if sample else dict(do_sample=False)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                 min_new_tokens=n, pad_token_id=cfg.eos_token_id, **kwargs)
+        assert out.shape == (b, p + n), out.shape
+        _observe(ctx, "tokens", out)
+        return {"batch": b, "prompt": p, "new_tokens": n}
+    return step
+
+
+# ---- the workloads -------------------------------------------------------------------------------
+
+@python_workload("gpt2_varlen_train", steps=25, warmup=3, est_gib=40, est_s=35,
+                 summary="GPT-2 124M training, batch 16, sequence length uniform 64..1024 each step, "
+                         "bf16 autocast, AdamW (issue 12's table)")
+def gpt2_varlen_train(ctx):
+    torch = _torch()
+    from transformers import GPT2LMHeadModel
+    cfg = _gpt2_config(ctx)
+    batch, lo, hi = (16, 64, 1024) if not ctx.dry else (2, 8, 32)
+    model = _new_model(ctx, GPT2LMHeadModel, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        seq = ctx.rng.randint(lo, hi)
+        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
+        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    shapes = {"batch": batch, "seq": "uniform %d..%d per step" % (lo, hi), "layers": cfg.n_layer,
+              "hidden": cfg.n_embd, "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights",
+              "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers GPT2LMHeadModel (GPT2Config(), 124M, random weights)", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("convnext_tiny_train", steps=15, warmup=3, est_gib=30, est_s=30,
+                 summary="torchvision ConvNeXt-Tiny training, batch 128, 224x224, bf16 autocast, "
+                         "AdamW (fixed shapes)")
+def convnext_tiny_train(ctx):
+    import torchvision
+    b = _image_classifier(ctx, lambda: torchvision.models.convnext_tiny(weights=None), 128, 224)
+    return b._replace(model="torchvision convnext_tiny (random weights)")
+
+
+@python_workload("swin_t_train", steps=15, warmup=3, est_gib=20, est_s=30,
+                 summary="torchvision Swin-T vision transformer training, batch 64, 224x224, bf16 "
+                         "autocast, AdamW")
+def swin_t_train(ctx):
+    import torchvision
+    b = _image_classifier(ctx, lambda: torchvision.models.swin_t(weights=None), 64, 224)
+    return b._replace(model="torchvision swin_t (random weights)")
+
+
+@python_workload("llama_train", steps=15, warmup=3, est_gib=34, est_s=30,
+                 summary="Llama-style 12 layers, hidden 2048, intermediate 5504, 16 heads, vocab 32000, "
+                         "batch 4 x seq 2048, bf16 autocast, AdamW, no checkpointing (issue 12, ANCHORS)")
+def llama_train(ctx):
+    return _llama(ctx, 2048, 5504, 12, 16, 4, 2048, checkpointing=False, build_on_device=False)
+
+
+@python_workload("llama_train_ckpt", steps=15, warmup=3, est_gib=24, est_s=30,
+                 summary="the same Llama-style model with Hugging Face gradient checkpointing "
+                         "(gradient_checkpointing_enable, non-reentrant)")
+def llama_train_ckpt(ctx):
+    return _llama(ctx, 2048, 5504, 12, 16, 4, 2048, checkpointing=True, build_on_device=False)
+
+
+@python_workload("llama3b_train", steps=12, warmup=3, est_gib=95, est_s=40,
+                 summary="Llama-style ~3.4B (OpenLLaMA-3B shape: 26 layers, hidden 3200, intermediate "
+                         "8640, 32 heads), batch 2 x seq 2048, bf16 autocast, AdamW: the > 60 GiB one")
+def llama3b_train(ctx):
+    return _llama(ctx, 3200, 8640, 26, 32, 2, 2048, checkpointing=False, build_on_device=True)
+
+
+@python_workload("gpt2_generate", steps=10, warmup=1, est_gib=8, est_s=60,
+                 summary="GPT-2 124M generate() in bf16, greedy, batch 1..32, prompt 16..512, "
+                         "16..128 new tokens per call: a growing KV cache (issue 12's table)")
+def gpt2_generate(ctx):
+    torch = _torch()
+    from transformers import GPT2LMHeadModel
+    cfg = _gpt2_config(ctx)
+    model = _new_model(ctx, GPT2LMHeadModel, cfg).to(ctx.device, dtype=torch.bfloat16).eval()
+    shapes = {"batch": "uniform 1..32 per call", "prompt": "uniform 16..512", "new_tokens":
+              "uniform 16..128 (min_new_tokens = max_new_tokens)", "dtype": "bf16 weights",
+              "decoding": "greedy", "steps_are": "generate() calls"}
+    return Built(_generate(ctx, model, cfg, (1, 32), (16, 512), (16, 128), sample=False),
+                 "transformers GPT2LMHeadModel (124M, random weights), generate()", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("gpt2_decode_small", steps=10, warmup=1, est_gib=3, est_s=50,
+                 summary="small footprint (< 2 GiB): GPT-2 124M fp32 generate() with top-k sampling, "
+                         "batch 1..4, prompt 16..256, 16..80 new tokens per call")
+def gpt2_decode_small(ctx):
+    from transformers import GPT2LMHeadModel
+    cfg = _gpt2_config(ctx)
+    model = GPT2LMHeadModel(cfg).to(ctx.device).eval()
+    # About 660 trace entries per generated token: 10 calls of 16..80 tokens keep the trace near
+    # 300k entries.
+    shapes = {"batch": "uniform 1..4 per call", "prompt": "uniform 16..256", "new_tokens":
+              "uniform 16..80 (min_new_tokens = max_new_tokens)", "dtype": "fp32 weights",
+              "decoding": "top-k 50 sampling", "steps_are": "generate() calls"}
+    return Built(_generate(ctx, model, cfg, (1, 4), (16, 256), (16, 80), sample=True),
+                 "transformers GPT2LMHeadModel (124M, random weights), generate()", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("bert_infer_varbatch", steps=25, warmup=2, est_gib=8, est_s=25,
+                 summary="BERT-base inference under no_grad, bf16 weights, batch log-uniform 1..256, "
+                         "sequence 16..512, padded rows with an attention mask")
+def bert_infer_varbatch(ctx):
+    torch = _torch()
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig() if not ctx.dry else BertConfig(hidden_size=64, num_hidden_layers=2,
+                                                      num_attention_heads=4, intermediate_size=128,
+                                                      vocab_size=512)
+    model = BertModel(cfg).to(ctx.device, dtype=torch.bfloat16).eval()
+    max_batch, (lo, hi) = (256, (16, 512)) if not ctx.dry else (4, (8, 32))
+
+    def step(i):
+        b = max(1, min(max_batch, round(2 ** ctx.rng.uniform(0, max_batch.bit_length() - 1))))
+        s = ctx.rng.randint(lo, hi)
+        ids = torch.randint(cfg.vocab_size, (b, s), generator=ctx.gen)
+        lengths = torch.randint(max(1, s // 2), s + 1, (b,), generator=ctx.gen)
+        mask = (torch.arange(s)[None, :] < lengths[:, None]).long()
+        with torch.no_grad():
+            out = model(input_ids=ids.to(ctx.device), attention_mask=mask.to(ctx.device))
+            pooled = out.pooler_output.float().cpu()
+        assert pooled.shape == (b, cfg.hidden_size)
+        return {"batch": b, "seq": s}
+    shapes = {"batch": "log-uniform 1..%d per request" % max_batch, "seq": "uniform %d..%d" % (lo, hi),
+              "dtype": "bf16 weights", "mode": "torch.no_grad()", "layers": cfg.num_hidden_layers,
+              "hidden": cfg.hidden_size}
+    return Built(step, "transformers BertModel (BertConfig(), bert-base, random weights)", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("gpt2_compiled_train", steps=15, warmup=3, est_gib=14, est_s=120,
+                 summary="torch.compile (default mode) GPT-2 with 4 layers, batch 16 x seq 512 fixed, "
+                         "bf16 autocast, AdamW (the compiled graphs' own buffers)")
+def gpt2_compiled_train(ctx):
+    torch = _torch()
+    from transformers import GPT2LMHeadModel
+    cfg = _gpt2_config(ctx, n_layer=4)
+    batch, seq = (16, 512) if not ctx.dry else (2, 16)
+    model = GPT2LMHeadModel(cfg).to(ctx.device)
+    model.train()
+    compiled = torch.compile(model)  # default mode
+    opt = _adamw(model)
+
+    def forward(i):
+        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
+        return compiled(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    shapes = {"batch": batch, "seq": seq, "layers": cfg.n_layer, "hidden": cfg.n_embd,
+              "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW (not compiled)",
+              "compile": "torch.compile(model), default mode; the first steps compile"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers GPT2LMHeadModel (GPT2Config(n_layer=4), random weights), torch.compile",
+                 shapes, _hf_extra(model))
+
+
+@python_workload("mixtral_moe_varlen_train", steps=20, warmup=3, est_gib=36, est_s=40,
+                 summary="the stress case: Mixtral-style MoE (8 layers, hidden 1024, 8 experts, top-2, "
+                         "per-expert loop) training, batch 4, sequence 128..2048 per step, bf16 "
+                         "autocast, AdamW: variable tokens per expert inside variable-length steps")
+def mixtral_moe_varlen_train(ctx):
+    torch = _torch()
+    from transformers import MixtralConfig, MixtralForCausalLM
+    if ctx.dry:
+        dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+        batch, lo, hi = 2, 8, 32
+    else:
+        dims = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8,
+                    num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
+                    max_position_embeddings=2048)
+        batch, lo, hi = 4, 128, 2048
+    # The per-expert loop ("eager"): each expert gets a different number of tokens every step, so
+    # its gathered inputs and activations have a different size every time (transformers'
+    # default "grouped_mm" packs them into one buffer per layer).
+    cfg = MixtralConfig(num_local_experts=8, num_experts_per_tok=2, output_router_logits=True,
+                        router_aux_loss_coef=0.02, experts_implementation="eager", **dims)
+    model = MixtralForCausalLM(cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        seq = ctx.rng.randint(lo, hi)
+        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
+        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    shapes = dict(dims, experts=8, top_k=2, batch=batch, seq="uniform %d..%d per step" % (lo, hi),
+                  dtype="bf16 autocast, fp32 weights", optimizer="AdamW",
+                  experts_implementation=cfg._experts_implementation)
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers MixtralForCausalLM (MixtralConfig, random weights)", shapes,
+                 dict(_hf_extra(model), experts_implementation=cfg._experts_implementation))
+
+
+@python_workload("t5_varlen_train", steps=20, warmup=3, est_gib=30, est_s=40,
+                 summary="T5-base encoder-decoder training, batch 16, encoder length 32..512 and "
+                         "decoder length 8..256 drawn independently each step, bf16 autocast, AdamW")
+def t5_varlen_train(ctx):
+    torch = _torch()
+    from transformers import T5Config, T5ForConditionalGeneration
+    if ctx.dry:
+        cfg = T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=256)
+        batch, enc, dec = 2, (8, 16), (4, 8)
+    else:
+        cfg = T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, vocab_size=32128)
+        batch, enc, dec = 16, (32, 512), (8, 256)
+    cfg.decoder_start_token_id = 0
+    cfg.pad_token_id = 0
+    model = T5ForConditionalGeneration(cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        e = ctx.rng.randint(*enc)
+        d = ctx.rng.randint(*dec)
+        src = torch.randint(1, cfg.vocab_size, (batch, e), generator=ctx.gen).to(ctx.device)
+        tgt = torch.randint(1, cfg.vocab_size, (batch, d), generator=ctx.gen).to(ctx.device)
+        return model(input_ids=src, labels=tgt).loss, {"batch": batch, "encoder_seq": e, "decoder_seq": d}
+    shapes = {"batch": batch, "encoder_seq": "uniform %d..%d per step" % enc,
+              "decoder_seq": "uniform %d..%d per step" % dec, "d_model": cfg.d_model,
+              "layers": cfg.num_layers, "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights",
+              "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers T5ForConditionalGeneration (T5Config t5-base sizes, random weights)",
+                 shapes, _hf_extra(model))
+
+
+# ---- C++ examples --------------------------------------------------------------------------------
+
+_CKPT_MODEL = ["--hidden", "2048", "--intermediate", "5504", "--layers", "12", "--heads", "16",
+               "--vocab", "32000", "--batch", "4", "--seq", "2048"]
+
+WORKLOADS["checkpoint_llama_planner"] = CppWorkload(
+    "checkpoint_llama_planner", "checkpoint_llama",
+    args=["--device", "cuda", "--probe", "cuda-native", "--mode", "planner", "--budget-fraction", "0.5",
+          *_CKPT_MODEL, "--steps", "10", "--warmup", "3", "--seed", "0"],
+    dry_args=["--device", "cpu", "--probe", "cpu-events", "--mode", "planner", "--budget-fraction",
+              "0.5", "--hidden", "64", "--intermediate", "172", "--layers", "4", "--heads", "4",
+              "--vocab", "256", "--batch", "4", "--seq", "128", "--steps", "1", "--warmup", "1"],
+    steps=15, warmup=5, est_gib=34, est_s=30,
+    summary="gpumem's own activation-checkpointing planner (examples/checkpoint_llama, libtorch C++): "
+            "the Llama-style 12-layer model, planner at half the activation memory, bf16 autocast, AdamW",
+    model="examples/checkpoint_llama (libtorch C++ Llama-style decoder)",
+    shapes={"hidden": 2048, "intermediate": 5504, "layers": 12, "heads": 16, "vocab": 32000,
+            "batch": 4, "seq": 2048, "mode": "planner, --budget-fraction 0.5",
+            "steps_are": "3 warm-up, chain profiling, 2 settling, 10 measured",
+            "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW"})
+
+WORKLOADS["zero3_prefetch"] = CppWorkload(
+    "zero3_prefetch", "zero_train",
+    args=["--device", "cuda", "--allocator", "native", "--stage", "3", "--layers", "12", "--width",
+          "1024", "--heads", "16", "--seq", "512", "--batch", "16", "--vocab", "256", "--steps", "20",
+          "--log-every", "5", "--lr", "6e-4", "--seed", "0"],
+    dry_args=["--device", "cpu", "--allocator", "native", "--stage", "3", "--layers", "2", "--width",
+              "32", "--heads", "4", "--seq", "16", "--batch", "4", "--vocab", "64", "--steps", "1"],
+    steps=20, warmup=5, est_gib=12, est_s=25,
+    summary="gpumem's ZeRO stage 3 (examples/zero_train, one rank over NCCL) with side-stream "
+            "prefetch of the next unit's all-gather: the multi-stream workload",
+    model="examples/zero_train (libtorch C++ GPT-style, gpumem::zero::ShardedTrainer)",
+    shapes={"layers": 12, "width": 1024, "heads": 16, "seq": 512, "batch": 16, "vocab": 256,
+            "stage": 3, "prefetch": "on (side stream)", "reshard_after_forward": True,
+            "world_size": 1, "dtype": "bf16 compute", "optimizer": "AdamW (ZeRO)"},
+    env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"})

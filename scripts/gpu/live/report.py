@@ -1,0 +1,284 @@
+"""What live.py's runs add up to: per (workload, mode), the median and the spread over repetitions
+of step time, peaks and their ratio; step time relative to a reference mode measured in the same
+repetition; whether the losses or generated tokens match the reference's. Standard library only
+(test_live.py tests it on synthetic results).
+
+A run's result (one JSON line in live.jsonl) is a dict with at least:
+
+    workload, mode, rep, status ("ok", "failed", "timeout", "crashed", "not_run"), error,
+    step_s (the run's step time: median of its timed steps, or their mean where step_metric is
+    "mean"), peak_reserved / peak_requested / peak_allocated (bytes, None without CUDA),
+    outputs ({"kind": "loss", "values": [float per step]} or
+             {"kind": "tokens", "values": [checksum per generate() call]})
+
+Reference modes: every mode is compared with "native" run in the same repetition (the machine
+drifts between repetitions, so ratios are taken within one and then summarized); a mode with a
+base of its own (gpumem_trace and gpumem_ops: gpumem; native_history: native) is also compared
+with that base, which is how issue 14's overheads are stated.
+"""
+
+import statistics
+
+GiB = float(1 << 30)
+NATIVE = "native"
+
+
+def base_mode(mode):
+    """The mode an overhead is measured against: gpumem for gpumem_* modes, native for
+    native_* modes (e.g. native_history), None for the plain modes."""
+    if mode.startswith("gpumem_"):
+        return "gpumem"
+    if mode.startswith("native_"):
+        return NATIVE
+    return None
+
+
+def spread(values):
+    """{"median", "min", "max", "n"} of the values that are not None, or None when there are none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def ok_runs(results):
+    return [r for r in results if r.get("status") == "ok"]
+
+
+def index_runs(results):
+    """{(workload, mode, rep): result} over the successful runs."""
+    return {(r["workload"], r["mode"], r["rep"]): r for r in ok_runs(results)}
+
+
+def per_rep_ratios(runs, workload, mode, ref, key="step_s"):
+    """The ratio run/ref of `key` for every repetition in which both ran and have the value."""
+    out = []
+    for (w, m, rep), r in sorted(runs.items(), key=lambda kv: kv[0][2]):
+        if w != workload or m != mode:
+            continue
+        base = runs.get((workload, ref, rep))
+        if base is None or r.get(key) is None or not base.get(key):
+            continue
+        out.append(r[key] / base[key])
+    return out
+
+
+def compare_outputs(run, ref):
+    """How one run's outputs compare with a reference run's (same workload, same seeds):
+    {"kind", "compared", "equal", "first_equal", "max_abs_diff"} (max_abs_diff for losses only),
+    or None when either has none or they are of different kinds."""
+    a, b = (run or {}).get("outputs"), (ref or {}).get("outputs")
+    if not a or not b or a.get("kind") != b.get("kind"):
+        return None
+    va, vb = a.get("values") or [], b.get("values") or []
+    n = min(len(va), len(vb))
+    if n == 0:
+        return None
+    equal = sum(1 for x, y in zip(va[:n], vb[:n]) if x == y)
+    out = {"kind": a["kind"], "compared": n, "equal": equal, "first_equal": va[0] == vb[0],
+           "max_abs_diff": None}
+    if a["kind"] == "loss":
+        diffs = [abs(x - y) for x, y in zip(va[:n], vb[:n]) if x is not None and y is not None]
+        out["max_abs_diff"] = max(diffs) if diffs else None
+    return out
+
+
+def outputs_summary(runs, workload, mode, ref):
+    """Over the repetitions where both ran: how many compared, in how many the first step matched,
+    in how many every step matched, and the largest loss difference. For ref == mode (the
+    reference itself) each repetition is compared with the reference's first repetition, which
+    shows PyTorch's own run-to-run differences."""
+    reps = sorted(rep for (w, m, rep) in runs if w == workload and m == mode)
+    comps = []
+    for rep in reps:
+        if mode == ref:
+            first = reps[0]
+            if rep == first:
+                continue
+            other = runs.get((workload, ref, first))
+        else:
+            other = runs.get((workload, ref, rep))
+        c = compare_outputs(runs[(workload, mode, rep)], other)
+        if c is not None:
+            comps.append(c)
+    if not comps:
+        return None
+    diffs = [c["max_abs_diff"] for c in comps if c["max_abs_diff"] is not None]
+    return {"kind": comps[0]["kind"], "reps": len(comps),
+            "first_equal": sum(1 for c in comps if c["first_equal"]),
+            "all_equal": sum(1 for c in comps if c["equal"] == c["compared"]),
+            "steps": comps[0]["compared"],
+            "max_abs_diff": max(diffs) if diffs else None}
+
+
+def summarize(results, order):
+    """One row per (workload, mode) in `order` (a list of (workload, [modes])): counts by status,
+    spreads of step time and peaks, ratios to native and to the mode's base, outputs compared."""
+    runs = index_runs(results)
+    rows = []
+    for workload, modes in order:
+        for mode in modes:
+            mine = [r for r in results if r["workload"] == workload and r["mode"] == mode]
+            good = [r for r in mine if r.get("status") == "ok"]
+            base = base_mode(mode)
+            row = {
+                "workload": workload, "mode": mode, "base": base,
+                "runs": len(mine), "ok": len(good),
+                "not_run": sum(1 for r in mine if r.get("status") == "not_run"),
+                "failed": sum(1 for r in mine if r.get("status") not in ("ok", "not_run")),
+                "errors": sorted({r.get("error") or r.get("status") for r in mine
+                                  if r.get("status") not in ("ok", "not_run")}),
+                "step_metric": good[0].get("step_metric", "median") if good else None,
+                "step_s": spread([r.get("step_s") for r in good]),
+                "vs_native": spread(per_rep_ratios(runs, workload, mode, NATIVE)),
+                "vs_base": spread(per_rep_ratios(runs, workload, mode, base)) if base else None,
+                "peak_reserved": spread([r.get("peak_reserved") for r in good]),
+                "peak_requested": spread([r.get("peak_requested") for r in good]),
+                "peak_allocated": spread([r.get("peak_allocated") for r in good]),
+                "reserved_over_requested": spread([
+                    r["peak_reserved"] / r["peak_requested"] for r in good
+                    if r.get("peak_reserved") is not None and r.get("peak_requested")]),
+                "outputs_vs_native": outputs_summary(runs, workload, mode, NATIVE),
+            }
+            rows.append(row)
+    return rows
+
+
+# ---- text --------------------------------------------------------------------------------------
+
+def fmt_spread(s, scale=1.0, digits=3, unit=""):
+    """'m' when min == max, else 'm (lo..hi)'; '-' for None."""
+    if s is None:
+        return "-"
+    f = "%%.%df" % digits
+    m = f % (s["median"] * scale)
+    lo, hi = f % (s["min"] * scale), f % (s["max"] * scale)
+    if lo == hi:
+        return m + unit
+    return "%s%s (%s..%s)" % (m, unit, lo, hi)
+
+
+def fmt_outputs(o, is_ref):
+    if o is None:
+        return "-"
+    what = "loss" if o["kind"] == "loss" else "tokens"
+    if is_ref:
+        head = "%s vs own rep 1: " % what
+    else:
+        head = "%s vs native: " % what
+    text = head + "first step equal %d/%d, all %d steps equal %d/%d" % (
+        o["first_equal"], o["reps"], o["steps"], o["all_equal"], o["reps"])
+    if o["kind"] == "loss" and o["max_abs_diff"]:
+        text += ", max |diff| %.3g" % o["max_abs_diff"]
+    return text
+
+
+def format_table(rows):
+    head = ("workload", "mode", "ok", "step ms", "vs native", "vs base", "peak reserved GiB",
+            "peak requested GiB", "reserved/requested", "outputs")
+    lines = []
+    for r in rows:
+        ok = "%d/%d" % (r["ok"], r["runs"])
+        step = fmt_spread(r["step_s"], 1000.0, 1)
+        if r["step_s"] and r["step_metric"] == "mean":
+            step += " mean"
+        vs_native = "1 (ref)" if r["mode"] == NATIVE and r["ok"] else fmt_spread(r["vs_native"], digits=3)
+        vs_base = "-" if not r["base"] else "%s: %s" % (r["base"], fmt_spread(r["vs_base"], digits=3))
+        lines.append((r["workload"], r["mode"], ok, step, vs_native, vs_base,
+                      fmt_spread(r["peak_reserved"], 1 / GiB, 3),
+                      fmt_spread(r["peak_requested"], 1 / GiB, 3),
+                      fmt_spread(r["reserved_over_requested"], digits=4),
+                      fmt_outputs(r["outputs_vs_native"], r["mode"] == NATIVE)))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)] if lines else [len(h) for h in head]
+    out = []
+    for i, line in enumerate([head] + lines):
+        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def verdict(s, limit):
+    """Whether a spread of ratios meets a target ratio <= limit (e.g. 1.01: at most 1% slower) by
+    its median, said to be inconclusive when the repetitions straddle the limit."""
+    text = "target <= %g: %s" % (limit, "met" if s["median"] <= limit else "MISSED")
+    if s["min"] <= limit < s["max"]:
+        text += " by the median; the repetitions straddle it (inconclusive at this spread)"
+    return text
+
+
+def targets(rows):
+    """The issues' targets, with the numbers they rest on: issue 12 (gpumem's peak reserved below
+    expandable_segments'), issue 13 (gpumem's step time within 1% of native), issue 14 (trace
+    recording and op attribution within 3% of plain gpumem; PyTorch's history beside them)."""
+    by = {(r["workload"], r["mode"]): r for r in rows}
+    out = []
+    for r in rows:
+        w, m = r["workload"], r["mode"]
+        if m == "gpumem":
+            exp = by.get((w, "expandable"))
+            if exp and exp["peak_reserved"] and r["peak_reserved"]:
+                g, e = r["peak_reserved"]["median"], exp["peak_reserved"]["median"]
+                out.append("issue 12  %-18s gpumem peak reserved %.3f GiB vs expandable %.3f GiB: %s (%+.3f GiB)"
+                           % (w, g / GiB, e / GiB, "below" if g < e else "NOT below", (g - e) / GiB))
+            if r["vs_native"]:
+                v = r["vs_native"]
+                out.append("issue 13  %-18s gpumem step / native %s over %d reps: %s"
+                           % (w, fmt_spread(v, digits=3), v["n"], verdict(v, 1.01)))
+        elif r["base"] and r["vs_base"]:
+            v = r["vs_base"]
+            text = "issue 14  %-18s %s step / %s %s over %d reps" % (
+                w, m, r["base"], fmt_spread(v, digits=3), v["n"])
+            if r["base"] == "gpumem":
+                text += ": " + verdict(v, 1.03)
+            out.append(text)
+    return out
+
+
+def launch_to_ready(r):
+    """Seconds from launching a run to its child being ready to build (CUDA started, settings
+    checked): the child's own ready_s plus what the launch took before the child's clock started
+    (launch_to_result_s minus the child's own time). None when the run did not report them."""
+    t, p = r.get("timing") or {}, r.get("phases") or {}
+    if None in (t.get("launch_to_result_s"), p.get("child_s"), p.get("ready_s")):
+        return None
+    return t["launch_to_result_s"] - p["child_s"] + p["ready_s"]
+
+
+def phase_table(results):
+    """Where the wall time went, per workload, over the runs that were started (seconds, means per
+    run): launch -> CUDA ready in the child (process start, gpumem load, CUDA start, settings
+    probe), model build, steps, result -> process gone; and the whole run, and their sum."""
+    by = {}
+    for r in results:
+        if r.get("status") != "not_run":
+            by.setdefault(r["workload"], []).append(r)
+    head = ("workload", "runs", "ready s", "build s", "steps s", "exit s", "run s", "sum s")
+    lines = []
+    for w, rs in by.items():
+        def mean(src, key):
+            vals = [(r.get(src) or {}).get(key) for r in rs]
+            vals = [v for v in vals if v is not None]
+            return "%.1f" % statistics.fmean(vals) if vals else "-"
+        ready = [launch_to_ready(r) for r in rs]
+        ready = [v for v in ready if v is not None]
+        total = sum((r.get("timing") or {}).get("wall_s") or 0 for r in rs)
+        lines.append((w, str(len(rs)), "%.1f" % statistics.fmean(ready) if ready else "-",
+                      mean("phases", "build_s"), mean("phases", "steps_s"), mean("timing", "exit_s"),
+                      mean("timing", "wall_s"), "%.0f" % total))
+    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+    out = ["  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head] + lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def problems(results):
+    """One line per run that did not finish ok, and the runs the deadline left out."""
+    out = []
+    for r in results:
+        st = r.get("status")
+        if st == "ok":
+            continue
+        out.append("%-9s rep %d %s/%s: %s" % (st.upper().replace("_", " "), r["rep"] + 1, r["workload"],
+                                             r["mode"], r.get("error") or ""))
+    return out
