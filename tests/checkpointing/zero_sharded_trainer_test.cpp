@@ -242,8 +242,16 @@ TEST_CASE("unusable launch configurations fail with the fix", "[zero][trainer]")
   two.world_size = 2;
   two.rank = 1;
   two.from_environment = true;
-  CHECK(contains(error_of([&] { init_distributed(two, c10::DeviceType::CPU); }),
-                 "no multi-process CPU backend"));
+  if (!gloo_available()) {  // with Gloo it would connect: zero_process_test runs that
+    CHECK(contains(error_of([&] { init_distributed(two, c10::DeviceType::CPU); }),
+                   "install libgloo-dev"));
+  }
+  CHECK(contains(error_of([&] {
+                   DistributedOptions o;
+                   o.timeout = std::chrono::milliseconds(0);
+                   init_distributed(two, c10::DeviceType::CPU, o);
+                 }),
+                 "timeout 0 ms must be > 0"));
   if (!torch::cuda::is_available()) {
     const std::string e = error_of([&] { init_distributed(LaunchEnv{}, c10::DeviceType::CUDA); });
     CHECK((contains(e, "no CUDA device is visible") || contains(e, "built without NCCL")));
@@ -255,13 +263,11 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
   auto solo = c10::make_intrusive<SoloBackend>();
   const auto batches = make_batches(2, 8, 12);
 
-  SECTION("step() before backward(), backward() twice, loss.backward() directly") {
+  SECTION("step() before backward(), loss.backward() directly") {
     ToyNet net = make_toy_net(kSeed);
     ShardedTrainer trainer(net.ptr(), solo, fp32_options(2));
-    CHECK(contains(error_of([&] { trainer.step(); }), "call trainer.backward(loss) once"));
+    CHECK(contains(error_of([&] { trainer.step(); }), "no reduced gradients; call trainer.backward(loss)"));
     trainer.backward(toy_loss(net, batches[0], at::kFloat));
-    CHECK(contains(error_of([&] { trainer.backward(toy_loss(net, batches[0], at::kFloat)); }),
-                   "called twice without step()"));
     trainer.step();
     CHECK(contains(error_of([&] { toy_loss(net, batches[1], at::kFloat).backward(); }),
                    "call trainer.backward(loss) instead of loss.backward()"));
@@ -283,12 +289,8 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
         error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(3), {other->head.ptr()}); }),
         "is not a submodule of the model"));
   }
-  SECTION("frozen parameters and bad options") {
+  SECTION("bad options") {
     ToyNet net = make_toy_net(kSeed);
-    net->out_scale.set_requires_grad(false);
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(1)); }),
-                   "parameter 'out_scale' does not require grad"));
-    net->out_scale.set_requires_grad(true);
     ShardedTrainerOptions o = fp32_options(5);
     CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }),
                    "stage 5 does not exist"));
