@@ -45,6 +45,7 @@ def parse():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient norm (0 = off), as zero_train")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: a check of this script over Gloo on any machine (no memory numbers)")
@@ -203,6 +204,8 @@ def main():
             logits = train_model(x)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab).float(), y.reshape(-1))
         loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()

@@ -135,7 +135,8 @@ TEST_CASE("Gloo processes: a rank that throws ends every rank with its reason",
   if (!gloo_available()) FAIL("gpumem was built without Gloo's headers: install libgloo-dev");
   const LaunchResult run = launch(failure_run(4, "fail", 2, 3, 4000, 8000));
   LaunchDir cleanup{run.dir};
-  std::printf("rank 2 throws: every rank ended after %.1f s\n", run.seconds);
+  std::printf("rank 2 throws: every rank ended after %.1f s; rank 0 says:\n%s", run.seconds,
+              run.ranks[0].err.c_str());
   INFO(run.describe());
   REQUIRE_FALSE(run.deadline_hit);
   CHECK(run.seconds < 30);
@@ -155,7 +156,8 @@ TEST_CASE("Gloo processes: a rank that dies without a word is named by the other
   if (!gloo_available()) FAIL("gpumem was built without Gloo's headers: install libgloo-dev");
   const LaunchResult run = launch(failure_run(3, "crash", 1, 2, 4000, 8000));
   LaunchDir cleanup{run.dir};
-  std::printf("rank 1 dies: every rank ended after %.1f s\n", run.seconds);
+  std::printf("rank 1 dies: every rank ended after %.1f s; rank 0 says:\n%s", run.seconds,
+              run.ranks[0].err.c_str());
   INFO(run.describe());
   REQUIRE_FALSE(run.deadline_hit);
   CHECK(run.seconds < 30);
@@ -174,7 +176,8 @@ TEST_CASE("Gloo processes: a stalled rank times the others out and its watchdog 
   // 2 s and report; 4 s after the first report rank 0's watchdog ends it.
   const LaunchResult run = launch(failure_run(3, "stall", 0, 2, 2000, 4000));
   LaunchDir cleanup{run.dir};
-  std::printf("rank 0 stalls: every rank ended after %.1f s\n", run.seconds);
+  std::printf("rank 0 stalls: every rank ended after %.1f s; ranks 0 and 1 say:\n%s%s",
+              run.seconds, run.ranks[0].err.c_str(), run.ranks[1].err.c_str());
   INFO(run.describe());
   REQUIRE_FALSE(run.deadline_hit);
   CHECK(run.seconds < 40);
@@ -192,7 +195,8 @@ TEST_CASE("Gloo processes: a rank that never joins fails the rendezvous within t
   if (!gloo_available()) FAIL("gpumem was built without Gloo's headers: install libgloo-dev");
   const LaunchResult run = launch(failure_run(2, "absent", 1, 0, 3000, 8000));
   LaunchDir cleanup{run.dir};
-  std::printf("rank 1 never joins: rank 0 ended after %.1f s\n", run.seconds);
+  std::printf("rank 1 never joins: rank 0 ended after %.1f s; it says:\n%s", run.seconds,
+              run.ranks[0].err.c_str());
   INFO(run.describe());
   REQUIRE_FALSE(run.deadline_hit);
   CHECK(run.seconds < 30);

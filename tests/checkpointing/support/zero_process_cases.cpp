@@ -31,28 +31,35 @@ torch::optim::AdamWOptions torch_adamw(const AdamWOptions& a, double lr, double 
   return o;
 }
 
+ProcessCase make_case(std::string name, ShardedTrainerOptions options) {
+  ProcessCase c;
+  c.name = std::move(name);
+  c.options = std::move(options);
+  return c;
+}
+
 }  // namespace
 
 std::vector<ProcessCase> process_cases() {
   std::vector<ProcessCase> out;
   for (int stage : {0, 1, 2, 3}) {
-    out.push_back(ProcessCase{fmt::format("stage{}", stage), fp32(stage)});
+    out.push_back(make_case(fmt::format("stage{}", stage), fp32(stage)));
   }
   for (int stage : {0, 1, 2, 3}) {
-    ProcessCase c{fmt::format("accumulate3_stage{}", stage), fp32(stage)};
+    ProcessCase c = make_case(fmt::format("accumulate3_stage{}", stage), fp32(stage));
     c.micro_batches = 3;
     out.push_back(c);
   }
   for (int stage : {0, 3}) {
     // A whole stage-3 unit (block1) and parameters of two others (the input projection's
     // bias, the root's out_scale) frozen.
-    ProcessCase c{fmt::format("frozen_stage{}", stage), fp32(stage)};
+    ProcessCase c = make_case(fmt::format("frozen_stage{}", stage), fp32(stage));
     c.frozen = {"block1.norm.weight", "block1.norm.bias", "block1.fc1.weight", "block1.fc1.bias",
                 "block1.fc2.weight",  "block1.fc2.bias",  "input.bias",        "out_scale"};
     out.push_back(c);
   }
   for (int stage : {1, 3}) {
-    ProcessCase c{fmt::format("param_groups_stage{}", stage), fp32(stage)};
+    ProcessCase c = make_case(fmt::format("param_groups_stage{}", stage), fp32(stage));
     c.options.adamw.weight_decay = 0.3;  // large, so a group that misses it shows
     c.options.param_groups.push_back(no_weight_decay_below_2d());
     ParamGroup head;
@@ -65,7 +72,7 @@ std::vector<ProcessCase> process_cases() {
     out.push_back(c);
   }
   for (int stage : {0, 1, 2, 3}) {
-    ProcessCase c{fmt::format("memory_bf16_stage{}", stage), ShardedTrainerOptions{}};
+    ProcessCase c = make_case(fmt::format("memory_bf16_stage{}", stage), ShardedTrainerOptions{});
     c.options.stage = stage;  // bf16 compute, fp32 master weights and Adam moments
     c.options.bucket_size_bytes = 4 << 10;
     c.check_params = false;

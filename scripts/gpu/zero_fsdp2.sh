@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# gpumem::zero against PyTorch's FSDP2 (issue 18), on N GPUs of one host, one process per GPU,
+# every program launched by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+# TORCHELASTIC_USE_AGENT_STORE):
+#
+#   * examples/zero_train at ZeRO stages 0 (plain all-reduce data parallelism), 1, 2 and 3;
+#   * scripts/gpu/zero_fsdp2.py, the same model and data in Python: FSDP2 (fully_shard,
+#     reshard after forward), FSDP2 keeping parameters gathered, and DDP;
+#
+# each with gpumem and with PyTorch's allocator. Every rank reports peak reserved and allocated
+# bytes, step time and the global batch's loss; zero_train also its model-state bytes against the
+# ZeRO formulas. The summary (last) puts them side by side and checks issue 18's targets: stage 2
+# within 5% of stage 0's step time, stage 3 within 15%, and the loss of every stage equal to
+# stage 0's (the same global batch).
+#
+#   OUT=/tmp/zf scripts/gpu/zero_fsdp2.sh        # all visible GPUs (2 or more for the comparison)
+#   OUT=/tmp/zf NGPU=1 scripts/gpu/zero_fsdp2.sh # smoke run on one GPU: a small model, proves the
+#                                                #   script end to end (about 2 minutes + build)
+#
+# Environment: NGPU (default: every visible GPU), STEPS, BUILD_DIR (default build-gpu-zero,
+# shared with zero_train.sh), GPUMEM_SKIP_BUILD=1 (reuse BUILD_DIR as it is), PYTHON (python3).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+# NVSHMEM_DISABLE_NVLS=1) for every program started here.
+# $OUT: summary.txt (the table and verdicts), results.txt (every RESULT line),
+# zero_fsdp2_logs.tar.gz (each run's log, the build log). Exit status 0 when every run succeeded.
+set -uo pipefail
+: "${OUT:?set OUT to the directory for results}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+py=${PYTHON:-python3}
+build=${BUILD_DIR:-$root/build-gpu-zero}
+logs=$OUT/logs
+mkdir -p "$logs"
+trap 'tar czf "$OUT/zero_fsdp2_logs.tar.gz" -C "$OUT" logs 2>/dev/null && rm -rf "$logs"' EXIT
+results=$OUT/results.txt
+: >"$results"
+status=0
+
+visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+ngpu=${NGPU:-$visible}
+if [ "$ngpu" -lt 1 ] || [ "$ngpu" -gt "$visible" ]; then
+  echo "NGPU=$ngpu but $visible GPU(s) are visible" | tee "$OUT/summary.txt"; exit 1
+fi
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >"$logs/gpus.txt" 2>&1
+
+if [ "$ngpu" -ge 2 ]; then  # ~150 M parameters, 8 rows of 512 tokens per GPU
+  model=(--layers 12 --width 1024 --heads 16 --seq 512 --vocab 256 --batch $((8 * ngpu)) --lr 6e-4)
+  steps=${STEPS:-25}
+else                        # smoke: ~13 M parameters
+  model=(--layers 4 --width 512 --heads 8 --seq 256 --vocab 256 --batch 8 --lr 6e-4)
+  steps=${STEPS:-12}
+fi
+warmup=5
+
+echo "== build ($(date +%T))"
+if [ "${GPUMEM_SKIP_BUILD:-0}" != 1 ]; then
+  prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)') || {
+    echo "torch is not importable with $py" | tee "$OUT/summary.txt"; exit 1; }
+  if ! timeout 900 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+         -DCMAKE_PREFIX_PATH="$prefix" -DGPUMEM_PYTHON="$py" -DTORCH_CUDA_ARCH_LIST=9.0 \
+         -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_WITH_BENCH=OFF >"$logs/build.log" 2>&1 ||
+     ! timeout 900 cmake --build "$build" -j "$(nproc)" --target zero_train gpumem_torch \
+         >>"$logs/build.log" 2>&1; then
+    tail -40 "$logs/build.log"; echo "build failed (logs/build.log)" | tee "$OUT/summary.txt"; exit 1
+  fi
+fi
+zero_train=$(find "$build" -name zero_train -type f -perm -u+x | head -1)
+lib=$(find "$build" -name libgpumem_torch.so | head -1)
+if [ -z "$zero_train" ] || [ -z "$lib" ]; then
+  echo "zero_train or libgpumem_torch.so missing in $build" | tee "$OUT/summary.txt"; exit 1
+fi
+
+launch() {  # launch NAME PROGRAM-AND-ARGS...: torchrun, one process per GPU, 240 s at most
+  local name=$1; shift
+  echo "== $name ($(date +%T))"
+  if timeout -k 10 240 "$py" -m torch.distributed.run --standalone --nproc-per-node "$ngpu" "$@" \
+       >"$logs/$name.log" 2>&1; then
+    grep '^RESULT' "$logs/$name.log" | sed "s/^RESULT /RESULT run=$name /" | tee -a "$results" | cut -c1-160
+  else
+    status=1
+    echo "$name FAILED (exit $?):"; grep -v '^\[W' "$logs/$name.log" | tail -15
+  fi
+}
+
+for alloc in native gpumem; do
+  for stage in 0 1 2 3; do
+    launch "zero_stage${stage}_$alloc" --no-python "$zero_train" --device cuda --stage "$stage" \
+      --allocator "$alloc" --steps "$steps" --log-every 10 "${model[@]}"
+  done
+  for mode in fsdp2 fsdp2_keep ddp; do
+    launch "${mode}_$alloc" scripts/gpu/zero_fsdp2.py --mode "$mode" --allocator "$alloc" \
+      --lib "$lib" --steps "$steps" --warmup "$warmup" "${model[@]}"
+  done
+done
+
+"$py" - "$results" "$ngpu" <<'EOF' | tee "$OUT/summary.txt"
+import sys
+from collections import defaultdict
+
+path, ngpu = sys.argv[1], int(sys.argv[2])
+runs = defaultdict(list)
+for line in open(path):
+    fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+    runs[fields["run"]].append(fields)
+mib = lambda b: float(b) / 2**20
+print(f"gpumem::zero vs FSDP2 on {ngpu} GPU(s), per rank (peak over the run)")
+print(f"{'run':<24}{'rank':>5}{'peak reserved MiB':>19}{'peak alloc MiB':>16}{'ms/step':>10}"
+      f"{'loss first -> last':>22}{'states MiB (formula)':>24}")
+for name in sorted(runs):
+    for r in sorted(runs[name], key=lambda f: int(f.get("rank", 0))):
+        states = ""
+        if "state_bytes" in r:
+            states = f"{mib(r['state_bytes']):.1f} ({mib(r['formula_bytes']):.1f})"
+        print(f"{name:<24}{r.get('rank', '0'):>5}{mib(r['peak_reserved_bytes']):>19.1f}"
+              f"{mib(r['peak_allocated_bytes']):>16.1f}{float(r['ms_per_step']):>10.2f}"
+              f"{float(r['first_loss']):>11.4f} -> {float(r['last_loss']):.4f}{states:>24}")
+
+def ms(name):  # the slowest rank's step time: the step ends when every rank's does
+    return max(float(r["ms_per_step"]) for r in runs[name]) if runs.get(name) else None
+
+print("\nissue 18 targets (step time against stage 0 = plain all-reduce, same allocator):")
+for alloc in ("native", "gpumem"):
+    base = ms(f"zero_stage0_{alloc}")
+    if base is None:
+        print(f"  {alloc}: stage 0 did not run"); continue
+    for stage, limit in ((1, None), (2, 0.05), (3, 0.15)):
+        t = ms(f"zero_stage{stage}_{alloc}")
+        if t is None:
+            print(f"  {alloc} stage {stage}: did not run"); continue
+        rel = t / base - 1
+        verdict = "" if limit is None else ("  within target" if rel <= limit else f"  OVER the {limit:.0%} target")
+        print(f"  {alloc} stage {stage}: {t:.2f} ms vs {base:.2f} ms ({rel:+.1%}){verdict}")
+    last0 = runs[f"zero_stage0_{alloc}"][0]["last_loss"]
+    same = [s for s in (1, 2, 3) if runs.get(f"zero_stage{s}_{alloc}") and
+            abs(float(runs[f"zero_stage{s}_{alloc}"][0]["last_loss"]) - float(last0)) <= 0.02]
+    print(f"  {alloc}: last loss of stages {same} within 0.02 of stage 0's {last0}")
+    for mode in ("fsdp2", "fsdp2_keep", "ddp"):
+        t = ms(f"{mode}_{alloc}")
+        if t is not None:
+            print(f"  {alloc} {mode} (PyTorch): {t:.2f} ms ({t / base - 1:+.1%} vs zero stage 0)")
+if ngpu < 2:
+    print("\n(one GPU: a smoke run of the script; the comparison needs 2 or more GPUs)")
+EOF
+exit $status
