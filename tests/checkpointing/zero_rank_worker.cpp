@@ -9,7 +9,8 @@
 //   zero_rank_worker --scenario fail|crash|stall|absent --rank-at R --step S --out DIR
 //       stage-2 training where rank R, at step S, throws (fail), dies without a word (crash:
 //       _Exit, as if killed), sleeps for ten minutes (stall), or (absent) never joins the job.
-//   Common: --timeout-ms T (collective and rendezvous timeout), --grace-ms G (watchdog grace).
+//   Common: --timeout-ms T (collective timeout), --rendezvous-timeout-ms R (connecting; ranks of
+//   a loaded CI machine start seconds apart), --grace-ms G (watchdog grace).
 //
 // Exit codes: 0 success; 1 this rank failed (stderr: the message report_failure() composed);
 // 2 bad usage; 3 ended by the watchdog; 9 the injected crash.
@@ -39,6 +40,7 @@ struct Args {
   int rank_at = -1;
   int step = -1;
   long long timeout_ms = 20000;
+  long long rendezvous_timeout_ms = 60000;
   long long grace_ms = 5000;
 };
 
@@ -58,6 +60,8 @@ Args parse(int argc, char** argv) {
       a.step = std::stoi(value);
     } else if (flag == "--timeout-ms") {
       a.timeout_ms = std::stoll(value);
+    } else if (flag == "--rendezvous-timeout-ms") {
+      a.rendezvous_timeout_ms = std::stoll(value);
     } else if (flag == "--grace-ms") {
       a.grace_ms = std::stoll(value);
     } else {
@@ -72,14 +76,17 @@ std::vector<std::shared_ptr<torch::nn::Module>> units_for(int stage, ToyNet& net
   return stage == 3 ? net->units() : std::vector<std::shared_ptr<torch::nn::Module>>{};
 }
 
+// `slot`: the allocator slot this case's allocations are charged to. A process is one rank, so
+// the slots serve to keep cases apart: tensors of an earlier case that the backend's threads
+// release late (a collective's Work outlives its wait() briefly) are charged to that case's slot.
 void train_case(const ProcessCase& c, DistributedContext& ctx, const std::vector<Batch>& batches,
-                const Args& args) {
+                const Args& args, int slot) {
   const int rank = ctx.env.rank, world = ctx.env.world_size;
   ToyNet net = make_toy_net(kProcessSeed);  // before the tag: only what the trainer makes counts
   freeze(net, c.frozen);
   RankCountingCpuAllocator& counter = RankCountingCpuAllocator::instance();
-  RankCountingCpuAllocator::RankTag tag(rank);
-  const std::int64_t live_at_start = counter.live_bytes(rank);
+  RankCountingCpuAllocator::RankTag tag(slot);
+  const std::int64_t live_at_start = counter.live_bytes(slot);
   std::vector<std::shared_ptr<torch::nn::Module>> units = units_for(c.options.stage, net);
   ShardedTrainer trainer(net.ptr(), ctx.backend, c.options, units);
   for (int s = 0; s < static_cast<int>(batches.size()); ++s) {
@@ -108,7 +115,7 @@ void train_case(const ProcessCase& c, DistributedContext& ctx, const std::vector
   }
   ctx.backend->barrier(c10d::BarrierOptions())->wait();  // every rank done: only states alive
   RankStateRecord record;
-  record.allocator_live_bytes = static_cast<double>(counter.live_bytes(rank) - live_at_start);
+  record.allocator_live_bytes = static_cast<double>(counter.live_bytes(slot) - live_at_start);
   record.measured = trainer.model_state_bytes();
   record.expected = trainer.expected_model_state_bytes();
   record.num_params = trainer.num_params();
@@ -126,6 +133,7 @@ int run(const Args& args) {
   }
   DistributedOptions options;
   options.timeout = std::chrono::milliseconds(args.timeout_ms);
+  options.rendezvous_timeout = std::chrono::milliseconds(args.rendezvous_timeout_ms);
   options.monitor.poll_interval = std::chrono::milliseconds(100);
   options.monitor.grace = std::chrono::milliseconds(args.grace_ms);
   options.monitor.report_wait = std::chrono::milliseconds(1000);
@@ -140,11 +148,15 @@ int run(const Args& args) {
     const std::vector<Batch> batches = process_batches();
     if (args.scenario == "train") {
       RankCountingCpuAllocator::instance().install();
-      for (const ProcessCase& c : process_cases()) train_case(c, ctx, batches, args);
+      const std::vector<ProcessCase> cases = process_cases();
+      for (std::size_t i = 0; i < cases.size(); ++i) {
+        const int slot = static_cast<int>(i % RankCountingCpuAllocator::kMaxRanks);
+        train_case(cases[i], ctx, batches, args, slot);
+      }
     } else if (args.scenario == "fail" || args.scenario == "crash" ||
                args.scenario == "stall" || args.scenario == "absent") {
       ProcessCase c = process_cases()[2];  // stage 2
-      train_case(c, ctx, batches, args);
+      train_case(c, ctx, batches, args, 0);
     } else {
       throw std::invalid_argument("unknown scenario " + args.scenario);
     }

@@ -252,6 +252,12 @@ TEST_CASE("unusable launch configurations fail with the fix", "[zero][trainer]")
                    init_distributed(two, c10::DeviceType::CPU, o);
                  }),
                  "timeout 0 ms must be > 0"));
+  CHECK(contains(error_of([&] {
+                   DistributedOptions o;
+                   o.rendezvous_timeout = std::chrono::milliseconds(-1);
+                   init_distributed(two, c10::DeviceType::CPU, o);
+                 }),
+                 "rendezvous_timeout -1 ms must be >= 0"));
   if (!torch::cuda::is_available()) {
     const std::string e = error_of([&] { init_distributed(LaunchEnv{}, c10::DeviceType::CUDA); });
     CHECK((contains(e, "no CUDA device is visible") || contains(e, "built without NCCL")));

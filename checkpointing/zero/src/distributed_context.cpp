@@ -100,6 +100,13 @@ DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device
     throw std::invalid_argument(
         fmt::format("DistributedOptions: timeout {} ms must be > 0", timeout.count()));
   }
+  if (options.rendezvous_timeout.count() < 0) {
+    throw std::invalid_argument(fmt::format(
+        "DistributedOptions: rendezvous_timeout {} ms must be >= 0 (0: the collective timeout)",
+        options.rendezvous_timeout.count()));
+  }
+  const std::chrono::milliseconds rendezvous =
+      options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout : timeout;
   DistributedContext ctx;
   ctx.env = env;
   if (device_type == c10::DeviceType::CUDA) {
@@ -122,7 +129,7 @@ DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device
     }
     ctx.device = at::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
     guard.setDevice(ctx.device);
-    ctx.store = make_store(env, timeout);
+    ctx.store = make_store(env, rendezvous);
     add_monitor(ctx, options);
 #ifdef GPUMEM_ZERO_HAVE_NCCL
     ctx.backend = detail::make_nccl_backend(backend_store(ctx.store), env.rank, env.world_size,
@@ -135,7 +142,7 @@ DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device
                                             c10::DeviceTypeName(device_type)));
   }
   if (env.world_size == 1) {
-    ctx.store = make_store(env, timeout);
+    ctx.store = make_store(env, rendezvous);
     ctx.backend = c10::make_intrusive<SoloBackend>();
     return ctx;
   }
@@ -146,17 +153,18 @@ DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device
         "reconfigure, train on CUDA with NCCL, or use WORLD_SIZE=1",
         env.world_size));
   }
-  ctx.store = make_store(env, timeout);
+  ctx.store = make_store(env, rendezvous);
   add_monitor(ctx, options);
 #ifdef GPUMEM_ZERO_HAVE_GLOO
   try {
     ctx.backend = detail::make_gloo_backend(backend_store(ctx.store), env.rank, env.world_size,
-                                            env.master_addr, timeout);
+                                            env.master_addr, rendezvous);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format(
         "rank {}: could not connect ProcessGroupGloo to the other {} rank(s) within {} ms: {}",
-        env.rank, env.world_size - 1, timeout.count(), e.what()));
+        env.rank, env.world_size - 1, rendezvous.count(), e.what()));
   }
+  ctx.backend->setTimeout(timeout);  // from here on, the collective timeout
 #endif
   return ctx;
 }

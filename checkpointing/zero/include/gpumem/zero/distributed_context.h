@@ -11,8 +11,10 @@
 //     gloo_available()); SoloBackend for a world of one. Gloo's transport binds to 127.0.0.1 when
 //     MASTER_ADDR is a loopback address (every rank on this host), to GLOO_SOCKET_IFNAME's
 //     interface when that is set, and otherwise to the address this host's name resolves to.
-//   * The collective timeout (`timeout`) bounds every collective: a rank waiting for one that
-//     died or stalled fails with the backend's error after at most that long.
+//   * Timeouts: `rendezvous_timeout` bounds connecting to the store and to the other ranks (ranks
+//     start at different moments: a slow start is not a failure); `timeout` then bounds every
+//     collective: a rank waiting for one that died or stalled fails with the backend's error
+//     after at most that long.
 //   * monitor (world > 1): failure reports and the watchdog (rank_monitor.h). When a rank fails,
 //     print report_failure(reason) instead of the bare reason: it names what the other ranks
 //     reported. Call finish() after the last collective.
@@ -53,8 +55,10 @@ struct DistributedContext {
 };
 
 struct DistributedOptions {
-  // Bounds the rendezvous and every collective.
+  // Bounds every collective.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Bounds the rendezvous (store and backend connection); 0: the same as timeout.
+  std::chrono::milliseconds rendezvous_timeout{0};
   RankMonitorOptions monitor;
 };
 
@@ -64,6 +68,7 @@ bool gloo_available();
 
 DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device_type,
                                     const DistributedOptions& options = {});
+// timeout bounds the rendezvous and every collective.
 DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device_type,
                                     std::chrono::milliseconds timeout);
 
