@@ -2,6 +2,7 @@
 // rank. (The watchdog ends a process, so zero_process_test checks it with real processes.)
 #include "zero_test_helpers.h"
 
+#include <gpumem/zero/error_message.h>
 #include <gpumem/zero/rank_monitor.h>
 
 #include <thread>
@@ -75,4 +76,14 @@ TEST_CASE("bad monitor arguments are refused", "[zero][monitor]") {
   o.poll_interval = 0ms;
   CHECK(contains(error_of([&] { RankMonitor m(store, 0, 2, o); }), "poll_interval must be > 0"));
   CHECK(contains(error_of([&] { RankMonitor m(nullptr, 0, 2, quiet()); }), "store is null"));
+}
+
+TEST_CASE("error messages leave libtorch's backtrace out", "[zero][monitor]") {
+  try {
+    TORCH_CHECK(false, "wait timeout after 3000ms");
+  } catch (const c10::Error& e) {
+    CHECK(std::string(e.what()).find("Exception raised from") != std::string::npos);
+    CHECK(error_message(e) == "wait timeout after 3000ms");
+  }
+  CHECK(error_message(std::runtime_error("plain")) == "plain");
 }

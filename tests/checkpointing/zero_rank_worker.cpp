@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <gpumem/zero/distributed_context.h>
+#include <gpumem/zero/error_message.h>
 #include <gpumem/zero/sharded_trainer.h>
 
 #include <chrono>
@@ -141,7 +142,7 @@ int run(const Args& args) {
   try {
     ctx = init_distributed(env, c10::DeviceType::CPU, options);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero_rank_worker rank %d: %s\n", env.rank, e.what());
+    std::fprintf(stderr, "zero_rank_worker rank %d: %s\n", env.rank, error_message(e).c_str());
     return 1;
   }
   try {
@@ -162,7 +163,7 @@ int run(const Args& args) {
     }
     ctx.finish();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero_rank_worker: %s\n", ctx.report_failure(e.what()).c_str());
+    std::fprintf(stderr, "zero_rank_worker: %s\n", ctx.report_failure(error_message(e)).c_str());
     return 1;
   }
   std::printf("rank %d of %d: done\n", ctx.env.rank, ctx.env.world_size);

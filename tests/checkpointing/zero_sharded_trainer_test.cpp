@@ -1,6 +1,7 @@
 // ShardedTrainer: every stage trains to the same parameters as single-process training on the
 // same global batch, uses the collectives its stage calls for, and refuses misuse clearly.
 #include "toy_training.h"
+#include "zero_process_cases.h"
 #include "zero_test_helpers.h"
 
 #include <ATen/ATen.h>
@@ -25,17 +26,6 @@ namespace {
 constexpr std::uint64_t kSeed = 1234;
 constexpr int kSteps = 20;
 constexpr int kRows = 24;  // global batch: divisible by 1, 2, 3, 4 ranks
-
-ShardedTrainerOptions fp32_options(int stage) {
-  ShardedTrainerOptions o;
-  o.stage = stage;
-  o.compute_dtype = at::kFloat;
-  o.adamw.lr = 1e-2;
-  o.adamw.weight_decay = 0.05;
-  o.bucket_size_bytes = 8 << 10;  // several buckets, so ordering and in-flight limits matter
-  o.max_inflight_reductions = 2;
-  return o;
-}
 
 void require_success(const ShardedRun& run) {
   for (std::size_t r = 0; r < run.errors.size(); ++r) {
@@ -272,7 +262,8 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
   SECTION("step() before backward(), loss.backward() directly") {
     ToyNet net = make_toy_net(kSeed);
     ShardedTrainer trainer(net.ptr(), solo, fp32_options(2));
-    CHECK(contains(error_of([&] { trainer.step(); }), "no reduced gradients; call trainer.backward(loss)"));
+    CHECK(contains(error_of([&] { trainer.step(); }),
+                   "no reduced gradients; call trainer.backward(loss)"));
     trainer.backward(toy_loss(net, batches[0], at::kFloat));
     trainer.step();
     CHECK(contains(error_of([&] { toy_loss(net, batches[1], at::kFloat).backward(); }),

@@ -1,5 +1,6 @@
 #include "gpumem/zero/distributed_context.h"
 
+#include "gpumem/zero/error_message.h"
 #include "gpumem/zero/solo_backend.h"
 
 #ifdef GPUMEM_ZERO_HAVE_NCCL
@@ -54,7 +55,7 @@ c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
     throw std::runtime_error(fmt::format(
         "could not {} the TCPStore at {}:{} ({}): check MASTER_ADDR/MASTER_PORT, that {} is "
         "running and the port is {}",
-        serve ? "serve" : "connect to", env.master_addr, env.master_port, e.what(),
+        serve ? "serve" : "connect to", env.master_addr, env.master_port, error_message(e),
         env.agent_store ? "the launcher's agent" : "rank 0",
         serve ? "free (another job may hold it)" : "reachable"));
   }
@@ -162,7 +163,7 @@ DistributedContext init_distributed(const LaunchEnv& env, c10::DeviceType device
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format(
         "rank {}: could not connect ProcessGroupGloo to the other {} rank(s) within {} ms: {}",
-        env.rank, env.world_size - 1, rendezvous.count(), e.what()));
+        env.rank, env.world_size - 1, rendezvous.count(), error_message(e)));
   }
   ctx.backend->setTimeout(timeout);  // from here on, the collective timeout
 #endif

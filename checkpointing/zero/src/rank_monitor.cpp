@@ -1,5 +1,7 @@
 #include "gpumem/zero/rank_monitor.h"
 
+#include "gpumem/zero/error_message.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -86,7 +88,7 @@ std::string RankMonitor::report_failure(const std::string& reason) noexcept {
       const std::int64_t order = store_->add(kCountKey, 1);
       store_->set(failure_key(rank_), bytes_of(fmt::format("{}\n{}", order, reason)));
     } catch (const std::exception& e) {
-      store_problem = fmt::format("could not report to the store: {}", e.what());
+      store_problem = fmt::format("could not report to the store: {}", error_message(e));
     }
     // Give the other ranks a moment to report theirs: the first report names the cause.
     const auto deadline = std::chrono::steady_clock::now() + options_.report_wait;
@@ -94,7 +96,8 @@ std::string RankMonitor::report_failure(const std::string& reason) noexcept {
       try {
         reports = failures();
       } catch (const std::exception& e) {
-        store_problem = fmt::format("could not read the other ranks' reports: {}", e.what());
+        store_problem =
+            fmt::format("could not read the other ranks' reports: {}", error_message(e));
         break;
       }
       if (static_cast<int>(reports.size()) >= world_size_ ||
@@ -119,7 +122,8 @@ std::string RankMonitor::compose(const std::string& reason, const std::vector<Ra
     others = others || f.rank != rank_;
   }
   if (others) {
-    out += "\nfailures reported by the ranks, first first (the first is usually the cause):";
+    out += "\nfailures reported by the ranks, in the order reported (the first is usually the "
+           "cause, unless a rank died without reporting: see below):";
     for (const RankFailure& f : reports) {
       out += fmt::format("\n  {}. rank {}{}: {}", f.order, f.rank,
                          f.rank == rank_ ? " (this rank)" : "", f.reason);
@@ -133,8 +137,8 @@ std::string RankMonitor::compose(const std::string& reason, const std::vector<Ra
     }
     if (!silent.empty()) {
       out += fmt::format(
-          "\nranks that reported no failure: {} (stalled, killed, or still running; a stalled "
-          "rank is ended by its watchdog)",
+          "\nranks that reported no failure: {} (died without a word, stalled, or still running; "
+          "a stalled rank is ended by its watchdog)",
           silent);
     }
   }
@@ -155,7 +159,8 @@ void RankMonitor::watch() {
       count = store_->add(kCountKey, 0);
     } catch (const std::exception& e) {
       problem = fmt::format(
-          "the rendezvous store is unreachable ({}): rank 0 or the launcher has exited", e.what());
+          "the rendezvous store is unreachable ({}): rank 0 or the launcher has exited",
+          error_message(e));
     }
     if (count == 0 && problem.empty()) continue;
     if (!alarm_since) {
@@ -171,7 +176,7 @@ void RankMonitor::watch() {
       try {
         reports = failures();
       } catch (const std::exception& e) {
-        alarm = fmt::format("the rendezvous store became unreachable ({})", e.what());
+        alarm = fmt::format("the rendezvous store became unreachable ({})", error_message(e));
       }
       why = compose(
           fmt::format("ended by the watchdog: other ranks failed {} ms ago and this rank did not "

@@ -1,5 +1,6 @@
 #include "trainer_core.h"
 
+#include "gpumem/zero/error_message.h"
 #include "gpumem/zero/sharded_trainer.h"
 #include "gpumem/zero/unit_call.h"
 
@@ -457,7 +458,7 @@ void TrainerCore::guarded(const char* what, F&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
-    if (broken_.empty()) broken_ = fmt::format("{} failed: {}", what, e.what());
+    if (broken_.empty()) broken_ = fmt::format("{} failed: {}", what, error_message(e));
     throw;
   }
 }

@@ -10,18 +10,18 @@
 
 namespace gpumem::zero::testing {
 
-namespace {
-
-ShardedTrainerOptions fp32(int stage) {
+ShardedTrainerOptions fp32_options(int stage) {
   ShardedTrainerOptions o;
   o.stage = stage;
   o.compute_dtype = at::kFloat;
   o.adamw.lr = 1e-2;
   o.adamw.weight_decay = 0.05;
-  o.bucket_size_bytes = 8 << 10;  // several buckets: ordering and in-flight limits matter
+  o.bucket_size_bytes = 8 << 10;
   o.max_inflight_reductions = 2;
   return o;
 }
+
+namespace {
 
 torch::optim::AdamWOptions torch_adamw(const AdamWOptions& a, double lr, double weight_decay) {
   torch::optim::AdamWOptions o(lr);
@@ -43,23 +43,23 @@ ProcessCase make_case(std::string name, ShardedTrainerOptions options) {
 std::vector<ProcessCase> process_cases() {
   std::vector<ProcessCase> out;
   for (int stage : {0, 1, 2, 3}) {
-    out.push_back(make_case(fmt::format("stage{}", stage), fp32(stage)));
+    out.push_back(make_case(fmt::format("stage{}", stage), fp32_options(stage)));
   }
   for (int stage : {0, 1, 2, 3}) {
-    ProcessCase c = make_case(fmt::format("accumulate3_stage{}", stage), fp32(stage));
+    ProcessCase c = make_case(fmt::format("accumulate3_stage{}", stage), fp32_options(stage));
     c.micro_batches = 3;
     out.push_back(c);
   }
   for (int stage : {0, 3}) {
     // A whole stage-3 unit (block1) and parameters of two others (the input projection's
     // bias, the root's out_scale) frozen.
-    ProcessCase c = make_case(fmt::format("frozen_stage{}", stage), fp32(stage));
+    ProcessCase c = make_case(fmt::format("frozen_stage{}", stage), fp32_options(stage));
     c.frozen = {"block1.norm.weight", "block1.norm.bias", "block1.fc1.weight", "block1.fc1.bias",
                 "block1.fc2.weight",  "block1.fc2.bias",  "input.bias",        "out_scale"};
     out.push_back(c);
   }
   for (int stage : {1, 3}) {
-    ProcessCase c = make_case(fmt::format("param_groups_stage{}", stage), fp32(stage));
+    ProcessCase c = make_case(fmt::format("param_groups_stage{}", stage), fp32_options(stage));
     c.options.adamw.weight_decay = 0.3;  // large, so a group that misses it shows
     c.options.param_groups.push_back(no_weight_decay_below_2d());
     ParamGroup head;

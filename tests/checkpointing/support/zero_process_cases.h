@@ -32,6 +32,10 @@ struct ProcessCase {
   bool check_memory = false;         // model-state bytes compared with the ZeRO formulas
 };
 
+// fp32 compute (exact comparisons with torch::optim::AdamW), lr 1e-2, weight decay 0.05, 8 KiB
+// buckets (several, so ordering and in-flight limits matter), two reductions in flight.
+ShardedTrainerOptions fp32_options(int stage);
+
 constexpr std::uint64_t kProcessSeed = 4321;
 constexpr int kProcessSteps = 8;
 constexpr int kProcessRows = 24;  // global batch: 3 micro-batches of 8 rows split over 2 or 4 ranks
