@@ -19,6 +19,8 @@
 #
 # Environment: NGPU (default: every visible GPU), STEPS, BUILD_DIR (default build-gpu-zero,
 # shared with zero_train.sh), GPUMEM_SKIP_BUILD=1 (reuse BUILD_DIR as it is), PYTHON (python3).
+# DEVICE=cpu checks the script itself on any machine: NGPU processes over Gloo, a tiny model, no
+# memory numbers (c10's CPU allocator keeps none); set BUILD_DIR to an existing build.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 # NVSHMEM_DISABLE_NVLS=1) for every program started here.
 # $OUT: summary.txt (the table and verdicts), results.txt (every RESULT line),
@@ -37,21 +39,30 @@ results=$OUT/results.txt
 : >"$results"
 status=0
 
-visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-ngpu=${NGPU:-$visible}
-if [ "$ngpu" -lt 1 ] || [ "$ngpu" -gt "$visible" ]; then
-  echo "NGPU=$ngpu but $visible GPU(s) are visible" | tee "$OUT/summary.txt"; exit 1
+device=${DEVICE:-cuda}
+if [ "$device" = cuda ]; then
+  visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  ngpu=${NGPU:-$visible}
+  if [ "$ngpu" -lt 1 ] || [ "$ngpu" -gt "$visible" ]; then
+    echo "NGPU=$ngpu but $visible GPU(s) are visible" | tee "$OUT/summary.txt"; exit 1
+  fi
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >"$logs/gpus.txt" 2>&1
+else
+  ngpu=${NGPU:-2}
+  export OMP_NUM_THREADS=1
 fi
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >"$logs/gpus.txt" 2>&1
 
-if [ "$ngpu" -ge 2 ]; then  # ~150 M parameters, 8 rows of 512 tokens per GPU
+if [ "$device" = cpu ]; then  # the script's own check
+  model=(--layers 2 --width 64 --heads 4 --seq 32 --vocab 64 --batch $((2 * ngpu)) --lr 6e-4)
+  steps=${STEPS:-8}
+elif [ "$ngpu" -ge 2 ]; then  # ~150 M parameters, 8 rows of 512 tokens per GPU
   model=(--layers 12 --width 1024 --heads 16 --seq 512 --vocab 256 --batch $((8 * ngpu)) --lr 6e-4)
   steps=${STEPS:-25}
 else                        # smoke: ~13 M parameters
   model=(--layers 4 --width 512 --heads 8 --seq 256 --vocab 256 --batch 8 --lr 6e-4)
   steps=${STEPS:-12}
 fi
-warmup=5
+warmup=$(( steps > 8 ? 5 : 2 ))
 
 echo "== build ($(date +%T))"
 if [ "${GPUMEM_SKIP_BUILD:-0}" != 1 ]; then
@@ -85,35 +96,38 @@ launch() {  # launch NAME PROGRAM-AND-ARGS...: torchrun, one process per GPU, 24
 
 for alloc in native gpumem; do
   for stage in 0 1 2 3; do
-    launch "zero_stage${stage}_$alloc" --no-python "$zero_train" --device cuda --stage "$stage" \
+    launch "zero_stage${stage}_$alloc" --no-python "$zero_train" --device "$device" --stage "$stage" \
       --allocator "$alloc" --steps "$steps" --log-every 10 "${model[@]}"
   done
   for mode in fsdp2 fsdp2_keep ddp; do
+    if [ "$device" = cpu ] && [ "$alloc" = gpumem ]; then continue; fi  # gpumem: CUDA only
     launch "${mode}_$alloc" scripts/gpu/zero_fsdp2.py --mode "$mode" --allocator "$alloc" \
-      --lib "$lib" --steps "$steps" --warmup "$warmup" "${model[@]}"
+      --lib "$lib" --device "$device" --steps "$steps" --warmup "$warmup" "${model[@]}"
   done
 done
 
-"$py" - "$results" "$ngpu" <<'EOF' | tee "$OUT/summary.txt"
+"$py" - "$results" "$ngpu" "$device" <<'EOF' | tee "$OUT/summary.txt"
 import sys
 from collections import defaultdict
 
-path, ngpu = sys.argv[1], int(sys.argv[2])
+path, ngpu, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 runs = defaultdict(list)
 for line in open(path):
     fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
     runs[fields["run"]].append(fields)
-mib = lambda b: float(b) / 2**20
-print(f"gpumem::zero vs FSDP2 on {ngpu} GPU(s), per rank (peak over the run)")
+def mib(b):
+    return "n/a" if float(b) < 0 else f"{float(b) / 2**20:.1f}"  # CPU: no allocator statistics
+where = f"{ngpu} GPU(s)" if device == "cuda" else f"{ngpu} CPU processes (a check of the script: no meaningful times)"
+print(f"gpumem::zero vs FSDP2 on {where}, per rank (peak over training)")
 print(f"{'run':<24}{'rank':>5}{'peak reserved MiB':>19}{'peak alloc MiB':>16}{'ms/step':>10}"
       f"{'loss first -> last':>22}{'states MiB (formula)':>24}")
 for name in sorted(runs):
     for r in sorted(runs[name], key=lambda f: int(f.get("rank", 0))):
         states = ""
         if "state_bytes" in r:
-            states = f"{mib(r['state_bytes']):.1f} ({mib(r['formula_bytes']):.1f})"
-        print(f"{name:<24}{r.get('rank', '0'):>5}{mib(r['peak_reserved_bytes']):>19.1f}"
-              f"{mib(r['peak_allocated_bytes']):>16.1f}{float(r['ms_per_step']):>10.2f}"
+            states = f"{mib(r['state_bytes'])} ({mib(r['formula_bytes'])})"
+        print(f"{name:<24}{r.get('rank', '0'):>5}{mib(r['peak_reserved_bytes']):>19}"
+              f"{mib(r['peak_allocated_bytes']):>16}{float(r['ms_per_step']):>10.2f}"
               f"{float(r['first_loss']):>11.4f} -> {float(r['last_loss']):.4f}{states:>24}")
 
 def ms(name):  # the slowest rank's step time: the step ends when every rank's does
@@ -139,7 +153,7 @@ for alloc in ("native", "gpumem"):
         t = ms(f"{mode}_{alloc}")
         if t is not None:
             print(f"  {alloc} {mode} (PyTorch): {t:.2f} ms ({t / base - 1:+.1%} vs zero stage 0)")
-if ngpu < 2:
+if device == "cuda" and ngpu < 2:
     print("\n(one GPU: a smoke run of the script; the comparison needs 2 or more GPUs)")
 EOF
 exit $status
