@@ -14,28 +14,33 @@
 # stage 0's (the same global batch).
 #
 #   OUT=/tmp/zf scripts/gpu/zero_fsdp2.sh        # all visible GPUs (2 or more for the comparison)
-#   OUT=/tmp/zf NGPU=1 scripts/gpu/zero_fsdp2.sh # smoke run on one GPU: a small model, proves the
-#                                                #   script end to end (about 2 minutes + build)
+#   OUT=/tmp/zf NGPU=1 scripts/gpu/zero_fsdp2.sh # smoke run on one GPU: a small model and the
+#                                                #   runs that prove each path (about 2 minutes)
 #
-# Environment: NGPU (default: every visible GPU), STEPS, BUILD_DIR (default build-gpu-zero,
-# shared with zero_train.sh), GPUMEM_SKIP_BUILD=1 (reuse BUILD_DIR as it is), PYTHON (python3).
-# DEVICE=cpu checks the script itself on any machine: NGPU processes over Gloo, a tiny model, no
-# memory numbers (c10's CPU allocator keeps none); set BUILD_DIR to an existing build.
+# Nothing is compiled here: the binaries come from BUILD (default .gpu/build, a build tree made
+# on the build machine: BUILD/examples/zero_train, BUILD/torch/libgpumem_torch.so).
+# LD_LIBRARY_PATH gets the torch wheel's library directories (scripts/gpu/corpus/capture.py
+# --print-library-path, when present) and BUILD/lib.
+# Environment: NGPU (default: every visible GPU), STEPS, RUNS (which runs, e.g.
+# "zero_stage0_native fsdp2_gpumem"; default: all for NGPU >= 2, a smoke set for NGPU = 1),
+# PYTHON (python3). DEVICE=cpu checks the script itself on any machine: NGPU processes over Gloo,
+# a tiny model, no memory numbers (c10's CPU allocator keeps none).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 # NVSHMEM_DISABLE_NVLS=1) for every program started here.
-# $OUT: summary.txt (the table and verdicts), results.txt (every RESULT line),
-# zero_fsdp2_logs.tar.gz (each run's log, the build log). Exit status 0 when every run succeeded.
+# $OUT: zero_fsdp2-summary.txt (the table and verdicts) and zero_fsdp2-logs.tar.gz (each run's
+# log, results.txt with every RESULT line). Exit status 0 when every run succeeded.
 set -uo pipefail
 : "${OUT:?set OUT to the directory for results}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 py=${PYTHON:-python3}
-build=${BUILD_DIR:-$root/build-gpu-zero}
-logs=$OUT/logs
+build=${BUILD:-.gpu/build}
+summary=$OUT/zero_fsdp2-summary.txt
+logs=$OUT/zero_fsdp2-logs
 mkdir -p "$logs"
-trap 'tar czf "$OUT/zero_fsdp2_logs.tar.gz" -C "$OUT" logs 2>/dev/null && rm -rf "$logs"' EXIT
-results=$OUT/results.txt
+trap 'tar czf "$OUT/zero_fsdp2-logs.tar.gz" -C "$OUT" zero_fsdp2-logs 2>/dev/null && rm -rf "$logs"' EXIT
+results=$logs/results.txt
 : >"$results"
 status=0
 
@@ -44,7 +49,7 @@ if [ "$device" = cuda ]; then
   visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   ngpu=${NGPU:-$visible}
   if [ "$ngpu" -lt 1 ] || [ "$ngpu" -gt "$visible" ]; then
-    echo "NGPU=$ngpu but $visible GPU(s) are visible" | tee "$OUT/summary.txt"; exit 1
+    echo "NGPU=$ngpu but $visible GPU(s) are visible" | tee "$summary"; exit 1
   fi
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >"$logs/gpus.txt" 2>&1
 else
@@ -64,26 +69,36 @@ else                        # smoke: ~13 M parameters
 fi
 warmup=$(( steps > 8 ? 5 : 2 ))
 
-echo "== build ($(date +%T))"
-if [ "${GPUMEM_SKIP_BUILD:-0}" != 1 ]; then
-  prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)') || {
-    echo "torch is not importable with $py" | tee "$OUT/summary.txt"; exit 1; }
-  if ! timeout 900 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-         -DCMAKE_PREFIX_PATH="$prefix" -DGPUMEM_PYTHON="$py" -DTORCH_CUDA_ARCH_LIST=9.0 \
-         -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_WITH_BENCH=OFF >"$logs/build.log" 2>&1 ||
-     ! timeout 900 cmake --build "$build" -j "$(nproc)" --target zero_train gpumem_torch \
-         >>"$logs/build.log" 2>&1; then
-    tail -40 "$logs/build.log"; echo "build failed (logs/build.log)" | tee "$OUT/summary.txt"; exit 1
+zero_train=$build/examples/zero_train
+lib=$build/torch/libgpumem_torch.so
+for f in "$zero_train" "$lib"; do
+  if [ ! -f "$f" ]; then
+    echo "$f is missing: build zero_train and gpumem_torch into BUILD=$build first" | tee "$summary"
+    exit 1
   fi
+done
+libpath=$build/lib
+if [ -f scripts/gpu/corpus/capture.py ]; then
+  libpath=$("$py" scripts/gpu/corpus/capture.py --print-library-path 2>/dev/null):$libpath
 fi
-zero_train=$(find "$build" -name zero_train -type f -perm -u+x | head -1)
-lib=$(find "$build" -name libgpumem_torch.so | head -1)
-if [ -z "$zero_train" ] || [ -z "$lib" ]; then
-  echo "zero_train or libgpumem_torch.so missing in $build" | tee "$OUT/summary.txt"; exit 1
+export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if ! timeout 60 "$zero_train" --help >"$logs/zero_train_help.txt" 2>&1; then
+  echo "$zero_train does not start (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):" | tee "$summary"
+  tail -5 "$logs/zero_train_help.txt" | tee -a "$summary"; exit 1
+fi
+
+if [ -n "${RUNS:-}" ]; then
+  runs=" $RUNS "
+elif [ "$device" = cuda ] && [ "$ngpu" -lt 2 ]; then  # smoke: every path once per allocator
+  runs=" zero_stage0_native zero_stage3_native fsdp2_native ddp_native zero_stage0_gpumem"
+  runs+=" zero_stage3_gpumem fsdp2_gpumem ddp_gpumem "
+else
+  runs=all
 fi
 
 launch() {  # launch NAME PROGRAM-AND-ARGS...: torchrun, one process per GPU, 240 s at most
   local name=$1; shift
+  if [ "$runs" != all ] && [[ "$runs" != *" $name "* ]]; then return; fi
   echo "== $name ($(date +%T))"
   if timeout -k 10 240 "$py" -m torch.distributed.run --standalone --nproc-per-node "$ngpu" "$@" \
        >"$logs/$name.log" 2>&1; then
@@ -106,7 +121,7 @@ for alloc in native gpumem; do
   done
 done
 
-"$py" - "$results" "$ngpu" "$device" <<'EOF' | tee "$OUT/summary.txt"
+"$py" - "$results" "$ngpu" "$device" <<'EOF' | tee "$summary"
 import sys
 from collections import defaultdict
 
