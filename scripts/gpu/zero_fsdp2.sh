@@ -7,9 +7,10 @@
 #   * scripts/gpu/zero_fsdp2.py, the same model and data in Python: FSDP2 (fully_shard,
 #     reshard after forward), FSDP2 keeping parameters gathered, and DDP;
 #
-# each with gpumem and with PyTorch's allocator. Every rank reports peak reserved and allocated
-# bytes, step time and the global batch's loss; zero_train also its model-state bytes against the
-# ZeRO formulas. The summary (last) puts them side by side and checks issue 18's targets: stage 2
+# each with gpumem and with PyTorch's allocator, after the [gpu] trainer test
+# (BUILD/tests/checkpointing/zero_trainer_test: ProcessGroupNCCL, side-stream prefetch). Every
+# rank reports peak reserved and allocated bytes, step time and the global batch's loss;
+# zero_train also its model-state bytes against the ZeRO formulas. The summary (last) puts them side by side and checks issue 18's targets: stage 2
 # within 5% of stage 0's step time, stage 3 within 15%, and the loss of every stage equal to
 # stage 0's (the same global batch).
 #
@@ -85,6 +86,16 @@ export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if ! timeout 60 "$zero_train" --help >"$logs/zero_train_help.txt" 2>&1; then
   echo "$zero_train does not start (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):" | tee "$summary"
   tail -5 "$logs/zero_train_help.txt" | tee -a "$summary"; exit 1
+fi
+
+if [ "$device" = cuda ]; then  # the [gpu] trainer test: ProcessGroupNCCL, side-stream prefetch
+  echo "== [gpu] zero_trainer_test ($(date +%T))"
+  if timeout 180 "$build/tests/checkpointing/zero_trainer_test" "[gpu]" -s \
+       >"$logs/zero_trainer_test_gpu.log" 2>&1; then
+    grep -E "CUDA stage" "$logs/zero_trainer_test_gpu.log" | sort -u | tee -a "$logs/gpu_test.txt"
+  else
+    status=1; echo "zero_trainer_test [gpu] FAILED:"; tail -20 "$logs/zero_trainer_test_gpu.log"
+  fi
 fi
 
 if [ -n "${RUNS:-}" ]; then
