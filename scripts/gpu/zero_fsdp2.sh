@@ -132,7 +132,12 @@ for alloc in native gpumem; do
   done
 done
 
-"$py" - "$results" "$ngpu" "$device" <<'EOF' | tee "$summary"
+if [ -f "$logs/gpu_test.txt" ]; then
+  { echo "[gpu] zero_trainer_test (single GPU, ProcessGroupNCCL):"; cat "$logs/gpu_test.txt"; echo; } >"$summary"
+else
+  : >"$summary"
+fi
+"$py" - "$results" "$ngpu" "$device" <<'EOF' | tee -a "$summary"
 import sys
 from collections import defaultdict
 
