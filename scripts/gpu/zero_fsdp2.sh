@@ -157,8 +157,8 @@ for name in sorted(runs):
         states = ""
         if "state_bytes" in r:
             states = f"{mib(r['state_bytes'])} ({mib(r['formula_bytes'])})"
-        print(f"{name:<24}{r.get('rank', '0'):>5}{mib(r['peak_reserved_bytes']):>19}"
-              f"{mib(r['peak_allocated_bytes']):>16}{float(r['ms_per_step']):>10.2f}"
+        print(f"{name:<24}{r.get('rank', '0'):>5}{mib(r.get('peak_reserved_bytes', -1)):>19}"
+              f"{mib(r.get('peak_allocated_bytes', -1)):>16}{float(r['ms_per_step']):>10.2f}"
               f"{float(r['first_loss']):>11.4f} -> {float(r['last_loss']):.4f}{states:>24}")
 
 def ms(name):  # the slowest rank's step time: the step ends when every rank's does
