@@ -93,3 +93,17 @@ TEST_CASE("malformed and out-of-range values are rejected by name", "[zero][laun
   local["LOCAL_RANK"] = "x";
   CHECK(error_of(local).find("LOCAL_RANK='x'") != std::string::npos);
 }
+
+TEST_CASE("torchrun's agent store makes every rank a client", "[zero][launch]") {
+  CHECK_FALSE(parse(torchrun()).agent_store);  // rank 0 serves the store
+  auto vars = torchrun("0", "2");
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // what torchrun sets
+  const LaunchEnv env = parse(vars);
+  CHECK(env.agent_store);
+  CHECK(gpumem::zero::describe(env).find("served by the launcher's agent") != std::string::npos);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  CHECK_FALSE(parse(vars).agent_store);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "yes";
+  CHECK(error_of(vars).find("TORCHELASTIC_USE_AGENT_STORE='yes' is neither True nor False") !=
+        std::string::npos);
+}

@@ -1,6 +1,7 @@
 // ShardedTrainer: every stage trains to the same parameters as single-process training on the
 // same global batch, uses the collectives its stage calls for, and refuses misuse clearly.
 #include "toy_training.h"
+#include "zero_process_cases.h"
 #include "zero_test_helpers.h"
 
 #include <ATen/ATen.h>
@@ -25,17 +26,6 @@ namespace {
 constexpr std::uint64_t kSeed = 1234;
 constexpr int kSteps = 20;
 constexpr int kRows = 24;  // global batch: divisible by 1, 2, 3, 4 ranks
-
-ShardedTrainerOptions fp32_options(int stage) {
-  ShardedTrainerOptions o;
-  o.stage = stage;
-  o.compute_dtype = at::kFloat;
-  o.adamw.lr = 1e-2;
-  o.adamw.weight_decay = 0.05;
-  o.bucket_size_bytes = 8 << 10;  // several buckets, so ordering and in-flight limits matter
-  o.max_inflight_reductions = 2;
-  return o;
-}
 
 void require_success(const ShardedRun& run) {
   for (std::size_t r = 0; r < run.errors.size(); ++r) {
@@ -242,8 +232,22 @@ TEST_CASE("unusable launch configurations fail with the fix", "[zero][trainer]")
   two.world_size = 2;
   two.rank = 1;
   two.from_environment = true;
-  CHECK(contains(error_of([&] { init_distributed(two, c10::DeviceType::CPU); }),
-                 "no multi-process CPU backend"));
+  if (!gloo_available()) {  // with Gloo it would connect: zero_process_test runs that
+    CHECK(contains(error_of([&] { init_distributed(two, c10::DeviceType::CPU); }),
+                   "install libgloo-dev"));
+  }
+  CHECK(contains(error_of([&] {
+                   DistributedOptions o;
+                   o.timeout = std::chrono::milliseconds(0);
+                   init_distributed(two, c10::DeviceType::CPU, o);
+                 }),
+                 "timeout 0 ms must be > 0"));
+  CHECK(contains(error_of([&] {
+                   DistributedOptions o;
+                   o.rendezvous_timeout = std::chrono::milliseconds(-1);
+                   init_distributed(two, c10::DeviceType::CPU, o);
+                 }),
+                 "rendezvous_timeout -1 ms must be >= 0"));
   if (!torch::cuda::is_available()) {
     const std::string e = error_of([&] { init_distributed(LaunchEnv{}, c10::DeviceType::CUDA); });
     CHECK((contains(e, "no CUDA device is visible") || contains(e, "built without NCCL")));
@@ -255,13 +259,12 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
   auto solo = c10::make_intrusive<SoloBackend>();
   const auto batches = make_batches(2, 8, 12);
 
-  SECTION("step() before backward(), backward() twice, loss.backward() directly") {
+  SECTION("step() before backward(), loss.backward() directly") {
     ToyNet net = make_toy_net(kSeed);
     ShardedTrainer trainer(net.ptr(), solo, fp32_options(2));
-    CHECK(contains(error_of([&] { trainer.step(); }), "call trainer.backward(loss) once"));
+    CHECK(contains(error_of([&] { trainer.step(); }),
+                   "no reduced gradients; call trainer.backward(loss)"));
     trainer.backward(toy_loss(net, batches[0], at::kFloat));
-    CHECK(contains(error_of([&] { trainer.backward(toy_loss(net, batches[0], at::kFloat)); }),
-                   "called twice without step()"));
     trainer.step();
     CHECK(contains(error_of([&] { toy_loss(net, batches[1], at::kFloat).backward(); }),
                    "call trainer.backward(loss) instead of loss.backward()"));
@@ -283,12 +286,8 @@ TEST_CASE("misuse is refused with one clear error", "[zero][trainer]") {
         error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(3), {other->head.ptr()}); }),
         "is not a submodule of the model"));
   }
-  SECTION("frozen parameters and bad options") {
+  SECTION("bad options") {
     ToyNet net = make_toy_net(kSeed);
-    net->out_scale.set_requires_grad(false);
-    CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, fp32_options(1)); }),
-                   "parameter 'out_scale' does not require grad"));
-    net->out_scale.set_requires_grad(true);
     ShardedTrainerOptions o = fp32_options(5);
     CHECK(contains(error_of([&] { ShardedTrainer t(net.ptr(), solo, o); }),
                    "stage 5 does not exist"));

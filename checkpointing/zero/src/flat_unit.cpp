@@ -6,8 +6,9 @@
 
 namespace gpumem::zero::detail {
 
-void FlatUnit::add(const at::Tensor& param, std::string param_name) {
+void FlatUnit::add(const at::Tensor& param, std::string param_name, int group) {
   ParamSlot slot;
+  slot.group = group;
   slot.param = param;
   slot.name = std::move(param_name);
   slot.shape = param.sizes().vec();

@@ -35,6 +35,7 @@ struct ParamSlot {
   std::vector<std::int64_t> shape;
   std::int64_t offset = 0;  // in the unit's flat buffer
   std::int64_t numel = 0;
+  int group = 0;  // 0: ShardedTrainerOptions::adamw; g > 0: param_groups[g - 1]
   bool grad_ready = false;
 };
 
@@ -62,7 +63,7 @@ struct FlatUnit {
   int pending_grads = 0;
 
   // Appends a parameter at the end of the buffer (before finalize()).
-  void add(const at::Tensor& param, std::string param_name);
+  void add(const at::Tensor& param, std::string param_name, int group = 0);
   // Pads to a multiple of shard_count; sets shard_numel. Call once, after the last add().
   void finalize(int count);
   // [k·shard_numel, (k+1)·shard_numel) of a padded_numel-long tensor.

@@ -82,6 +82,20 @@ LaunchEnv parse_launch_env(const EnvLookup& lookup) {
         "MASTER_ADDR is empty; set it to the host name or IP address of the node running rank 0");
   }
   env.master_addr = std::string(addr);
+  if (const char* agent = lookup("TORCHELASTIC_USE_AGENT_STORE")) {
+    const std::string_view v = trimmed(agent);
+    if (v == "True" || v == "true" || v == "1") {
+      env.agent_store = true;
+    } else if (v == "False" || v == "false" || v == "0" || v.empty()) {
+      env.agent_store = false;
+    } else {
+      throw LaunchEnvError(fmt::format(
+          "TORCHELASTIC_USE_AGENT_STORE='{}' is neither True nor False; torchrun sets True when "
+          "its agent serves the store at MASTER_ADDR:MASTER_PORT (every rank is then a client), "
+          "unset it or set False to have rank 0 serve the store",
+          agent));
+    }
+  }
   return env;
 }
 
@@ -91,8 +105,9 @@ LaunchEnv launch_env_from_environment() {
 
 std::string describe(const LaunchEnv& env) {
   if (!env.from_environment) return "single process (no launcher variables): rank 0 of 1";
-  return fmt::format("rank {} of {} (local rank {}), store at {}:{}", env.rank, env.world_size,
-                     env.local_rank, env.master_addr, env.master_port);
+  return fmt::format("rank {} of {} (local rank {}), store at {}:{} ({})", env.rank,
+                     env.world_size, env.local_rank, env.master_addr, env.master_port,
+                     env.agent_store ? "served by the launcher's agent" : "served by rank 0");
 }
 
 }  // namespace gpumem::zero

@@ -1,5 +1,6 @@
 #include "trainer_core.h"
 
+#include "gpumem/zero/error_message.h"
 #include "gpumem/zero/sharded_trainer.h"
 #include "gpumem/zero/unit_call.h"
 
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -105,34 +107,55 @@ void TrainerCore::validate_options() const {
   if (o.max_inflight_reductions < 1) {
     bad(fmt::format("max_inflight_reductions={} must be >= 1", o.max_inflight_reductions));
   }
+  for (std::size_t i = 0; i < o.param_groups.size(); ++i) {
+    const ParamGroup& g = o.param_groups[i];
+    const std::string label = fmt::format("param_groups[{}] ('{}')", i, g.name);
+    if (!g.match) bad(label + ": match is empty; give it a predicate over (name, parameter)");
+    if (g.lr && (!(*g.lr >= 0) || !std::isfinite(*g.lr)))
+      bad(fmt::format("{}: lr={} must be finite and >= 0", label, *g.lr));
+    if (g.weight_decay && !(*g.weight_decay >= 0))
+      bad(fmt::format("{}: weight_decay={} must be >= 0", label, *g.weight_decay));
+  }
+}
+
+int TrainerCore::group_of(const std::string& name, const at::Tensor& param) const {
+  for (std::size_t i = 0; i < options_.param_groups.size(); ++i) {
+    if (options_.param_groups[i].match(name, param)) return static_cast<int>(i) + 1;
+  }
+  return 0;
 }
 
 void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Module>>& unit_modules) {
   // Parameters in registration order, each once (a tensor registered twice is one parameter).
+  // Trainable ones are sharded; frozen ones (requires_grad false) stay whole (frozen_).
   std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<int> groups;  // by index in params
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
+  std::unordered_set<const c10::TensorImpl*> frozen_seen;
+  std::optional<std::pair<std::string, at::Device>> first_device;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!p.defined()) continue;
     if (index_of.count(p.unsafeGetTensorImpl()) != 0) continue;
+    if (frozen_seen.count(p.unsafeGetTensorImpl()) != 0) continue;
+    if (!first_device) first_device.emplace(item.key(), p.device());
+    if (p.device() != first_device->second) {
+      throw std::invalid_argument(fmt::format(
+          "ShardedTrainer: parameter '{}' is on {} but '{}' is on {}; move the whole model to "
+          "one device (model->to(device)) before wrapping it",
+          item.key(), p.device().str(), first_device->first, first_device->second.str()));
+    }
+    param_order_.push_back(item.key());
+    if (!p.requires_grad()) {
+      frozen_seen.insert(p.unsafeGetTensorImpl());
+      frozen_.emplace_back(item.key(), p);
+      continue;
+    }
     if (!p.is_floating_point()) {
       throw std::invalid_argument(fmt::format(
           "ShardedTrainer: parameter '{}' has dtype {}; only floating-point parameters can be "
           "trained",
           item.key(), dtype_name(p.scalar_type())));
-    }
-    if (!p.requires_grad()) {
-      throw std::invalid_argument(fmt::format(
-          "ShardedTrainer: parameter '{}' does not require grad; frozen parameters are not "
-          "supported: register it as a buffer instead, or set requires_grad",
-          item.key()));
-    }
-    if (!params.empty() && p.device() != params.front().second.device()) {
-      throw std::invalid_argument(fmt::format(
-          "ShardedTrainer: parameter '{}' is on {} but '{}' is on {}; move the whole model to "
-          "one device (model->to(device)) before wrapping it",
-          item.key(), p.device().str(), params.front().first,
-          params.front().second.device().str()));
     }
     // Checked before anything is changed: a second trainer on the same model would otherwise
     // re-point parameters the first one manages.
@@ -144,17 +167,28 @@ void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Modul
     }
     index_of.emplace(p.unsafeGetTensorImpl(), params.size());
     params.emplace_back(item.key(), p);
+    groups.push_back(group_of(item.key(), p));
   }
-  if (params.empty()) throw std::invalid_argument("ShardedTrainer: the model has no parameters");
+  if (params.empty()) {
+    throw std::invalid_argument(
+        frozen_.empty()
+            ? "ShardedTrainer: the model has no parameters"
+            : "ShardedTrainer: every parameter of the model is frozen (requires_grad false): "
+              "there is nothing to train");
+  }
   device_ = params.front().second.device();
   if (!device_.is_cpu() && !device_.is_cuda()) {
     throw std::invalid_argument(fmt::format(
         "ShardedTrainer: parameters on {} are not supported: use CPU or CUDA", device_.str()));
   }
-  for (const auto& [name, p] : params) {
-    num_params_ += p.numel();
-    param_order_.push_back(name);
-  }
+  for (const auto& [name, p] : params) num_params_ += p.numel();
+  // Inside a unit, parameters are laid out group by group (stable), so a rank's shard of a unit
+  // is a few runs of one group each and the optimizer works per run, not per parameter.
+  auto add_sorted = [&](FlatUnit& u, std::vector<std::size_t> members) {
+    std::stable_sort(members.begin(), members.end(),
+                     [&](std::size_t a, std::size_t b) { return groups[a] < groups[b]; });
+    for (std::size_t k : members) u.add(params[k].second, params[k].first, groups[k]);
+  };
 
   if (options_.stage < 3) {
     // Size-bounded buckets in reverse registration order: backward produces the gradients of
@@ -162,13 +196,21 @@ void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Modul
     const std::int64_t bucket_numel = std::max<std::int64_t>(
         1, options_.bucket_size_bytes /
                static_cast<std::int64_t>(c10::elementSize(options_.compute_dtype)));
-    for (auto it = params.rbegin(); it != params.rend(); ++it) {
-      if (units_.empty() ||
-          (units_.back().numel > 0 && units_.back().numel + it->second.numel() > bucket_numel)) {
-        units_.emplace_back();
-        units_.back().name = fmt::format("bucket {}", units_.size() - 1);
+    std::vector<std::vector<std::size_t>> buckets;
+    std::int64_t bucket_size = 0;
+    for (std::size_t k = params.size(); k-- > 0;) {
+      const std::int64_t n = params[k].second.numel();
+      if (buckets.empty() || (bucket_size > 0 && bucket_size + n > bucket_numel)) {
+        buckets.emplace_back();
+        bucket_size = 0;
       }
-      units_.back().add(it->second, it->first);
+      buckets.back().push_back(k);
+      bucket_size += n;
+    }
+    for (std::vector<std::size_t>& members : buckets) {
+      units_.emplace_back();
+      units_.back().name = fmt::format("bucket {}", units_.size() - 1);
+      add_sorted(units_.back(), std::move(members));
     }
   } else {
     std::unordered_map<const torch::nn::Module*, std::string> module_names;
@@ -195,33 +237,45 @@ void TrainerCore::build_units(const std::vector<std::shared_ptr<torch::nn::Modul
       FlatUnit u;
       u.name = name->second;
       u.module = m;
+      const int index = static_cast<int>(units_.size());
       std::vector<std::size_t> mine;
+      std::size_t frozen_members = 0;
       for (const at::Tensor& p : unit_modules[i]->parameters(/*recurse=*/true)) {
-        const std::size_t k = index_of.at(p.unsafeGetTensorImpl());
-        if (owner[k] == static_cast<int>(i)) continue;
+        auto found = index_of.find(p.unsafeGetTensorImpl());
+        if (found == index_of.end()) {  // frozen: stays whole, outside every unit
+          ++frozen_members;
+          continue;
+        }
+        const std::size_t k = found->second;
+        if (owner[k] == index) continue;
         if (owner[k] != -1) {
           throw std::invalid_argument(fmt::format(
               "ShardedTrainer: parameter '{}' belongs to units '{}' and '{}'; units must not "
               "contain one another or share parameters",
               params[k].first, units_[owner[k]].name, u.name));
         }
-        owner[k] = static_cast<int>(i);
+        owner[k] = index;
         mine.push_back(k);
       }
-      if (mine.empty()) {
+      if (mine.empty() && frozen_members == 0) {
         throw std::invalid_argument(fmt::format(
             "ShardedTrainer: unit '{}' has no parameters; leave it out of the units", u.name));
       }
+      // A unit whose parameters are all frozen has nothing to gather or reduce: it is not a
+      // unit (call() runs its forward as it is), so frozen blocks can stay in the units list.
+      if (mine.empty()) continue;
       std::sort(mine.begin(), mine.end());  // registration order inside the unit
-      for (std::size_t k : mine) u.add(params[k].second, params[k].first);
+      add_sorted(u, std::move(mine));
       units_.push_back(std::move(u));
-      declared_order_.push_back(static_cast<int>(i));
+      declared_order_.push_back(index);
     }
     FlatUnit root;
     root.name = "(root)";
+    std::vector<std::size_t> unowned;
     for (std::size_t k = 0; k < params.size(); ++k) {
-      if (owner[k] == -1) root.add(params[k].second, params[k].first);
+      if (owner[k] == -1) unowned.push_back(k);
     }
+    add_sorted(root, std::move(unowned));
     if (!root.params.empty()) {
       root_unit_ = static_cast<int>(units_.size());
       units_.push_back(std::move(root));
@@ -252,13 +306,66 @@ void TrainerCore::initialize() {
   measure_states();
 }
 
+std::vector<ShardSegment> TrainerCore::shard_segments() const {
+  auto settings = [&](int group) {
+    double lr = options_.adamw.lr;
+    double wd = options_.adamw.weight_decay;
+    if (group > 0) {
+      const ParamGroup& g = options_.param_groups[static_cast<std::size_t>(group - 1)];
+      lr = g.lr.value_or(lr);
+      wd = g.weight_decay.value_or(wd);
+    }
+    return std::pair<double, double>(lr, wd);
+  };
+  std::vector<ShardSegment> out;
+  auto append = [&](std::int64_t offset, std::int64_t numel, int group) {
+    if (numel <= 0) return;
+    const auto [lr, wd] = settings(group);
+    if (!out.empty() && out.back().lr == lr && out.back().weight_decay == wd &&
+        out.back().offset + out.back().numel == offset) {
+      out.back().numel += numel;
+    } else {
+      out.push_back(ShardSegment{offset, numel, lr, wd});
+    }
+  };
+  for (const FlatUnit& u : units_) {
+    // This rank's shard of the unit, [begin, end) of its flat buffer, cut at group changes;
+    // padding takes the group of the unit's last parameter (its values stay zero anyway).
+    const std::int64_t begin = static_cast<std::int64_t>(shard_index_) * u.shard_numel;
+    const std::int64_t end = begin + u.shard_numel;
+    std::int64_t pos = begin;
+    for (const ParamSlot& s : u.params) {
+      const std::int64_t lo = std::max(begin, s.offset);
+      const std::int64_t hi = std::min(end, s.offset + s.numel);
+      if (lo >= hi) continue;
+      append(u.shard_offset + (pos - begin), hi - pos, s.group);  // includes any gap before
+      pos = hi;
+    }
+    if (pos < end) append(u.shard_offset + (pos - begin), end - pos, u.params.back().group);
+  }
+  return out;
+}
+
 at::TensorOptions TrainerCore::compute_options() const {
   return at::TensorOptions().dtype(options_.compute_dtype).device(device_);
 }
 
 void TrainerCore::initialize_parameters() {
   at::NoGradGuard no_grad;
-  optimizer_ = std::make_unique<AdamWShard>(shard_total_numel_, device_, options_.adamw);
+  optimizer_ = std::make_unique<AdamWShard>(shard_total_numel_, device_, options_.adamw,
+                                            shard_segments());
+  // Frozen parameters: rank 0's values everywhere, in compute dtype, outside the flat buffers.
+  for (auto& [name, p] : frozen_) {
+    if (!p.is_floating_point()) continue;
+    at::Tensor value = p.detach().to(at::kFloat).contiguous().clone();
+    if (options_.broadcast_initial_params && world_size_ > 1) {
+      std::vector<at::Tensor> tensors{value};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      comm_->broadcast(tensors, opts)->wait();
+    }
+    p.set_data(value.to(options_.compute_dtype));
+  }
   if (options_.stage >= 2) grad_shard_ = at::zeros({shard_total_numel_}, compute_options());
   if (options_.stage == 3) param_shard_ = at::zeros({shard_total_numel_}, compute_options());
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device_);
@@ -351,7 +458,7 @@ void TrainerCore::guarded(const char* what, F&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
-    if (broken_.empty()) broken_ = fmt::format("{} failed: {}", what, e.what());
+    if (broken_.empty()) broken_ = fmt::format("{} failed: {}", what, error_message(e));
     throw;
   }
 }
@@ -359,14 +466,56 @@ void TrainerCore::guarded(const char* what, F&& fn) {
 // ---------------------------------------------------------------------------------------------
 // Backward and gradient reduction
 
+void TrainerCore::check_requires_grad_unchanged() const {
+  for (const FlatUnit& u : units_) {
+    for (const ParamSlot& s : u.params) {
+      if (!s.param.requires_grad()) {
+        throw std::logic_error(fmt::format(
+            "ShardedTrainer::backward: parameter '{}' was trainable when the trainer was built "
+            "and is frozen now; freeze or unfreeze parameters before constructing the trainer "
+            "(build a new one to change which are trained)",
+            s.name));
+      }
+    }
+  }
+  for (const auto& [name, p] : frozen_) {
+    if (p.requires_grad()) {
+      throw std::logic_error(fmt::format(
+          "ShardedTrainer::backward: parameter '{}' was frozen when the trainer was built and "
+          "requires grad now; freeze or unfreeze parameters before constructing the trainer "
+          "(build a new one to change which are trained)",
+          name));
+    }
+  }
+}
+
+at::Tensor TrainerCore::reduced_gradient_shard() const {
+  if (options_.stage >= 2) return grad_shard_.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  std::vector<at::Tensor> parts;
+  parts.reserve(units_.size());
+  for (const FlatUnit& u : units_) parts.push_back(u.shard_of(u.full_grads, shard_index_));
+  return at::cat(parts).to(at::kFloat);
+}
+
+void TrainerCore::fold_reduced_gradients() {
+  // A second backward() in one step: keep what the earlier ones reduced in the fp32
+  // accumulator and start the compute-dtype gradients from zero again.
+  at::NoGradGuard no_grad;
+  const at::Tensor reduced = reduced_gradient_shard();
+  if (!grad_accum_.defined()) {
+    grad_accum_ = reduced;
+  } else {
+    grad_accum_.add_(reduced);
+  }
+  if (options_.stage <= 1) {
+    for (FlatUnit& u : units_) u.full_grads.zero_();
+  } else {
+    grad_shard_.zero_();
+  }
+}
+
 void TrainerCore::backward(const at::Tensor& loss) {
   check_usable("backward");
-  if (phase_ == Phase::kReduced) {
-    throw std::logic_error(
-        "ShardedTrainer::backward: called twice without step() in between; gradients are "
-        "reduced once per step (accumulating over several backward() calls is not supported): "
-        "call step() after each backward()");
-  }
   if (phase_ == Phase::kInBackward) {
     throw std::logic_error("ShardedTrainer::backward: re-entered from inside backward()");
   }
@@ -378,7 +527,9 @@ void TrainerCore::backward(const at::Tensor& loss) {
         "ShardedTrainer::backward: the loss does not require grad (it was computed under no-grad "
         "or without the model's parameters)");
   }
+  check_requires_grad_unchanged();
   guarded("backward", [&] {
+    if (phase_ == Phase::kReduced) fold_reduced_gradients();  // gradient accumulation
     phase_ = Phase::kInBackward;
     for (FlatUnit& u : units_) {
       if (options_.stage <= 1) {
@@ -389,6 +540,7 @@ void TrainerCore::backward(const at::Tensor& loss) {
     }
     loss.backward();
     finish_backward();
+    ++backwards_this_step_;
     phase_ = Phase::kReduced;
   });
 }
@@ -533,19 +685,17 @@ void TrainerCore::step() {
   check_usable("step");
   if (phase_ != Phase::kReduced) {
     throw std::logic_error(
-        "ShardedTrainer::step: no reduced gradients; call trainer.backward(loss) once, then "
-        "step()");
+        "ShardedTrainer::step: no reduced gradients; call trainer.backward(loss) (once, or once "
+        "per micro-batch to accumulate), then step()");
   }
   guarded("step", [&] {
     at::NoGradGuard no_grad;
-    at::Tensor grad;
-    if (options_.stage >= 2) {
-      grad = grad_shard_.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    } else {
-      std::vector<at::Tensor> parts;
-      parts.reserve(units_.size());
-      for (const FlatUnit& u : units_) parts.push_back(u.shard_of(u.full_grads, shard_index_));
-      grad = at::cat(parts).to(at::kFloat);
+    at::Tensor grad = reduced_gradient_shard();
+    if (backwards_this_step_ > 1) {
+      // Gradient accumulation: the sum over this step's backward() calls, as .grad holds it
+      // after several loss.backward() calls in plain PyTorch.
+      grad_accum_.add_(grad);
+      grad = grad_accum_;
     }
     if (options_.max_grad_norm > 0) {
       // Global L2 norm over all ranks' shards (disjoint, so their squares add up), then the
@@ -563,6 +713,8 @@ void TrainerCore::step() {
     }
     optimizer_->update(grad);
     grad = at::Tensor();
+    if (grad_accum_.defined()) grad_accum_.zero_();
+    backwards_this_step_ = 0;
 
     // Refresh the compute parameters from the updated master shard.
     std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
@@ -610,6 +762,10 @@ std::vector<std::pair<std::string, at::Tensor>> TrainerCore::gather_full_paramet
       for (const ParamSlot& s : u.params) {
         by_name[s.name] = full.narrow(0, s.offset, s.numel).view(s.shape).clone();
       }
+    }
+    for (const auto& [name, p] : frozen_) {
+      by_name[name] = p.is_floating_point() ? p.detach().to(at::kFloat, false, /*copy=*/true)
+                                            : p.detach().clone();
     }
   });
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -730,6 +886,7 @@ ModelStateBytes TrainerCore::model_state_bytes() const {
   count(m.compute_params_bytes, param_shard_);
   for (const FlatUnit& u : units_) count(m.compute_params_bytes, u.full_params);
   count(m.grads_bytes, grad_shard_);
+  count(m.grads_bytes, grad_accum_);
   for (const FlatUnit& u : units_) {
     count(m.grads_bytes, u.full_grads);
     count(m.grads_bytes, u.grad_staging);
@@ -763,6 +920,23 @@ std::string TrainerCore::describe_units() const {
     out += fmt::format("{:<24} {:>4} params {:>12} elements (padded {:>12}, shard {:>12}){}\n",
                        u.name, u.params.size(), u.numel, u.padded_numel, u.shard_numel,
                        u.persistent_full ? "" : ", sharded between uses");
+  }
+  if (!options_.param_groups.empty()) {
+    std::vector<std::int64_t> counts(options_.param_groups.size() + 1, 0);
+    for (const FlatUnit& u : units_) {
+      for (const ParamSlot& s : u.params) counts[static_cast<std::size_t>(s.group)] += s.numel;
+    }
+    out += fmt::format("param group (default): {} elements, lr {}, weight decay {}\n", counts[0],
+                       options_.adamw.lr, options_.adamw.weight_decay);
+    for (std::size_t i = 0; i < options_.param_groups.size(); ++i) {
+      const ParamGroup& g = options_.param_groups[i];
+      out += fmt::format("param group '{}': {} elements, lr {}, weight decay {}\n", g.name,
+                         counts[i + 1], g.lr.value_or(options_.adamw.lr),
+                         g.weight_decay.value_or(options_.adamw.weight_decay));
+    }
+  }
+  for (const auto& [name, p] : frozen_) {
+    out += fmt::format("frozen {:<24} {:>12} elements, whole on every rank\n", name, p.numel());
   }
   return out;
 }

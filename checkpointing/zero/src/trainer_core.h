@@ -73,6 +73,11 @@ class TrainerCore : public std::enable_shared_from_this<TrainerCore> {
   };
 
   void validate_options() const;
+  int group_of(const std::string& name, const at::Tensor& param) const;
+  std::vector<ShardSegment> shard_segments() const;
+  void check_requires_grad_unchanged() const;
+  void fold_reduced_gradients();
+  at::Tensor reduced_gradient_shard() const;
   void build_units(const std::vector<std::shared_ptr<torch::nn::Module>>& unit_modules);
   void initialize_parameters();
   void install_hooks();
@@ -111,6 +116,8 @@ class TrainerCore : public std::enable_shared_from_this<TrainerCore> {
   at::Device device_{at::kCPU};
   std::int64_t num_params_ = 0;
   std::vector<std::string> param_order_;  // named_parameters() order, for gather_full_parameters
+  // Frozen parameters (requires_grad false): whole on every rank, compute dtype, never updated.
+  std::vector<std::pair<std::string, at::Tensor>> frozen_;
 
   std::vector<FlatUnit> units_;
   std::vector<int> declared_order_;  // stage 3: units in the order given (root last)
@@ -120,6 +127,10 @@ class TrainerCore : public std::enable_shared_from_this<TrainerCore> {
   std::unique_ptr<AdamWShard> optimizer_;
   at::Tensor grad_shard_;   // stages 2-3: [shard_total_numel_], compute dtype
   at::Tensor param_shard_;  // stage 3: [shard_total_numel_], compute dtype
+  // Gradient accumulation: the reduced gradients of this step's earlier backward() calls, fp32,
+  // [shard_total_numel_]; allocated by the first step that has more than one backward().
+  at::Tensor grad_accum_;
+  int backwards_this_step_ = 0;
   DeviceStreams streams_;
 
   Phase phase_ = Phase::kIdle;

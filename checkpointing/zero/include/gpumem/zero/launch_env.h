@@ -9,6 +9,11 @@
 // one (rank 0, local rank 0, from_environment = false) and needs no rendezvous; when some but not
 // all are set, that is an error naming the missing ones.
 //
+// Who serves the rendezvous store. torchrun's agent already listens on MASTER_PORT and tells its
+// workers so with TORCHELASTIC_USE_AGENT_STORE=True: then every rank, rank 0 included, is a
+// client of that store. Without it (a launcher that only sets the five variables) rank 0 serves
+// the store and the other ranks connect, as torch.distributed's env:// rendezvous does.
+//
 // Thread-safety: plain value; parse_launch_env() is reentrant (it only calls the lookup given).
 #pragma once
 
@@ -26,6 +31,9 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;
   bool from_environment = false;  // false: no launcher variables at all, a world of one
+  // TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent serves the store at
+  // MASTER_ADDR:MASTER_PORT and rank 0 connects to it like every other rank.
+  bool agent_store = false;
 };
 
 // A bad or missing launcher variable. what() names the variable, the value and the fix.

@@ -30,6 +30,21 @@
 // shard, and the bucket freed). Reductions start in a fixed unit order so every rank issues the
 // same collectives in the same sequence; at most max_inflight_reductions are outstanding.
 //
+// Gradient accumulation. backward() may be called several times before step() (micro-batches):
+// the gradients add up, as .grad does over several loss.backward() calls in plain PyTorch (scale
+// each loss by 1/k for a mean). Every backward() reduces its gradients across ranks; from the
+// second one of a step on, the reduced shard is added to an fp32 accumulator of the rank's shard
+// size (4 Ψ / N bytes, allocated the first time a step has two backward() calls and kept).
+//
+// Frozen parameters (requires_grad false) are not sharded, reduced or updated: each rank keeps
+// them whole, converted to compute_dtype, with rank 0's values. They are outside every unit, so
+// stage 3 never frees them, and outside the model-state counts (which are about trained state).
+// Changing requires_grad after construction is refused at the next backward().
+//
+// Parameter groups (options.param_groups): per-group learning rate and weight decay. Inside
+// each unit parameters are laid out group by group, so the optimizer's work per group is a few
+// runs per unit.
+//
 // Stage 3. The model's forward must run each unit through gpumem::zero::call(unit, args...)
 // (unit_call.h): it gathers the unit's parameters (waiting for a prefetch if one is in flight),
 // prefetches the next unit, runs forward, hooks the outputs so the unit is gathered again before
@@ -39,9 +54,11 @@
 // parameters may be used only inside its own call() (no weight tying across units): outside it
 // their memory may be freed.
 //
-// Errors. A bad option or model (frozen or non-floating parameters, mixed devices, overlapping
-// or foreign units, stage-3 units missing) is one std::invalid_argument at construction. Misuse
-// (step() without backward(), two backward() calls per step) is std::logic_error. A failure in
+// Errors. A bad option or model (non-floating trainable parameters, nothing to train, mixed
+// devices, overlapping or foreign units, stage-3 units missing, a param group without a
+// predicate) is one std::invalid_argument at construction. Misuse (step() without backward(),
+// loss.backward() instead of trainer.backward(), requires_grad changed after construction) is
+// std::logic_error. A failure in
 // the middle of backward() or step() (a collective failing because another rank died, a
 // timeout) propagates and leaves the trainer broken: every later call throws, naming the
 // original failure.
@@ -71,7 +88,7 @@ class ShardedTrainer {
  public:
   // Collective: every rank constructs its trainer with the same model structure and options
   // (rank 0's initial parameters are broadcast unless options.broadcast_initial_params is off).
-  // The model must already be on its device; every parameter must require grad.
+  // The model must already be on its device; parameters that do not require grad are frozen.
   ShardedTrainer(std::shared_ptr<torch::nn::Module> model, c10::intrusive_ptr<c10d::Backend> comm,
                  ShardedTrainerOptions options = {},
                  std::vector<std::shared_ptr<torch::nn::Module>> units = {});
@@ -79,19 +96,21 @@ class ShardedTrainer {
   ShardedTrainer(const ShardedTrainer&) = delete;
   ShardedTrainer& operator=(const ShardedTrainer&) = delete;
 
-  // Collective. Runs loss.backward() and completes the gradient reduction. One call per step.
+  // Collective. Runs loss.backward() and completes the gradient reduction. Called once or more
+  // per step: the gradients of several calls add up (gradient accumulation).
   void backward(const at::Tensor& loss);
   // Collective. Clips (if asked), updates this rank's shard with AdamW and refreshes the
   // compute parameters (all-gather in stages 1-2; the bf16 shard in stage 3).
   void step();
 
   // Full fp32 master parameters, gathered from every rank's shard, in the model's
-  // named_parameters() order. Collective.
+  // named_parameters() order; frozen parameters as they are (in fp32). Collective.
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
 
   // Model-state bytes this rank holds now, measured from the storages of the tensors it keeps
   // (each storage counted once): the compute parameters (full buffers and shards), gradients
-  // (full buffers, shards and any .grad left on a parameter), master weights and moments.
+  // (full buffers, shards, the accumulator and any .grad left on a parameter), master weights
+  // and moments. Frozen parameters are not model state here.
   ModelStateBytes model_state_bytes() const;
   // The highest model_state_bytes().total seen at the trainer's measurement points (after
   // construction, after each backward() and each step()), by kind at that moment.

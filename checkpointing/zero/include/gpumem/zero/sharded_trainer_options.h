@@ -11,14 +11,22 @@
 //      forward and its backward and freed after use (reshard_after_forward), the next unit's
 //      gather prefetched (on a side stream on CUDA).
 //
+// Parameters with requires_grad() false are frozen: not sharded, not reduced, not updated; each
+// rank keeps them whole, in compute_dtype (so the model's forward sees one dtype).
+//
 // Mixed precision as in the paper: forward and backward in compute_dtype (bf16 by default),
 // gradients reduced in compute_dtype, fp32 master weights and fp32 Adam moments. compute_dtype
 // fp32 gives exact single-precision training (tests use it to compare with torch::optim::AdamW).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace gpumem::zero {
 
@@ -31,11 +39,35 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
+// A parameter group: the parameters `match` selects train with their own learning rate and
+// weight decay (torch.optim's param_groups; the usual use is no weight decay for biases and
+// norms). Groups are tried in order and the first match wins; parameters no group matches use
+// ShardedTrainerOptions::adamw. Betas and eps are the same for every group.
+struct ParamGroup {
+  std::string name;  // shown in errors and describe_units()
+  // name: the parameter's name in the model's named_parameters(); param: the parameter.
+  std::function<bool(const std::string& name, const at::Tensor& param)> match;
+  std::optional<double> lr;            // unset: adamw.lr
+  std::optional<double> weight_decay;  // unset: adamw.weight_decay
+};
+
+// The common rule (GPT-2, nanoGPT, Hugging Face's Trainer): parameters with fewer than two
+// dimensions (biases, norm scales and shifts) get no weight decay.
+inline ParamGroup no_weight_decay_below_2d() {
+  ParamGroup g;
+  g.name = "no weight decay (dim < 2)";
+  g.match = [](const std::string&, const at::Tensor& p) { return p.dim() < 2; };
+  g.weight_decay = 0.0;
+  return g;
+}
+
 struct ShardedTrainerOptions {
   int stage = 2;
   // kBFloat16 or kFloat. (kHalf is refused: fp16 needs loss scaling, which is not done here.)
   c10::ScalarType compute_dtype = c10::kBFloat16;
   AdamWOptions adamw;
+  // Per-parameter-group learning rate and weight decay (see ParamGroup); empty: adamw for all.
+  std::vector<ParamGroup> param_groups;
   // Clip the global gradient norm to this value before the update (0 = no clipping); the same
   // rule as torch::nn::utils::clip_grad_norm_.
   double max_grad_norm = 0.0;
