@@ -27,10 +27,11 @@ namespace gpumem::pinned::detail {
 using StreamList = boost::container::small_vector<alloc::StreamId, 2>;
 
 struct BlockRecord {
-  std::size_t size_bytes = 0;       // jemalloc's size class for the request
+  std::size_t size_bytes = 0;       // jemalloc's size class, or the page-rounded size of a direct block
   std::size_t requested_bytes = 0;
   std::uint64_t alloc_seq = 0;      // seq of the alloc event (0 when nothing was recording)
   bool pending_free = false;
+  bool direct = false;              // carved from the region table, not from the jemalloc arena
   StreamList streams;               // streams recorded with record_stream
 };
 

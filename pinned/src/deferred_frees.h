@@ -25,6 +25,7 @@ struct PendingFree {
   std::uintptr_t addr = 0;
   std::size_t size_bytes = 0;
   std::size_t requested_bytes = 0;
+  bool direct = false;  // BlockRecord::direct
   boost::container::small_vector<alloc::EventToken, 2> markers;
 };
 

@@ -10,12 +10,18 @@
 
 // The options of gpumem's private jemalloc (jemalloc reads this symbol once, at its first use).
 // The process's own allocator is untouched: this copy serves only gpumem's pinned arenas.
-//   cache_oblivious:false  large allocations are page-aligned and take no extra page
-//   dirty/muzzy_decay_ms:-1  never purge on a timer (the arena sets it again, see create())
+//   retain:false           jemalloc asks the alloc hook for exactly the extent it needs when its
+//                          caches cannot serve a request, instead of growing by geometric steps
+//                          whose unused tails it keeps (retained) where no hook ever gives them
+//                          back. The pinned allocator carves extents from its regions itself.
+//   dirty_decay_ms:0       a free extent goes back through the dalloc hook at once: the region
+//                          table, not jemalloc's first-fit cache, decides where large extents go
+//   muzzy_decay_ms:-1      never madvise (the arena sets both again, see create())
 //   narenas:1, tcache:false  nothing uses automatic arenas or thread caches here
-// MALLOC_CONF in the environment is read after this and wins, as for any jemalloc.
+// MALLOC_CONF in the environment is read after this and wins, as for any jemalloc; the pinned
+// allocator still works with retain:true, only less tightly (see settings()).
 extern "C" const char* gpumem_je_malloc_conf;
-const char* gpumem_je_malloc_conf = "cache_oblivious:false,dirty_decay_ms:-1,muzzy_decay_ms:-1,narenas:1,tcache:false";
+const char* gpumem_je_malloc_conf = "retain:false,dirty_decay_ms:0,muzzy_decay_ms:-1,narenas:1,tcache:false";
 
 namespace gpumem::pinned::detail {
 
@@ -147,14 +153,14 @@ std::unique_ptr<JemallocArena> JemallocArena::create(ExtentProvider& provider, s
     return nullptr;
   }
   std::unique_ptr<JemallocArena> arena(new JemallocArena(std::move(hooks), index));
-  if (!arena->set_decay_ms(-1, -1)) {
+  if (!arena->set_decay_ms(0, -1)) {
     *error = mallctl_words(fmt::format("arena.{}.dirty_decay_ms", index), EINVAL);
     return nullptr;  // the destructor destroys the arena
   }
   if (growth_limit_bytes != 0) {
     const std::string name = fmt::format("arena.{}.retain_grow_limit", index);
-    if ((rc = gpumem_je_mallctl(name.c_str(), nullptr, nullptr, &growth_limit_bytes, sizeof(growth_limit_bytes))) !=
-        0) {
+    rc = gpumem_je_mallctl(name.c_str(), nullptr, nullptr, &growth_limit_bytes, sizeof(growth_limit_bytes));
+    if (rc != 0 && rc != ENOENT) {  // ENOENT: retain is off, nothing grows geometrically
       *error = mallctl_words(name, rc);
       return nullptr;
     }
@@ -224,12 +230,6 @@ std::string JemallocArena::global_options() {
   const char* version = read_ctl<const char*>("version");
   return fmt::format("jemalloc {} (private), retain:{}, cache_oblivious:{}", version ? version : "?", retain,
                      oblivious);
-}
-
-std::size_t JemallocArena::small_max_bytes() {
-  const unsigned nbins = read_ctl<unsigned>("arenas.nbins");
-  if (nbins == 0) return 0;
-  return read_ctl<std::size_t>(fmt::format("arenas.bin.{}.size", nbins - 1));
 }
 
 }  // namespace gpumem::pinned::detail

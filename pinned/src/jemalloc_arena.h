@@ -4,18 +4,21 @@
 //
 // See Note [Pinned memory on a jemalloc arena] in docs/notes/pinned-host-memory.md. In short, what
 // jemalloc may ask of an extent and what the hooks answer:
-//   alloc(new_addr = null)   obtain size bytes: a returned range, else a new locked region. Fresh
-//                            regions are zero and committed; reused ranges are zeroed on request.
+//   alloc(new_addr = null)   obtain size bytes: the best-fitting free range of a region, else a new
+//                            locked region. Fresh regions are zero and committed; reused ranges
+//                            are zeroed on request.
 //   alloc(new_addr != null)  refused (in-place growth at a fixed address; jemalloc copies instead)
-//   dalloc / destroy         accepted: the range is returned to the RegionTable; a wholly returned
-//                            region is unlocked and unmapped
+//   dalloc / destroy         accepted: the range is free again in the RegionTable (still locked;
+//                            whole idle regions are unmapped later, never from inside jemalloc's
+//                            free path)
 //   commit                   accepted, nothing to do (extents are always committed)
 //   decommit, purge_lazy,    refused: madvise/decommit of page-locked, CUDA-registered pages would
 //   purge_forced             give the CPU new pages while the GPU still copies the old ones
 //   split                    accepted (bookkeeping only; an extent never spans two regions)
 //   merge                    accepted only inside one region: a copy must not span two registrations
-// Decay is off for the arena (dirty_decay_ms = muzzy_decay_ms = -1): freed extents stay cached and
-// are purged only by purge(), the pinned allocator's empty_cache.
+// Dirty decay is 0: jemalloc gives a free extent back through dalloc at once (best fit and
+// coalescing then happen in the RegionTable, which releases whole idle regions), and muzzy decay is
+// -1 so the lazy purge (madvise(MADV_FREE)) is never tried on that path.
 //
 // The arena is created with experimental.arenas_create_ext (jemalloc 5.3) so its metadata comes
 // from ordinary memory, not from locked regions; older 5.x fall back to arenas.create.
@@ -66,8 +69,8 @@ struct ArenaStats {
 class JemallocArena {
  public:
   // The arena; null with *error set if jemalloc refused. growth_limit_bytes caps jemalloc's
-  // geometric growth of new extents (arena.<i>.retain_grow_limit): every region is at most that
-  // large unless one request needs more.
+  // geometric growth (arena.<i>.retain_grow_limit), which only matters if MALLOC_CONF turned
+  // retain back on: then each hook call is at most that large unless one extent needs more.
   static std::unique_ptr<JemallocArena> create(ExtentProvider& provider, std::size_t growth_limit_bytes,
                                                std::string* error);
   // Destroys the arena (arena.<i>.destroy): every extent goes back through dalloc/destroy.
@@ -81,16 +84,14 @@ class JemallocArena {
   std::size_t usable_size(std::size_t size_bytes, std::size_t alignment_bytes) const noexcept;
   // Gives every cached free extent back through the hooks (arena.<i>.purge).
   void purge() noexcept;
-  // arena.<i>.dirty_decay_ms / muzzy_decay_ms (-1 = never, 0 = at once). The pinned allocator keeps
-  // both at -1; tests set others to make jemalloc call the purge hooks on its own.
+  // arena.<i>.dirty_decay_ms / muzzy_decay_ms (-1 = never, 0 = at once). The pinned allocator uses
+  // (0, -1); tests set others to make jemalloc call the purge hooks on its own.
   bool set_decay_ms(long dirty_ms, long muzzy_ms) noexcept;
   ArenaStats stats() const;
   HookCounts hook_counts() const noexcept;
   unsigned index() const noexcept { return index_; }
   // The jemalloc options this arena runs under, for settings strings ("retain:true,...").
   static std::string global_options();
-  // The largest small (slab) size class: allocations up to it share pages with others.
-  static std::size_t small_max_bytes();
 
   struct Hooks;  // extent_hooks_t + provider + counters (jemalloc_arena.cpp)
 

@@ -12,6 +12,7 @@
 
 #include "block_table.h"
 #include "deferred_frees.h"
+#include "host_mapping.h"
 #include "jemalloc_arena.h"
 #include "observer_hub.h"
 #include "region_table.h"
@@ -27,10 +28,15 @@ std::string validate(const PinnedOptions& options) {
   const std::size_t a = options.min_alignment_bytes;
   if (a < 16 || (a & (a - 1)) != 0)
     return fmt::format("pinned min_alignment_bytes = {} is not a power of two of at least 16; use 64 (the default)", a);
-  if (options.region_growth_limit_bytes < (std::size_t{2} << 20))
-    return fmt::format("pinned region_growth_limit_bytes = {} is below jemalloc's smallest growth step of 2 MiB; "
-                       "use 2097152 or more",
-                       options.region_growth_limit_bytes);
+  if (options.direct_min_bytes < (std::size_t{16} << 10))
+    return fmt::format("pinned direct_min_bytes = {} is below 16384 (jemalloc's small size classes end at 14 KiB); "
+                       "use 1048576 (the default), 16384 or more, or SIZE_MAX for jemalloc's classes only",
+                       options.direct_min_bytes);
+  const std::size_t page = detail::system_page_bytes();
+  if (options.region_bytes == 0 || options.region_bytes % page != 0)
+    return fmt::format("pinned region_bytes = {} is not a positive multiple of the page size ({} bytes); use 2097152 "
+                       "(2 MiB, the default) or another multiple of {}",
+                       options.region_bytes, page, page);
   return {};
 }
 
@@ -60,12 +66,12 @@ thread_local CallEvents* tl_call = nullptr;
 
 struct PinnedAllocator::Impl final : detail::ExtentProvider {
   Impl(HostMemorySource& src, alloc::StreamEvents& ev, PinnedOptions opts)
-      : source(src), events(ev), options(opts), small_max_bytes(detail::JemallocArena::small_max_bytes()) {}
+      : source(src), events(ev), options(opts), page_bytes(src.caps().page_bytes) {}
 
   HostMemorySource& source;
   alloc::StreamEvents& events;
   const PinnedOptions options;
-  const std::size_t small_max_bytes;
+  const std::size_t page_bytes;
   detail::RegionTable regions;
   detail::BlockTable blocks;
   detail::DeferredFrees deferred;
@@ -79,13 +85,15 @@ struct PinnedAllocator::Impl final : detail::ExtentProvider {
   std::atomic<std::uint64_t> num_allocs{0}, num_frees{0}, num_deferred{0}, num_maps{0}, num_unmaps{0},
       num_failures{0};
   std::atomic<std::size_t> unmapped_bytes_total{0};
+  std::atomic<std::size_t> high_water_reserved{0};  // the policy's mark (reset_peaks leaves it alone)
 
   std::mutex side_mutex;                 // guards the two below
   std::vector<AllocEvent> orphan_events;  // hook events of calls made outside an allocator call
   std::string last_source_error;
 
-  PoolKind pool_of(std::size_t size_bytes) const noexcept {
-    return size_bytes <= small_max_bytes ? PoolKind::small : PoolKind::large;
+  // Blocks from the jemalloc arena live in small-pool regions, direct blocks in large-pool ones.
+  PoolKind pool_of_request(std::size_t requested_bytes) const noexcept {
+    return is_direct(requested_bytes) ? PoolKind::large : PoolKind::small;
   }
   AllocEvent make_event(unsigned needs, EventKind kind, PoolKind pool, std::uintptr_t addr, std::size_t size,
                         std::size_t requested, alloc::StreamId stream) {
@@ -101,50 +109,96 @@ struct PinnedAllocator::Impl final : detail::ExtentProvider {
     if (needs & alloc::kNeedsTimestamps) e.t_ns = now_ns();
     return e;
   }
-  void note_region(EventKind kind, const HostRegion& region);
+  void note_region(EventKind kind, PoolKind pool, const HostRegion& region);
   void update_region_peaks() {
     const auto t = regions.totals();
+    raise_to(high_water_reserved, t.reserved_bytes);
     raise_to(peak_reserved, t.reserved_bytes);
     raise_to(peak_locked, t.locked_bytes);
   }
 
-  // ---- detail::ExtentProvider (runs inside jemalloc's locks) ----
-  void* obtain_extent(std::size_t size_bytes, std::size_t alignment_bytes, bool* zero) override {
-    if (std::uintptr_t at = regions.take_returned(size_bytes, alignment_bytes)) {
+  // Unlocks and unmaps regions the table let go of.
+  std::size_t unmap_regions(const std::vector<detail::PooledRegion>& gone) {
+    std::size_t bytes = 0;
+    for (const auto& [r, pool] : gone) {
+      if (const auto status = source.unmap(r); status != alloc::SourceStatus::ok) {
+        // The table no longer has it; the source keeps it mapped (and unmaps it when it dies).
+        std::fprintf(stderr, "gpumem pinned: could not unmap a free region of %zu bytes: %s\n", r.size_bytes,
+                     source.last_error().c_str());
+      }
+      num_unmaps.fetch_add(1, std::memory_order_relaxed);
+      bytes += r.size_bytes;
+      note_region(EventKind::segment_free, pool, r);
+    }
+    unmapped_bytes_total.fetch_add(bytes, std::memory_order_relaxed);
+    return bytes;
+  }
+
+  bool is_direct(std::size_t size_bytes) const noexcept { return size_bytes >= options.direct_min_bytes; }
+  std::size_t size_class(std::size_t size_bytes) const noexcept {
+    if (is_direct(size_bytes)) return (size_bytes + page_bytes - 1) / page_bytes * page_bytes;
+    return arena->usable_size(size_bytes, options.min_alignment_bytes);
+  }
+
+  // Pages for a jemalloc extent or a direct block: the best-fitting free range, else a new region.
+  // *zero on entry: the memory must read as zero; on return: whether it does.
+  // Pages for a jemalloc extent (pool small) or a direct block (pool large). See Note [Pinned
+  // memory on a jemalloc arena]:
+  //   * best fit among the free ranges of the pool's regions; an idle region more than twice the
+  //     request (and larger than a new region would be) stays whole for a request of its size;
+  //   * when nothing fits, a new region, unless that would raise locked memory above its high-water
+  //     mark while idle regions are held: then those are unlocked and unmapped first. Below the mark
+  //     idle regions stay for later requests (no cudaHostRegister churn).
+  // *zero on entry: the memory must read as zero; on return: whether it does.
+  void* carve(PoolKind pool, std::size_t size_bytes, std::size_t alignment_bytes, bool* zero) {
+    const std::size_t max_idle_split = std::max(options.region_bytes, 2 * size_bytes);
+    if (std::uintptr_t at = regions.take_free(pool, size_bytes, alignment_bytes, max_idle_split)) {
       if (*zero) std::memset(reinterpret_cast<void*>(at), 0, size_bytes);
       return reinterpret_cast<void*>(at);
     }
-    auto mapped = source.map_locked(size_bytes, alignment_bytes);
+    const std::size_t region_size = std::max(size_bytes, options.region_bytes);
+    if (regions.totals().reserved_bytes + region_size > high_water_reserved.load(std::memory_order_relaxed))
+      unmap_regions(regions.release_idle());
+    // A new region: the extent at its start, the rest free for later extents.
+    auto mapped = source.map_locked(region_size, alignment_bytes);
     if (!mapped.ok()) {
       std::string words = source.last_error();
       std::lock_guard lock(side_mutex);
       last_source_error = words.empty() ? std::string(alloc::to_string(mapped.status)) : std::move(words);
       return nullptr;
     }
-    regions.insert(mapped.value, seq.load(std::memory_order_relaxed));
+    regions.insert(mapped.value, pool, seq.load(std::memory_order_relaxed));
     num_maps.fetch_add(1, std::memory_order_relaxed);
     update_region_peaks();
-    note_region(EventKind::segment_alloc, mapped.value);
+    note_region(EventKind::segment_alloc, pool, mapped.value);
+    if (region_size > size_bytes) regions.give_back(mapped.value.base + size_bytes, region_size - size_bytes);
     *zero = true;  // fresh anonymous memory
     return reinterpret_cast<void*>(mapped.value.base);
   }
+
+  // ---- detail::ExtentProvider (runs inside jemalloc's locks) ----
+  void* obtain_extent(std::size_t size_bytes, std::size_t alignment_bytes, bool* zero) override {
+    return carve(PoolKind::small, size_bytes, alignment_bytes, zero);
+  }
   void give_back_extent(void* addr, std::size_t size_bytes) override {
-    auto whole = regions.give_back(reinterpret_cast<std::uintptr_t>(addr), size_bytes);
-    if (!whole) return;
-    if (const auto status = source.unmap(*whole); status != alloc::SourceStatus::ok) {
-      // The table no longer has it; the source keeps it mapped (and unmaps it when it dies).
-      std::fprintf(stderr, "gpumem pinned: could not unmap a free region of %zu bytes: %s\n", whole->size_bytes,
-                   source.last_error().c_str());
-    }
-    num_unmaps.fetch_add(1, std::memory_order_relaxed);
-    unmapped_bytes_total.fetch_add(whole->size_bytes, std::memory_order_relaxed);
-    note_region(EventKind::segment_free, *whole);
+    regions.give_back(reinterpret_cast<std::uintptr_t>(addr), size_bytes);
   }
   bool may_merge(const void* a, const void* b) override {
     return regions.same_region(reinterpret_cast<std::uintptr_t>(a), reinterpret_cast<std::uintptr_t>(b));
   }
 
   // ---- calls ----
+  void release_block(std::uintptr_t addr, std::size_t size_bytes, std::size_t requested_bytes, bool direct) {
+    if (direct)
+      regions.give_back(addr, size_bytes);
+    else
+      arena->deallocate(reinterpret_cast<void*>(addr), requested_bytes, options.min_alignment_bytes);
+  }
+  void* allocate_once(std::size_t size_bytes) {
+    if (!is_direct(size_bytes)) return arena->allocate(size_bytes, options.min_alignment_bytes);
+    bool zero = false;
+    return carve(PoolKind::large, size_class(size_bytes), page_bytes, &zero);
+  }
   void return_to_arena(const detail::PendingFree& done, CallEvents& call);
   std::size_t drain_completed(CallEvents& call, bool wait);
   FreeStatus classify_unknown(std::uintptr_t addr) const;
@@ -195,25 +249,25 @@ class CallEvents {
 
 }  // namespace
 
-void PinnedAllocator::Impl::note_region(EventKind kind, const HostRegion& region) {
+void PinnedAllocator::Impl::note_region(EventKind kind, PoolKind pool, const HostRegion& region) {
   if (!observers.active()) return;
   if (tl_call != nullptr && tl_call->owner() == this) {
-    tl_call->add(kind, PoolKind::large, region.base, region.size_bytes, 0);
+    tl_call->add(kind, pool, region.base, region.size_bytes, 0);
     return;
   }
   // A hook ran outside any call of this allocator (cannot happen today: no background threads, no
   // decay); keep the event for the next call to publish.
-  AllocEvent e = make_event(observers.needs(), kind, PoolKind::large, region.base, region.size_bytes, 0, 0);
+  AllocEvent e = make_event(observers.needs(), kind, pool, region.base, region.size_bytes, 0, 0);
   std::lock_guard lock(side_mutex);
   orphan_events.push_back(e);
 }
 
 void PinnedAllocator::Impl::return_to_arena(const detail::PendingFree& done, CallEvents& call) {
   blocks.erase(done.addr);
-  arena->deallocate(reinterpret_cast<void*>(done.addr), done.requested_bytes, options.min_alignment_bytes);
+  release_block(done.addr, done.size_bytes, done.requested_bytes, done.direct);
   pending_bytes.fetch_sub(done.size_bytes, std::memory_order_relaxed);
   pending_count.fetch_sub(1, std::memory_order_relaxed);
-  call.add(EventKind::free_completed, pool_of(done.size_bytes), done.addr, done.size_bytes, done.requested_bytes);
+  call.add(EventKind::free_completed, pool_of_request(done.requested_bytes), done.addr, done.size_bytes, done.requested_bytes);
 }
 
 std::size_t PinnedAllocator::Impl::drain_completed(CallEvents& call, bool wait) {
@@ -234,7 +288,7 @@ PinnedAllocator::PinnedAllocator(HostMemorySource& source, alloc::StreamEvents& 
   if (auto bad = validate(options); !bad.empty()) throw std::invalid_argument(bad);
   impl_ = std::make_unique<Impl>(source, events, options);
   std::string error;
-  impl_->arena = detail::JemallocArena::create(*impl_, options.region_growth_limit_bytes, &error);
+  impl_->arena = detail::JemallocArena::create(*impl_, options.region_bytes, &error);
   if (!impl_->arena) throw std::runtime_error("gpumem pinned: cannot create the jemalloc arena: " + error);
 }
 
@@ -244,34 +298,30 @@ PinnedAllocator::~PinnedAllocator() {
     CallEvents call(m);
     for (const auto& d : m.deferred.take_all(m.events)) {
       m.blocks.erase(d.addr);
-      call.add(EventKind::free_completed, m.pool_of(d.size_bytes), d.addr, d.size_bytes, d.requested_bytes);
+      call.add(EventKind::free_completed, m.pool_of_request(d.requested_bytes), d.addr, d.size_bytes, d.requested_bytes);
     }
     m.arena.reset();  // arena.<i>.destroy: every extent comes back through the hooks
+    m.unmap_regions(m.regions.take_all());
   }
-  // Whatever jemalloc did not give back (nothing, unless it leaked) is unmapped here.
-  for (const HostRegion& r : m.regions.take_all()) m.source.unmap(r);
 }
 
 PinnedAllocResult PinnedAllocator::allocate(std::size_t size_bytes) {
   if (size_bytes == 0) return {};
   Impl& m = *impl_;
-  const std::size_t align = m.options.min_alignment_bytes;
   CallEvents call(m);
   m.drain_completed(call, false);
-  void* p = m.arena->allocate(size_bytes, align);
+  void* p = m.allocate_once(size_bytes);
   if (p == nullptr) {
     // The source refused: give back what completed and every cached extent, then try once more.
     m.drain_completed(call, true);
-    const std::size_t before = m.unmapped_bytes_total.load(std::memory_order_relaxed);
     m.arena->purge();
-    call.add(EventKind::empty_cache, PoolKind::large, 0,
-             m.unmapped_bytes_total.load(std::memory_order_relaxed) - before, 0);
-    p = m.arena->allocate(size_bytes, align);
+    call.add(EventKind::empty_cache, PoolKind::large, 0, m.unmap_regions(m.regions.release_idle()), 0);
+    p = m.allocate_once(size_bytes);
   }
-  const std::size_t usize = m.arena->usable_size(size_bytes, align);
+  const std::size_t usize = m.size_class(size_bytes);
   if (p == nullptr) {
     m.num_failures.fetch_add(1, std::memory_order_relaxed);
-    call.add(EventKind::oom, m.pool_of(usize), 0, usize, size_bytes);
+    call.add(EventKind::oom, m.pool_of_request(size_bytes), 0, usize, size_bytes);
     std::string why;
     {
       std::lock_guard lock(m.side_mutex);
@@ -288,8 +338,8 @@ PinnedAllocResult PinnedAllocator::allocate(std::size_t size_bytes) {
     return r;
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  const std::uint64_t seq = call.add(EventKind::alloc, m.pool_of(usize), addr, usize, size_bytes);
-  m.blocks.insert(addr, detail::BlockRecord{usize, size_bytes, seq, false, {}});
+  const std::uint64_t seq = call.add(EventKind::alloc, m.pool_of_request(size_bytes), addr, usize, size_bytes);
+  m.blocks.insert(addr, detail::BlockRecord{usize, size_bytes, seq, false, m.is_direct(size_bytes), {}});
   raise_to(m.peak_allocated, m.allocated_bytes.fetch_add(usize, std::memory_order_relaxed) + usize);
   raise_to(m.peak_requested, m.requested_bytes.fetch_add(size_bytes, std::memory_order_relaxed) + size_bytes);
   m.allocations.fetch_add(1, std::memory_order_relaxed);
@@ -306,7 +356,7 @@ FreeStatus PinnedAllocator::free(void* ptr) {
   if (action == detail::FreeAction::not_found) return m.classify_unknown(addr);
   if (action == detail::FreeAction::already_pending) return FreeStatus::double_free;
   CallEvents call(m);
-  const PoolKind pool = m.pool_of(rec.size_bytes);
+  const PoolKind pool = m.pool_of_request(rec.requested_bytes);
   call.add(EventKind::free_requested, pool, addr, rec.size_bytes, rec.requested_bytes,
            rec.streams.empty() ? 0 : rec.streams.front());
   m.allocated_bytes.fetch_sub(rec.size_bytes, std::memory_order_relaxed);
@@ -314,11 +364,11 @@ FreeStatus PinnedAllocator::free(void* ptr) {
   m.allocations.fetch_sub(1, std::memory_order_relaxed);
   m.num_frees.fetch_add(1, std::memory_order_relaxed);
   if (action == detail::FreeAction::now) {
-    m.arena->deallocate(ptr, rec.requested_bytes, m.options.min_alignment_bytes);
+    m.release_block(addr, rec.size_bytes, rec.requested_bytes, rec.direct);
     call.add(EventKind::free_completed, pool, addr, rec.size_bytes, rec.requested_bytes);
     return FreeStatus::ok;
   }
-  detail::PendingFree pending{addr, rec.size_bytes, rec.requested_bytes, {}};
+  detail::PendingFree pending{addr, rec.size_bytes, rec.requested_bytes, rec.direct, {}};
   for (alloc::StreamId s : rec.streams) pending.markers.push_back(m.events.record(s));
   m.pending_bytes.fetch_add(rec.size_bytes, std::memory_order_relaxed);
   m.pending_count.fetch_add(1, std::memory_order_relaxed);
@@ -345,9 +395,8 @@ std::size_t PinnedAllocator::empty_cache() {
   Impl& m = *impl_;
   CallEvents call(m);
   m.drain_completed(call, true);
-  const std::size_t before = m.unmapped_bytes_total.load(std::memory_order_relaxed);
-  m.arena->purge();
-  const std::size_t released = m.unmapped_bytes_total.load(std::memory_order_relaxed) - before;
+  m.arena->purge();  // jemalloc's cached extents (empty slabs, with decay 0 nothing else) come back
+  const std::size_t released = m.unmap_regions(m.regions.release_idle());
   call.add(EventKind::empty_cache, PoolKind::large, 0, released, 0);
   return released;
 }
@@ -364,7 +413,7 @@ bool PinnedAllocator::owns(const void* ptr) const {
 }
 
 std::size_t PinnedAllocator::round_size(std::size_t size_bytes) const noexcept {
-  return size_bytes == 0 ? 0 : impl_->arena->usable_size(size_bytes, impl_->options.min_alignment_bytes);
+  return size_bytes == 0 ? 0 : impl_->size_class(size_bytes);
 }
 
 void PinnedAllocator::attach_observer(std::shared_ptr<alloc::AllocObserver> observer) {
@@ -423,7 +472,7 @@ alloc::EngineSnapshot PinnedAllocator::snapshot() {
     seg.base = rc.region.base;
     seg.size_bytes = rc.region.size_bytes;
     seg.mapped_bytes = rc.region.size_bytes;
-    seg.pool = PoolKind::large;
+    seg.pool = rc.pool;
     seg.created_seq = rc.created_seq;
     std::uintptr_t at = seg.base;
     while (next_block != blocks.end() && next_block->first < rc.region.end()) {
@@ -455,8 +504,9 @@ alloc::EngineSnapshot PinnedAllocator::snapshot() {
 
 std::string PinnedAllocator::settings() const {
   const Impl& m = *impl_;
-  return fmt::format("pinned: source={}, min_alignment_bytes={}, region_growth_limit_bytes={}, {}",
-                     m.source.caps().name, m.options.min_alignment_bytes, m.options.region_growth_limit_bytes,
+  return fmt::format("pinned: source={}, min_alignment_bytes={}, direct_min_bytes={}, region_bytes={}, {}",
+                     m.source.caps().name, m.options.min_alignment_bytes, m.options.direct_min_bytes,
+                     m.options.region_bytes,
                      detail::JemallocArena::global_options());
 }
 
@@ -471,7 +521,7 @@ void PinnedAllocator::check_invariants() const {
   m.regions.check_invariants();
   const auto regions = m.regions.copy();
   const auto blocks = m.blocks.copy();
-  std::size_t allocated = 0, requested = 0, pending = 0, live = 0, pending_n = 0;
+  std::size_t allocated = 0, requested = 0, pending = 0, live = 0, pending_n = 0, in_arena = 0;
   std::uintptr_t prev_end = 0;
   auto region = regions.begin();
   for (const auto& [addr, rec] : blocks) {
@@ -481,11 +531,12 @@ void PinnedAllocator::check_invariants() const {
     while (region != regions.end() && region->region.end() <= addr) ++region;
     if (region == regions.end() || addr < region->region.base || prev_end > region->region.end())
       broken(fmt::format("block [{:#x}, +{}) is not inside one region", addr, rec.size_bytes));
-    for (const auto& [rb, rs] : region->returned)
-      if (addr < rb + rs && rb < prev_end) broken(fmt::format("block {:#x} overlaps a returned range", addr));
-    if (rec.size_bytes != m.arena->usable_size(rec.requested_bytes, m.options.min_alignment_bytes))
+    for (const auto& [fb, fs] : region->free_ranges)
+      if (addr < fb + fs && fb < prev_end) broken(fmt::format("block {:#x} overlaps a free range", addr));
+    if (rec.size_bytes != m.size_class(rec.requested_bytes) || rec.direct != m.is_direct(rec.requested_bytes))
       broken(fmt::format("block {:#x} has size {} but its request {} has another size class", addr, rec.size_bytes,
                          rec.requested_bytes));
+    if (!rec.direct) in_arena += rec.size_bytes;
     if (rec.pending_free) {
       pending += rec.size_bytes;
       ++pending_n;
@@ -504,9 +555,9 @@ void PinnedAllocator::check_invariants() const {
                        m.pending_bytes.load(), live, m.allocations.load(), pending_n, m.pending_count.load(),
                        m.deferred.size()));
   const auto js = m.arena->stats();
-  if (js.small_allocated_bytes + js.large_allocated_bytes != allocated + pending)
+  if (js.small_allocated_bytes + js.large_allocated_bytes != in_arena)
     broken(fmt::format("jemalloc counts {} bytes allocated in the arena, the block table {}",
-                       js.small_allocated_bytes + js.large_allocated_bytes, allocated + pending));
+                       js.small_allocated_bytes + js.large_allocated_bytes, in_arena));
 }
 
 }  // namespace gpumem::pinned

@@ -2,9 +2,14 @@
 // whose extents live in regions a HostMemorySource maps and locks.
 //
 // Why: PyTorch's pinned allocator rounds every request up to a power of two and caches blocks by
-// that size, so a 4.1 GB tensor takes 8 GB of page-locked memory. Here jemalloc's size classes
-// (four per doubling: at most 25% internal waste for any size, about 8% on average) replace the
-// power of two, and freed blocks of any size are split and coalesced for new requests of any size.
+// that size, so a 4.1 GB tensor takes 8 GB of page-locked memory. Here:
+//   * requests below PinnedOptions::direct_min_bytes (1 MiB) come from a jemalloc arena: its size
+//     classes (four per doubling, at most 25% over for any size) and slabs replace the power of
+//     two, and its thread-aware bins keep small pinned allocations cheap;
+//   * larger requests (batch buffers) are rounded to the page only and carved best-fit from the same
+//     regions the arena's extents come from, where freed blocks of any size coalesce for new
+//     requests of any size. jemalloc's classes would cost them about 8% on average (a batch of
+//     32x3x224x224 float32, 19.3 MB, takes its 20 MiB class), against a 1.1x budget.
 // See Note [Pinned memory on a jemalloc arena] (docs/notes/pinned-host-memory.md).
 //
 // Stream semantics (PyTorch's CachingHostAllocator's): record_stream(ptr, s) notes that a copy on
@@ -24,9 +29,10 @@
 //   oom             a request failed (size_bytes = size class, requested_bytes = request)
 //   empty_cache     empty_cache ran (size_bytes = bytes released)
 //   snapshot        a snapshot was taken
-// pool is small for jemalloc's small (slab) size classes (at most 14 KiB), else large.
+// pool is small for blocks from the jemalloc arena (requests below direct_min_bytes, 1 MiB: PyTorch's
+// small-pool boundary) and the regions that hold them, large for direct blocks and their regions.
 //
-// Invariants (check_invariants): every live block lies inside a region and outside its returned
+// Invariants (check_invariants): every live block lies inside a region and outside its free
 // ranges; blocks do not overlap; the totals equal the sums over blocks and regions; jemalloc's own
 // count of allocated bytes in the arena equals the size classes of the live and pending blocks.
 //
@@ -57,11 +63,15 @@ struct PinnedOptions {
   // Every block is aligned to at least this (a power of two >= 16): 64, the alignment of PyTorch's
   // CPU allocations.
   std::size_t min_alignment_bytes = 64;
-  // jemalloc grows its arena by regions of geometrically increasing size up to this limit
-  // (arena.<i>.retain_grow_limit), and a region is larger only when one request needs more. Small:
-  // little locked memory sits unused at the end of the newest region; large: fewer registrations.
-  // At least 2 MiB (jemalloc's smallest growth step).
-  std::size_t region_growth_limit_bytes = std::size_t{2} << 20;
+  // Requests of at least this many bytes are direct blocks: page-rounded and carved from the
+  // regions, not from jemalloc's size classes. At least jemalloc's largest small class (16 KiB);
+  // SIZE_MAX sends everything through jemalloc.
+  std::size_t direct_min_bytes = std::size_t{1} << 20;
+  // When jemalloc needs a new extent and no free part of a region fits it, a region of this many
+  // bytes is mapped and locked (one cudaHostRegister) and the extent is carved from its start; the
+  // rest serves later extents. An extent larger than this gets a region of exactly its size. Small:
+  // little locked memory waits unused; large: fewer registrations. A positive multiple of the page size.
+  std::size_t region_bytes = std::size_t{2} << 20;
 };
 
 // One sentence naming the problem and the fix, or empty when the options are valid.
@@ -81,7 +91,7 @@ struct PinnedTotals {
   std::size_t pending_free_bytes = 0;  // freed blocks waiting for their markers
   std::size_t reserved_bytes = 0;      // regions mapped (the memory this allocator holds)
   std::size_t locked_bytes = 0;        // regions that are page-locked (<= reserved_bytes)
-  std::size_t cached_bytes = 0;        // reserved, not active: free for reuse (jemalloc's and returned)
+  std::size_t cached_bytes = 0;        // reserved, not active: free for reuse (slab space and free ranges)
   std::size_t allocations = 0;         // blocks the user holds
   std::size_t pending_frees = 0;       // blocks waiting for markers
   std::size_t regions = 0;
@@ -142,9 +152,9 @@ class PinnedAllocator {
   PinnedTotals totals() const;
   void reset_peaks();
   // Regions as segments (device kPinnedHostDevice, never expandable) with their blocks in address
-  // order: allocated, pending_free, and free for the rest (cached by jemalloc or returned).
+  // order: allocated, pending_free, and free for the rest (slab space and free ranges).
   alloc::EngineSnapshot snapshot();
-  // "pinned: source=locked_host, min_alignment=64, region_growth_limit=2097152, jemalloc 5.3.0 ..."
+  // "pinned: source=locked_host, min_alignment_bytes=64, region_bytes=2097152, jemalloc 5.3.0 ..."
   std::string settings() const;
   // jemalloc's hook calls so far: how often it asked to purge or decommit (always refused).
   struct HookCalls {
