@@ -6,11 +6,18 @@
 // the allocator's accounting, which is the same on CUDA).
 //
 //   bench_pinned_dataloader [--steps N] [--seed S] [--region-mb M[,M...]] [--window W] [--lag L]
-//                           [--multi-scale 0|1]
+//                           [--multi-scale 0|1] [--dump FILE]
+//
+// --dump writes the workload instead (the line "window W lag L", then one line of request sizes per
+// step), for bench/pinned_torch_dataloader.py to replay through PyTorch's own pinned allocator.
 //
 // Prints one row per configuration: peak requested, peak reserved (= locked on CUDA), their ratio,
 // regions mapped, and the time per pinned allocation.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cerrno>
+#include <cstdio>
 
 #include <algorithm>
 #include <bit>
@@ -33,6 +40,7 @@ using namespace gpumem::pinned;
 namespace {
 
 struct Args {
+  std::string dump_path;  // --dump: write the workload's requests, one step a line, and stop
   std::size_t steps = 3000;
   std::uint64_t seed = 2024;
   std::vector<std::size_t> region_mb = {2, 8, 32, 128};
@@ -42,7 +50,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr,
              "bench_pinned_dataloader: {}\nusage: bench_pinned_dataloader [--steps N] [--seed S] "
-             "[--region-mb M[,M...]] [--window W] [--lag L] [--multi-scale 0|1]\n",
+             "[--region-mb M[,M...]] [--window W] [--lag L] [--multi-scale 0|1] [--dump FILE]\n",
              why);
   std::exit(2);
 }
@@ -65,6 +73,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--window") a.shape.window = number("--window", v);
     else if (f == "--lag") a.shape.copy_lag = number("--lag", v);
     else if (f == "--multi-scale") a.shape.multi_scale = number("--multi-scale", v) != 0;
+    else if (f == "--dump") a.dump_path = v;
     else if (f == "--region-mb") {
       a.region_mb.clear();
       std::string list = v;
@@ -175,6 +184,21 @@ struct PowerOfTwoModel {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  if (!args.dump_path.empty()) {
+    std::FILE* out = std::fopen(args.dump_path.c_str(), "w");
+    if (out == nullptr) {
+      fmt::print(stderr, "bench_pinned_dataloader: cannot write {}: {}\n", args.dump_path, std::strerror(errno));
+      return 1;
+    }
+    std::mt19937_64 rng(args.seed);
+    fmt::print(out, "window {} lag {}\n", args.shape.window, args.shape.copy_lag);
+    for (std::size_t step = 0; step < args.steps; ++step) {
+      const auto sizes = testing::next_batch(rng, step, args.shape);
+      fmt::print(out, "{}\n", fmt::join(sizes, " "));
+    }
+    std::fclose(out);
+    return 0;
+  }
   fmt::print("DataLoader-style workload ({}): {} steps, batch {}, window {}, copy lag {}, seed {}\n",
              args.shape.multi_scale ? "multi-scale images" : "224x224 images", args.steps, args.shape.batch,
              args.shape.window, args.shape.copy_lag, args.seed);

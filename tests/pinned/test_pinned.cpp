@@ -788,3 +788,77 @@ TEST_CASE("malloc and operator new of a program that links gpumem::pinned are no
   std::free(heap);
   CHECK(pa.free(r.ptr) == FreeStatus::ok);
 }
+
+// ---------------------------------------------------------------- CUDA (GPU machine)
+
+#if defined(GPUMEM_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "gpumem/alloc/cuda_sources.h"
+#include "gpumem/pinned/cuda_host_source.h"
+
+TEST_CASE("CudaHostSource registers regions with CUDA and copies from them", "[pinned][gpu]") {
+  if (alloc::cuda_device_count() == 0) GPUMEM_SKIP("no CUDA device");
+  CudaHostSource src;
+  REQUIRE(src.init_status() == alloc::SourceStatus::ok);
+  auto r = src.map_locked(8 * kMiB, 2 * kMiB);
+  REQUIRE(r.ok());
+  CHECK(r.value.locked);
+  CHECK(r.value.base % (2 * kMiB) == 0);
+  unsigned int flags = 0;
+  CHECK(cudaHostGetFlags(&flags, reinterpret_cast<void*>(r.value.base + 4 * kMiB)) == cudaSuccess);
+  // A round trip through the device.
+  fill(reinterpret_cast<void*>(r.value.base), 4 * kMiB, 0x1234);
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, 4 * kMiB) == cudaSuccess);
+  REQUIRE(cudaMemcpy(dev, reinterpret_cast<void*>(r.value.base), 4 * kMiB, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(reinterpret_cast<void*>(r.value.base + 4 * kMiB), dev, 4 * kMiB, cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  CHECK(intact(reinterpret_cast<void*>(r.value.base + 4 * kMiB), 4 * kMiB, 0x1234));
+  cudaFree(dev);
+  CHECK(src.counters().registers == 1);
+  CHECK(src.unmap(r.value) == alloc::SourceStatus::ok);
+  CHECK(cudaHostGetFlags(&flags, reinterpret_cast<void*>(r.value.base)) != cudaSuccess);  // no longer pinned
+  (void)cudaGetLastError();
+  CHECK(src.unmap(r.value) == alloc::SourceStatus::invalid_argument);
+}
+
+TEST_CASE("a pinned block waits for the copy recorded on it, on a real stream", "[pinned][gpu]") {
+  if (alloc::cuda_device_count() == 0) GPUMEM_SKIP("no CUDA device");
+  CudaHostSource src;
+  alloc::CudaStreamEvents events(0);
+  PinnedAllocator pa(src, events);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  constexpr std::size_t kBytes = 512 * kMiB;  // about 10 ms over PCIe: long enough to watch
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, kBytes) == cudaSuccess);
+  auto big = pa.allocate(kBytes);
+  REQUIRE(big.ok());
+  fill(big.ptr, kBytes, 0x55);
+  auto x = pa.allocate(4 * kMiB);
+  REQUIRE(x.ok());
+  // Queue the big copy first, then the copy from x behind it on the same stream.
+  REQUIRE(cudaMemcpyAsync(dev, big.ptr, kBytes, cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(dev, x.ptr, 4 * kMiB, cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  REQUIRE(pa.record_stream(x.ptr, reinterpret_cast<alloc::StreamId>(stream)) == FreeStatus::ok);
+  REQUIRE(pa.free(x.ptr) == FreeStatus::ok);
+  const bool still_copying = cudaStreamQuery(stream) == cudaErrorNotReady;
+  if (still_copying) {
+    CHECK(pa.totals().pending_frees == 1);
+    auto y = pa.allocate(4 * kMiB);  // must not be x's block
+    REQUIRE(y.ok());
+    CHECK(y.ptr != x.ptr);
+    CHECK(pa.free(y.ptr) == FreeStatus::ok);
+  } else {
+    WARN("the copy finished before the check; the pending state was not observed");
+  }
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  pa.process_events();
+  CHECK(pa.totals().pending_frees == 0);
+  CHECK(pa.free(big.ptr) == FreeStatus::ok);
+  pa.check_invariants();
+  cudaFree(dev);
+  cudaStreamDestroy(stream);
+}
+#endif

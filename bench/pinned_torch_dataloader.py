@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""PyTorch's own pinned allocator on the workload bench_pinned_dataloader --dump wrote, and its
+host-to-device copy bandwidth from pinned and pageable tensors.
+
+    python3 bench/pinned_torch_dataloader.py WORKLOAD_FILE [--reps N]
+
+The workload file: a line "window W lag L", then one line of request sizes (bytes) per step. Each
+step pins one uint8 tensor per size (torch.empty(..., pin_memory=True)), writes into it, and keeps
+W batches ahead; the oldest batch is copied to the GPU with non_blocking=True on a side stream (so
+PyTorch records an event on each buffer) and dropped. Prints peak requested bytes, PyTorch's peak
+allocated_bytes (pinned memory it holds, free blocks included: torch.cuda.host_memory_stats()), the
+ratio, and "RESULT ..." lines the GPU script collects.
+"""
+import argparse
+import collections
+import sys
+import time
+
+import torch
+
+
+def bandwidth(src, dev, reps, stream):
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        dev.copy_(src, non_blocking=True)
+        start.record(stream)
+        for _ in range(reps):
+            dev.copy_(src, non_blocking=True)
+        stop.record(stream)
+    stop.synchronize()
+    return src.numel() * reps / (start.elapsed_time(stop) * 1e6)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("pinned_torch_dataloader: no CUDA device", file=sys.stderr)
+        return 1
+    with open(args.workload) as f:
+        head = f.readline().split()
+        if len(head) != 4 or head[0] != "window" or head[2] != "lag":
+            print(f"pinned_torch_dataloader: {args.workload} does not start with 'window W lag L'", file=sys.stderr)
+            return 2
+        window, lag = int(head[1]), int(head[3])
+        steps = [[int(x) for x in line.split()] for line in f if line.strip()]
+
+    stream = torch.cuda.Stream()
+    print(f"host-to-device copy bandwidth, GB/s ({args.reps} copies each)")
+    print(f"{'bytes':>10} {'torch pinned':>14} {'torch pageable':>15}")
+    for mb in (1, 16, 64, 256):
+        n = mb << 20
+        dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+        pinned = torch.ones(n, dtype=torch.uint8, pin_memory=True)
+        pageable = torch.ones(n, dtype=torch.uint8)
+        p = bandwidth(pinned, dev, args.reps, stream)
+        q = bandwidth(pageable, dev, max(2, args.reps // 4), stream)
+        print(f"{n:>10} {p:>14.1f} {q:>15.1f}")
+        print(f"RESULT torch_h2d_gbps bytes={n} pinned={p:.1f} pageable={q:.1f}")
+        del pinned, pageable, dev
+    torch.cuda.synchronize()
+    torch._C._host_emptyCache()
+    torch.cuda.reset_peak_host_memory_stats()
+
+    dev = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ahead = collections.deque()
+    copying = collections.deque()
+    live = peak = 0
+    t0 = time.time()
+    for i, sizes in enumerate(steps):
+        batch = []
+        for n in sizes:
+            t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            t[: min(n, 1 << 16)].fill_(i & 0xFF)  # the collate writes
+            batch.append(t)
+            live += n
+        peak = max(peak, live)
+        ahead.append(batch)
+        if len(ahead) > window:
+            old = ahead.popleft()
+            nbytes = 0
+            with torch.cuda.stream(stream):
+                for t in old:
+                    for off in range(0, t.numel(), 64 << 20):
+                        chunk = t[off : off + (64 << 20)]
+                        dev[: chunk.numel()].copy_(chunk, non_blocking=True)
+                    nbytes += t.numel()
+            done = torch.cuda.Event()
+            done.record(stream)
+            copying.append((done, nbytes))
+            del old, t, chunk  # the host buffers go back to PyTorch's cache, their events pending
+        while copying and (len(copying) > lag or copying[0][0].query()):
+            copying[0][0].synchronize()
+            live -= copying[0][1]
+            copying.popleft()
+    torch.cuda.synchronize()
+    seconds = time.time() - t0
+    stats = torch.cuda.host_memory_stats()
+    locked = stats.get("allocated_bytes.peak", 0)
+    print(f"\nPyTorch pinned allocator, {len(steps)} steps in {seconds:.2f} s")
+    print(f"{'peak requested bytes':<26} {peak:>14}")
+    print(f"{'peak locked bytes':<26} {locked:>14}")
+    print(f"{'locked / requested':<26} {locked / peak:>14.3f}")
+    print(f"{'cudaHostAlloc calls':<26} {stats.get('num_host_alloc', 0):>14}")
+    print(f"RESULT torch_locked_over_requested={locked / peak:.3f} peak_requested={peak} peak_locked={locked}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
