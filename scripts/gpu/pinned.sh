@@ -77,11 +77,15 @@ for scale in 0 1; do
   cat "$LOGS/torch_$name.log"
 done
 
-result() {  # result FILE KEY: the value of KEY= on the file's RESULT line
-  grep -h '^RESULT' "$1" 2>/dev/null | grep -oE "$2=[^ ]+" | head -1 | cut -d= -f2
+result() {  # result FILE KEY: the value of KEY= on the file's RESULT line, "-" if none
+  local v
+  v=$(grep -h '^RESULT' "$1" 2>/dev/null | grep -oE "$2=[^ ]+" | head -1 | cut -d= -f2)
+  echo "${v:--}"
 }
-gbps() {  # gbps FILE BYTES COLUMN: a column of the bandwidth table
-  awk -v b="$2" -v c="$3" '$1 == b { print $c; exit }' "$1" 2>/dev/null
+gbps() {  # gbps FILE BYTES COLUMN: a column of the bandwidth table, "-" if none
+  local v
+  v=$(awk -v b="$2" -v c="$3" '$1 == b { print $c; exit }' "$1" 2>/dev/null)
+  echo "${v:--}"
 }
 {
   echo
