@@ -19,6 +19,7 @@
 
 #include "dataloader_workload.h"
 #include "gpumem/alloc/cuda_sources.h"
+#include "gpumem/pinned/cuda_device_events.h"
 #include "gpumem/pinned/cuda_host_source.h"
 #include "gpumem/pinned/pinned_allocator.h"
 
@@ -86,7 +87,7 @@ int main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
   CudaHostSource source;
-  alloc::CudaStreamEvents events(0);
+  CudaDeviceEvents events;
   PinnedAllocator pa(source, events);
 
   // ---- bandwidth ----
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
           check(cudaMemcpyAsync(dev, static_cast<char*>(p) + off, std::min(n - off, std::size_t{64} << 20),
                                 cudaMemcpyHostToDevice, stream),
                 "copy");
-        pa.record_stream(p, reinterpret_cast<alloc::StreamId>(stream));
+        pa.record_stream(p, CudaDeviceEvents::stream_id(0, stream));
         pa.free(p);
         bytes += n;
       }

@@ -864,6 +864,7 @@ TEST_CASE("a shared library carrying gpumem::pinned exports no allocator and lea
 #include <cuda_runtime_api.h>
 
 #include "gpumem/alloc/cuda_sources.h"
+#include "gpumem/pinned/cuda_device_events.h"
 #include "gpumem/pinned/cuda_host_source.h"
 
 TEST_CASE("CudaHostSource registers regions with CUDA and copies from them", "[pinned][gpu]") {
@@ -895,7 +896,7 @@ TEST_CASE("CudaHostSource registers regions with CUDA and copies from them", "[p
 TEST_CASE("a pinned block waits for the copy recorded on it, on a real stream", "[pinned][gpu]") {
   if (alloc::cuda_device_count() == 0) GPUMEM_SKIP("no CUDA device");
   CudaHostSource src;
-  alloc::CudaStreamEvents events(0);
+  CudaDeviceEvents events;
   PinnedAllocator pa(src, events);
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
@@ -910,7 +911,7 @@ TEST_CASE("a pinned block waits for the copy recorded on it, on a real stream", 
   // Queue the big copy first, then the copy from x behind it on the same stream.
   REQUIRE(cudaMemcpyAsync(dev, big.ptr, kBytes, cudaMemcpyHostToDevice, stream) == cudaSuccess);
   REQUIRE(cudaMemcpyAsync(dev, x.ptr, 4 * kMiB, cudaMemcpyHostToDevice, stream) == cudaSuccess);
-  REQUIRE(pa.record_stream(x.ptr, reinterpret_cast<alloc::StreamId>(stream)) == FreeStatus::ok);
+  REQUIRE(pa.record_stream(x.ptr, CudaDeviceEvents::stream_id(0, stream)) == FreeStatus::ok);
   REQUIRE(pa.free(x.ptr) == FreeStatus::ok);
   const bool still_copying = cudaStreamQuery(stream) == cudaErrorNotReady;
   if (still_copying) {
@@ -929,5 +930,24 @@ TEST_CASE("a pinned block waits for the copy recorded on it, on a real stream", 
   pa.check_invariants();
   cudaFree(dev);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("CudaDeviceEvents keeps each device's markers apart", "[pinned][gpu]") {
+  const int devices = alloc::cuda_device_count();
+  if (devices == 0) GPUMEM_SKIP("no CUDA device");
+  CudaDeviceEvents events;
+  for (int d = 0; d < std::min(devices, 2); ++d) {
+    REQUIRE(cudaSetDevice(d) == cudaSuccess);
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    const alloc::StreamId id = CudaDeviceEvents::stream_id(d, s);
+    const alloc::EventToken t = events.record(id);
+    CHECK((t >> 56) == static_cast<std::uint64_t>(d + 1));
+    events.synchronize_stream(id);
+    CHECK(events.query(t));
+    events.release(t);
+    cudaStreamDestroy(s);
+  }
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
 }
 #endif
