@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <boost/container/small_vector.hpp>
 #include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +88,12 @@ struct PinnedAllocator::Impl final : detail::ExtentProvider {
       num_failures{0};
   std::atomic<std::size_t> unmapped_bytes_total{0};
   std::atomic<std::size_t> high_water_reserved{0};  // the policy's mark (reset_peaks leaves it alone)
+
+  // The background thread (PinnedOptions::background_period_us), stopped before anything else dies.
+  std::thread background;
+  std::mutex background_mutex;
+  std::condition_variable background_wake;
+  bool background_stop = false;
 
   std::mutex side_mutex;                 // guards the two below
   std::vector<AllocEvent> orphan_events;  // hook events of calls made outside an allocator call
@@ -290,10 +298,28 @@ PinnedAllocator::PinnedAllocator(HostMemorySource& source, alloc::StreamEvents& 
   std::string error;
   impl_->arena = detail::JemallocArena::create(*impl_, options.region_bytes, &error);
   if (!impl_->arena) throw std::runtime_error("gpumem pinned: cannot create the jemalloc arena: " + error);
+  if (options.background_period_us > 0) {
+    impl_->background = std::thread([this, period = std::chrono::microseconds(options.background_period_us)] {
+      std::unique_lock lock(impl_->background_mutex);
+      while (!impl_->background_wake.wait_for(lock, period, [this] { return impl_->background_stop; })) {
+        lock.unlock();
+        if (impl_->deferred.size() != 0) process_events();
+        lock.lock();
+      }
+    });
+  }
 }
 
 PinnedAllocator::~PinnedAllocator() {
   Impl& m = *impl_;
+  if (m.background.joinable()) {
+    {
+      std::lock_guard lock(m.background_mutex);
+      m.background_stop = true;
+    }
+    m.background_wake.notify_all();
+    m.background.join();
+  }
   {
     CallEvents call(m);
     for (const auto& d : m.deferred.take_all(m.events)) {
@@ -504,9 +530,10 @@ alloc::EngineSnapshot PinnedAllocator::snapshot() {
 
 std::string PinnedAllocator::settings() const {
   const Impl& m = *impl_;
-  return fmt::format("pinned: source={}, min_alignment_bytes={}, direct_min_bytes={}, region_bytes={}, {}",
-                     m.source.caps().name, m.options.min_alignment_bytes, m.options.direct_min_bytes,
-                     m.options.region_bytes,
+  return fmt::format(
+      "pinned: source={}, min_alignment_bytes={}, direct_min_bytes={}, region_bytes={}, background_period_us={}, {}",
+      m.source.caps().name, m.options.min_alignment_bytes, m.options.direct_min_bytes, m.options.region_bytes,
+      m.options.background_period_us,
                      detail::JemallocArena::global_options());
 }
 

@@ -542,6 +542,23 @@ double dataloader_waste(const testing::DataLoaderShape& shape, std::size_t steps
 
 }  // namespace
 
+TEST_CASE("with a background period, completed frees come back without any call", "[pinned][events]") {
+  LockedHostSource src({LockMode::none, 0});
+  alloc::ManualStreamEvents events;
+  PinnedAllocator pa(src, events, PinnedOptions{.background_period_us = 200});
+  auto r = pa.allocate(2 * kMiB);
+  REQUIRE(pa.record_stream(r.ptr, 4) == FreeStatus::ok);
+  REQUIRE(pa.free(r.ptr) == FreeStatus::ok);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(pa.totals().pending_frees == 1);  // the marker is still pending
+  events.complete_stream(4);
+  for (int i = 0; i < 400 && pa.totals().pending_frees != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(pa.totals().pending_frees == 0);
+  CHECK(events.outstanding() == 0);
+  CHECK(pa.settings().find("background_period_us=200") != std::string::npos);
+  pa.check_invariants();
+}
+
 TEST_CASE("the DataLoader workload locks at most 1.1x the bytes it requests", "[pinned][waste]") {
   // 224x224 images, variable-length text, a short last batch per epoch (PyTorch's power-of-two
   // allocator locks about 1.9x here: bench_pinned_dataloader).

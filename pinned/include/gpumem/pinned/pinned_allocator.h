@@ -16,7 +16,8 @@
 // stream s uses the block. free() of a block with uses records a marker (StreamEvents::record) on
 // each of those streams, and the block goes back to the arena only once every marker has
 // completed; until then it is pending, never handed out again. Pending frees are checked on every
-// allocation, by process_events() and by empty_cache(); markers are queried, never waited for.
+// allocation, by process_events(), by empty_cache() and, with background_period_us, by a thread of
+// the allocator's own; markers are queried, never waited for.
 //
 // Events: every change is an alloc::AllocEvent, in the device engine's vocabulary, published to
 // attached observers (alloc::StatsObserver, forensics' TraceRing, op attribution) outside every
@@ -72,6 +73,10 @@ struct PinnedOptions {
   // rest serves later extents. An extent larger than this gets a region of exactly its size. Small:
   // little locked memory waits unused; large: fewer registrations. A positive multiple of the page size.
   std::size_t region_bytes = std::size_t{2} << 20;
+  // PyTorch's pinned_use_background_threads: a thread of the allocator's own returns blocks whose
+  // markers completed every this many microseconds, so their memory is free again before the next
+  // allocation asks. 0 = no thread (allocation, process_events and empty_cache do it).
+  unsigned background_period_us = 0;
 };
 
 // One sentence naming the problem and the fix, or empty when the options are valid.
