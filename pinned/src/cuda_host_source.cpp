@@ -22,7 +22,15 @@ std::uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
-CudaHostSource::CudaHostSource() : page_bytes_(detail::system_page_bytes()) {
+CudaHostSource::CudaHostSource(CudaHostSourceOptions options)
+    : options_(options), page_bytes_(detail::system_page_bytes()) {
+  if (options_.touch_threads < 1 || options_.touch_threads > 128) {
+    init_status_ = alloc::SourceStatus::invalid_argument;
+    last_error_ = fmt::format("CudaHostSource: touch_threads = {} is outside 1..128 (pinned_num_register_threads); "
+                              "use 1 (the default) or a power of two such as 8",
+                              options_.touch_threads);
+    return;
+  }
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -57,6 +65,8 @@ alloc::SourceResult<HostRegion> CudaHostSource::map_locked(std::size_t size_byte
     return {alloc::SourceStatus::out_of_memory, {}};
   }
   const auto start = std::chrono::steady_clock::now();
+  if (options_.touch_threads > 1 && size_bytes >= (std::size_t{16} << 20))
+    detail::touch_pages(mapped.base, size_bytes, page_bytes_, options_.touch_threads);
   const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(mapped.base), size_bytes, cudaHostRegisterPortable);
   const std::uint64_t ns = elapsed_ns(start);
   if (err != cudaSuccess) {

@@ -4,7 +4,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <thread>
+#include <vector>
 #include <system_error>
 
 namespace gpumem::pinned::detail {
@@ -38,6 +41,22 @@ Mapping map_aligned(std::size_t size_bytes, std::size_t alignment_bytes, std::si
   const std::uintptr_t end = base + size_bytes;
   if (raw + span > end) ::munmap(reinterpret_cast<void*>(end), raw + span - end);
   return {base, {}};
+}
+
+void touch_pages(std::uintptr_t base, std::size_t size_bytes, std::size_t page_bytes, unsigned threads) {
+  const std::size_t pages = size_bytes / page_bytes;
+  const std::size_t per_thread = (pages + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  workers.reserve(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    const std::size_t first = t * per_thread;
+    const std::size_t last = std::min(pages, first + per_thread);
+    if (first >= last) break;
+    workers.emplace_back([=] {
+      for (std::size_t p = first; p < last; ++p) *reinterpret_cast<volatile char*>(base + p * page_bytes) = 0;
+    });
+  }
+  for (auto& w : workers) w.join();
 }
 
 }  // namespace gpumem::pinned::detail

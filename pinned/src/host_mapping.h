@@ -25,4 +25,8 @@ struct Mapping {
 // sides. The memory reads as zero.
 Mapping map_aligned(std::size_t size_bytes, std::size_t alignment_bytes, std::size_t page_bytes);
 
+// Writes one zero byte per page of [base, base + size_bytes) from `threads` threads (page faults in
+// parallel; the memory still reads as zero).
+void touch_pages(std::uintptr_t base, std::size_t size_bytes, std::size_t page_bytes, unsigned threads);
+
 }  // namespace gpumem::pinned::detail

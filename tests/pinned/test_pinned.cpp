@@ -908,6 +908,28 @@ TEST_CASE("CudaHostSource registers regions with CUDA and copies from them", "[p
   CHECK(cudaHostGetFlags(&flags, reinterpret_cast<void*>(r.value.base)) != cudaSuccess);  // no longer pinned
   (void)cudaGetLastError();
   CHECK(src.unmap(r.value) == alloc::SourceStatus::invalid_argument);
+
+  CudaHostSource threaded({8});
+  auto t = threaded.map_locked(64 * kMiB, 0);
+  REQUIRE(t.ok());
+  const auto* bytes = reinterpret_cast<const unsigned char*>(t.value.base);
+  CHECK(std::all_of(bytes, bytes + 64 * kMiB, [](unsigned char c) { return c == 0; }));
+  CHECK(threaded.unmap(t.value) == alloc::SourceStatus::ok);
+}
+
+TEST_CASE("CudaHostSource names bad options, and a missing device, without failing to construct", "[pinned][source]") {
+  CudaHostSource bad({0});
+  CHECK(bad.init_status() == alloc::SourceStatus::invalid_argument);
+  CHECK(bad.last_error().find("touch_threads = 0") != std::string::npos);
+  CHECK(bad.map_locked(kMiB, 0).status == alloc::SourceStatus::invalid_argument);
+  CudaHostSource plain;
+  if (alloc::cuda_device_count() == 0) {
+    CHECK(plain.init_status() == alloc::SourceStatus::unsupported);
+    CHECK(plain.map_locked(kMiB, 0).status == alloc::SourceStatus::unsupported);
+    CHECK_FALSE(plain.last_error().empty());
+  } else {
+    CHECK(plain.init_status() == alloc::SourceStatus::ok);
+  }
 }
 
 TEST_CASE("a pinned block waits for the copy recorded on it, on a real stream", "[pinned][gpu]") {

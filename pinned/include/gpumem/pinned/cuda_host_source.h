@@ -4,7 +4,8 @@
 // malloc'd memory; cudaHostAlloc cannot be given an alignment or a size jemalloc chose.)
 //
 // Without a driver or a device, construction still succeeds: init_status() says unsupported and
-// map_locked answers that, with last_error() saying why. Regions are always locked (CUDA either
+// map_locked answers that, with last_error() saying why. Invalid options (touch_threads outside
+// 1..128) make init_status() invalid_argument, with the reason in last_error(). Regions are always locked (CUDA either
 // registers the pages or the map fails with out_of_memory / driver_error).
 //
 // Thread-safety: all members are safe to call concurrently (one mutex, held across the CUDA calls so
@@ -24,6 +25,13 @@
 
 namespace gpumem::pinned {
 
+struct CudaHostSourceOptions {
+  // PyTorch's pinned_num_register_threads: regions of at least 16 MiB are first touched by this many
+  // threads, so the page faults that cudaHostRegister would take one by one are taken in parallel
+  // (1 = leave them to cudaHostRegister). 1 to 128.
+  unsigned touch_threads = 1;
+};
+
 struct CudaHostSourceCounters {
   std::uint64_t registers = 0, unregisters = 0;
   std::uint64_t register_ns = 0, unregister_ns = 0;  // time in cudaHostRegister / cudaHostUnregister (+ munmap)
@@ -32,7 +40,7 @@ struct CudaHostSourceCounters {
 
 class CudaHostSource final : public HostMemorySource {
  public:
-  CudaHostSource();
+  explicit CudaHostSource(CudaHostSourceOptions options = {});
   ~CudaHostSource() override;  // unregisters and unmaps whatever is still live
   CudaHostSource(const CudaHostSource&) = delete;
   CudaHostSource& operator=(const CudaHostSource&) = delete;
@@ -47,6 +55,7 @@ class CudaHostSource final : public HostMemorySource {
 
  private:
   mutable std::mutex mutex_;
+  CudaHostSourceOptions options_;
   std::size_t page_bytes_ = 0;
   alloc::SourceStatus init_status_ = alloc::SourceStatus::ok;
   std::map<std::uintptr_t, std::size_t> live_;
