@@ -38,9 +38,9 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-// AddressSanitizer intercepts mlock and makes it a no-op that succeeds: the kernel's Locked count
+// The sanitizers (ASan, TSan) intercept mlock and make it a no-op that succeeds: the kernel's Locked count
 // can only be checked without it.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kMlockIsReal = false;
 #else
 constexpr bool kMlockIsReal = true;
