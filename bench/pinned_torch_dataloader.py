@@ -2,7 +2,11 @@
 """PyTorch's own pinned allocator on the workload bench_pinned_dataloader --dump wrote, and its
 host-to-device copy bandwidth from pinned and pageable tensors.
 
-    python3 bench/pinned_torch_dataloader.py WORKLOAD_FILE [--reps N]
+    python3 bench/pinned_torch_dataloader.py WORKLOAD_FILE [--reps N] [--gpumem LIB]
+
+With --gpumem LIB (libgpumem_pinned_torch.so; start Python with
+GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384, see pinned/README.md), gpumem's pinned
+allocator is installed first and the same numbers come from it, through the same PyTorch APIs.
 
 The workload file: a line "window W lag L", then one line of request sizes (bytes) per step. Each
 step pins one uint8 tensor per size (torch.empty(..., pin_memory=True)), writes into it, and keeps
@@ -36,10 +40,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workload")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--gpumem", metavar="LIB", help="install gpumem's pinned allocator from this library first")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("pinned_torch_dataloader: no CUDA device", file=sys.stderr)
         return 1
+    who = "torch"
+    if args.gpumem:
+        try:
+            torch.ops.load_library(args.gpumem)
+        except OSError as e:
+            cause = e.__cause__ or e
+            print(f"pinned_torch_dataloader: cannot load {args.gpumem}: {cause}", file=sys.stderr)
+            return 1
+        torch.ops.gpumem_pinned.install()
+        who = "gpumem"
     with open(args.workload) as f:
         head = f.readline().split()
         if len(head) != 4 or head[0] != "window" or head[2] != "lag":
@@ -50,7 +65,7 @@ def main():
 
     stream = torch.cuda.Stream()
     print(f"host-to-device copy bandwidth, GB/s ({args.reps} copies each)")
-    print(f"{'bytes':>10} {'torch pinned':>14} {'torch pageable':>15}")
+    print(f"{'bytes':>10} {who + ' pinned':>14} {'pageable':>15}")
     for mb in (1, 16, 64, 256):
         n = mb << 20
         dev = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -59,10 +74,11 @@ def main():
         p = bandwidth(pinned, dev, args.reps, stream)
         q = bandwidth(pageable, dev, max(2, args.reps // 4), stream)
         print(f"{n:>10} {p:>14.1f} {q:>15.1f}")
-        print(f"RESULT torch_h2d_gbps bytes={n} pinned={p:.1f} pageable={q:.1f}")
+        print(f"RESULT {who}_h2d_gbps bytes={n} pinned={p:.1f} pageable={q:.1f}")
         del pinned, pageable, dev
     torch.cuda.synchronize()
     torch._C._host_emptyCache()
+    torch.cuda.synchronize()
     torch.cuda.reset_peak_host_memory_stats()
 
     dev = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
@@ -100,12 +116,12 @@ def main():
     seconds = time.time() - t0
     stats = torch.cuda.host_memory_stats()
     locked = stats.get("allocated_bytes.peak", 0)
-    print(f"\nPyTorch pinned allocator, {len(steps)} steps in {seconds:.2f} s")
+    print(f"\n{'gpumem' if args.gpumem else 'PyTorch'} pinned allocator through torch, {len(steps)} steps in {seconds:.2f} s")
     print(f"{'peak requested bytes':<26} {peak:>14}")
     print(f"{'peak locked bytes':<26} {locked:>14}")
     print(f"{'locked / requested':<26} {locked / peak:>14.3f}")
     print(f"{'cudaHostAlloc calls':<26} {stats.get('num_host_alloc', 0):>14}")
-    print(f"RESULT torch_locked_over_requested={locked / peak:.3f} peak_requested={peak} peak_locked={locked}")
+    print(f"RESULT {who}_locked_over_requested={locked / peak:.3f} peak_requested={peak} peak_locked={locked}")
     return 0
 
 
