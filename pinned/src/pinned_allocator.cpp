@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "block_table.h"
+#include "carve_policy.h"
 #include "deferred_frees.h"
 #include "host_mapping.h"
 #include "jemalloc_arena.h"
@@ -159,13 +160,14 @@ struct PinnedAllocator::Impl final : detail::ExtentProvider {
   //     idle regions stay for later requests (no cudaHostRegister churn).
   // *zero on entry: the memory must read as zero; on return: whether it does.
   void* carve(PoolKind pool, std::size_t size_bytes, std::size_t alignment_bytes, bool* zero) {
-    const std::size_t max_idle_split = std::max(options.region_bytes, 2 * size_bytes);
+    const std::size_t max_idle_split = detail::max_idle_split_bytes(size_bytes, options.region_bytes);
     if (std::uintptr_t at = regions.take_free(pool, size_bytes, alignment_bytes, max_idle_split)) {
       if (*zero) std::memset(reinterpret_cast<void*>(at), 0, size_bytes);
       return reinterpret_cast<void*>(at);
     }
-    const std::size_t region_size = std::max(size_bytes, options.region_bytes);
-    if (regions.totals().reserved_bytes + region_size > high_water_reserved.load(std::memory_order_relaxed))
+    const std::size_t region_size = detail::new_region_bytes(size_bytes, options.region_bytes);
+    if (detail::release_idle_before_map(regions.totals().reserved_bytes, region_size,
+                                        high_water_reserved.load(std::memory_order_relaxed)))
       unmap_regions(regions.release_idle());
     // A new region: the extent at its start, the rest free for later extents.
     auto mapped = source.map_locked(region_size, alignment_bytes);

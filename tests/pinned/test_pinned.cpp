@@ -27,6 +27,7 @@
 #include "gpumem/alloc/stats.h"
 #include "gpumem/pinned/host_memory_source.h"
 #include "gpumem/pinned/pinned_allocator.h"
+#include "carve_policy.h"
 #include "jemalloc_arena.h"
 #include "region_table.h"
 
@@ -259,6 +260,17 @@ TEST_CASE("RegionTable serves free ranges best-fit and aligned", "[pinned][regio
   CHECK(t.take_free(alloc::PoolKind::large, 8 * 4096, 4096, 16 * 4096) == 0);
   CHECK(t.take_free(alloc::PoolKind::large, 16 * 4096, 4096, 32 * 4096) == base + 64 * 4096);
   t.check_invariants();
+}
+
+TEST_CASE("carve policy: split idle regions only for requests near their size, unmap idle ones only at the mark",
+          "[pinned][policy]") {
+  CHECK(detail::max_idle_split_bytes(100 * 1024, 2 * kMiB) == 2 * kMiB);      // small: a new 2 MiB region
+  CHECK(detail::max_idle_split_bytes(10 * kMiB, 2 * kMiB) == 20 * kMiB);      // a 19 MiB idle region serves 10 MiB
+  CHECK(detail::new_region_bytes(100, 2 * kMiB) == 2 * kMiB);
+  CHECK(detail::new_region_bytes(19 * kMiB, 2 * kMiB) == 19 * kMiB);
+  CHECK(detail::release_idle_before_map(100 * kMiB, 20 * kMiB, 110 * kMiB));  // would pass the mark
+  CHECK_FALSE(detail::release_idle_before_map(80 * kMiB, 20 * kMiB, 110 * kMiB));
+  CHECK(detail::release_idle_before_map(0, 2 * kMiB, 0));                     // the first region raises the mark
 }
 
 // ---------------------------------------------------------------- the arena's hooks
