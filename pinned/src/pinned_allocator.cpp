@@ -265,8 +265,8 @@ void PinnedAllocator::Impl::note_region(EventKind kind, PoolKind pool, const Hos
     tl_call->add(kind, pool, region.base, region.size_bytes, 0);
     return;
   }
-  // A hook ran outside any call of this allocator (cannot happen today: no background threads, no
-  // decay); keep the event for the next call to publish.
+  // A hook ran outside any call of this allocator (cannot happen today: every path into jemalloc,
+  // the background thread's included, runs inside one); keep the event for the next call to publish.
   AllocEvent e = make_event(observers.needs(), kind, pool, region.base, region.size_bytes, 0, 0);
   std::lock_guard lock(side_mutex);
   orphan_events.push_back(e);
