@@ -57,6 +57,9 @@ void raise_to(std::atomic<std::size_t>& peak, std::size_t value) {
   }
 }
 
+// Larger requests are refused before any rounding could overflow (64 TiB: more than any host has).
+constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 46;
+
 [[noreturn]] void broken(const std::string& what) {
   std::fprintf(stderr, "gpumem pinned: invariant broken: %s\n", what.c_str());
   std::abort();
@@ -337,6 +340,15 @@ PinnedAllocResult PinnedAllocator::allocate(std::size_t size_bytes) {
   if (size_bytes == 0) return {};
   Impl& m = *impl_;
   CallEvents call(m);
+  if (size_bytes > kMaxRequestBytes) {
+    m.num_failures.fetch_add(1, std::memory_order_relaxed);
+    call.add(EventKind::oom, PoolKind::large, 0, size_bytes, size_bytes);
+    PinnedAllocResult r;
+    r.error = fmt::format("gpumem pinned: cannot allocate {} bytes of pinned host memory: more than the {} bytes "
+                          "(2^46) one request may ask for; check the size computation",
+                          size_bytes, kMaxRequestBytes);
+    return r;
+  }
   m.drain_completed(call, false);
   void* p = m.allocate_once(size_bytes);
   if (p == nullptr) {

@@ -712,6 +712,19 @@ TEST_CASE("a failed allocation names the request and the cause, after giving bac
   auto d = pa.allocate(3 * kMiB + 512 * 1024);
   CHECK(d.ok());
   pa.check_invariants();
+  // Sizes no host has fail at once, without rounding overflow.
+  for (std::size_t absurd : {SIZE_MAX, SIZE_MAX - 4095, std::size_t{1} << 50}) {
+    auto x = pa.allocate(absurd);
+    CHECK_FALSE(x.ok());
+    CHECK(x.ptr == nullptr);
+    CHECK(x.error.find("more than the 70368744177664 bytes") != std::string::npos);
+  }
+  for (std::size_t absurd : {std::size_t{1} << 45, (std::size_t{1} << 30) + 1}) {  // too big for the capacity
+    auto x = pa.allocate(absurd);
+    CHECK_FALSE(x.ok());
+    CHECK(x.error.find("capacity") != std::string::npos);
+  }
+  pa.check_invariants();
 }
 
 TEST_CASE("observers see pinned memory in the device engine's vocabulary, on device -1", "[pinned][events]") {

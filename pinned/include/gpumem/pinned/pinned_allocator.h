@@ -133,7 +133,8 @@ class PinnedAllocator {
 
   // A block of at least size_bytes. Before growing, completed pending frees are returned to the
   // arena; if the source refuses memory, wholly free regions are released and the request is tried
-  // once more before it fails (with an oom event). size 0 gives a null pointer and no error.
+  // once more before it fails (with an oom event). size 0 gives a null pointer and no error; more
+  // than 2^46 bytes fails at once, with an error saying so.
   PinnedAllocResult allocate(std::size_t size_bytes);
   alloc::FreeStatus free(void* ptr);
   // The block ptr starts is used by work queued on stream now; its reuse waits for that work.
