@@ -40,6 +40,8 @@ TEST_CASE("without a CUDA device, install_pinned refuses and PyTorch's host allo
   char error[256] = {};
   CHECK(gpumem_install_pinned(error, sizeof error) == 1);
   CHECK(std::string(error).find("needs a CUDA device") != std::string::npos);
+  CHECK(gpumem_install_pinned_with(100, 0, error, sizeof error) == 1);  // a bad option is named first
+  CHECK(std::string(error).find("touch_threads = 0") != std::string::npos);
 }
 
 TEST_CASE("pinned tensors, non_blocking copies and host_memory_stats go through gpumem", "[pinned][torch][gpu]") {

@@ -39,8 +39,12 @@ at::Stat to_stat(const alloc::Stat& s) {
 
 class GpumemHostAllocator final : public at::HostAllocator {
  public:
-  GpumemHostAllocator(const pinned::PinnedOptions& options, at::HostAllocator* previous)
-      : stats_(std::make_shared<alloc::StatsObserver>()), pinned_(source_, events_, options), previous_(previous) {
+  GpumemHostAllocator(const pinned::PinnedOptions& options, const pinned::CudaHostSourceOptions& source_options,
+                      at::HostAllocator* previous)
+      : source_(source_options),
+        stats_(std::make_shared<alloc::StatsObserver>()),
+        pinned_(source_, events_, options),
+        previous_(previous) {
     pinned_.attach_observer(stats_);
   }
 
@@ -119,16 +123,18 @@ void GpumemHostAllocator::raw_delete(void* ptr) {
 
 }  // namespace
 
-pinned::PinnedAllocator& install_pinned(const pinned::PinnedOptions& options) {
+pinned::PinnedAllocator& install_pinned(const pinned::PinnedOptions& options,
+                                        const pinned::CudaHostSourceOptions& source_options) {
   std::lock_guard lock(install_mutex());
   if (GpumemHostAllocator* existing = g_pinned.load()) return existing->pinned();
   const std::string bad = pinned::validate(options);
   TORCH_CHECK(bad.empty(), bad);
-  pinned::CudaHostSource probe;
+  pinned::CudaHostSource probe(source_options);
+  TORCH_CHECK(probe.init_status() != alloc::SourceStatus::invalid_argument, "gpumem pinned: ", probe.last_error());
   TORCH_CHECK(probe.init_status() == alloc::SourceStatus::ok, "gpumem pinned: ", probe.last_error(),
               "; the pinned allocator needs a CUDA device (PyTorch's stays in use)");
   at::HostAllocator* previous = at::getHostAllocator(at::kCUDA);
-  auto* created = new GpumemHostAllocator(options, previous);  // lives until the process ends
+  auto* created = new GpumemHostAllocator(options, source_options, previous);  // lives until the process ends
   g_pinned.store(created, std::memory_order_release);
   at::setHostAllocator(at::kCUDA, created, kPinnedPriority);
   TORCH_CHECK(at::getHostAllocator(at::kCUDA) == created,
@@ -182,8 +188,16 @@ TORCH_LIBRARY(gpumem_pinned, m) {
 }
 
 extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned(char* error, unsigned long error_len) {
+  return gpumem_install_pinned_with(0, 1, error, error_len);
+}
+
+extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned_with(unsigned background_period_us,
+                                                                                 unsigned touch_threads, char* error,
+                                                                                 unsigned long error_len) {
   try {
-    gpumem::torch::install_pinned();
+    gpumem::pinned::PinnedOptions options;
+    options.background_period_us = background_period_us;
+    gpumem::torch::install_pinned(options, gpumem::pinned::CudaHostSourceOptions{touch_threads});
     return 0;
   } catch (const std::exception& e) {
     if (error != nullptr && error_len > 0) {

@@ -24,19 +24,24 @@
 
 #include <string>
 
+#include "gpumem/pinned/cuda_host_source.h"
 #include "gpumem/pinned/pinned_allocator.h"
 
 namespace gpumem::torch {
 
 // Installs (once) and returns gpumem's pinned allocator. Throws c10::Error naming the fix if CUDA
 // is unavailable or the options are invalid.
-pinned::PinnedAllocator& install_pinned(const pinned::PinnedOptions& options = {});
+pinned::PinnedAllocator& install_pinned(const pinned::PinnedOptions& options = {},
+                                        const pinned::CudaHostSourceOptions& source_options = {});
 // The installed allocator, or null.
 pinned::PinnedAllocator* installed_pinned() noexcept;
 
 }  // namespace gpumem::torch
 
 // For code that dlopens this library (libgpumem_torch.so, when its configuration says
-// pinned_allocator:gpumem): installs with the default options; returns 0, or 1 with a sentence in
-// error (NUL-terminated, truncated to error_len).
+// pinned_allocator:gpumem): installs with the default options, or with PyTorch's pinned settings
+// (pinned_use_background_threads -> background_period_us, pinned_num_register_threads ->
+// touch_threads); returns 0, or 1 with a sentence in error (NUL-terminated, truncated to error_len).
 extern "C" int gpumem_install_pinned(char* error, unsigned long error_len);
+extern "C" int gpumem_install_pinned_with(unsigned background_period_us, unsigned touch_threads, char* error,
+                                          unsigned long error_len);
