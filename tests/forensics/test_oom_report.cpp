@@ -95,10 +95,10 @@ TEST_CASE("PyTorch's OOM snapshot: 200 MiB request, 692 MiB reserved-unallocated
   const auto path = trace_file("oom.snapshot.pickle");
   if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
   ReportOptions options;
-  options.replay_advice = true;
+  options.replay = true;
   const MemoryReport r = build_report(load_snapshot(*path), options);
   check_pytorch_oom(r);
-  CHECK(r.moment.rolled_back_entries == 0);
+  CHECK(r.state.rolled_back_entries == 0);
   CHECK(r.oom->device_free_bytes == 140978028544ull);
   CHECK(r.oom->site == "oom_repro.py:111:oom");
   // The advice is computed: the replay under gpumem's policy with the same memory.
@@ -124,10 +124,10 @@ TEST_CASE("the CSV of the same OOM rebuilds the segments PyTorch had", "[report]
   const auto path = trace_file("oom.trace.csv.gz");
   if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
   ReportOptions options;
-  options.replay_advice = false;
+  options.replay = false;
   const MemoryReport r = build_report(load_snapshot(*path), options);
-  CHECK(r.moment.reconstructed);
-  CHECK(r.moment.skipped_entries == 0);
+  CHECK(r.state.reconstructed);
+  CHECK(r.state.skipped_entries == 0);
   check_pytorch_oom(r);
   CHECK(r.fragmentation.allocated_bytes == 7853834240ull);
   REQUIRE(!r.notes.empty());
@@ -139,13 +139,13 @@ TEST_CASE("frees recorded after the oom entry are rolled back, and the report sa
   if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
   const Snapshot original = load_snapshot(*path);
   ReportOptions options;
-  options.replay_advice = false;
+  options.replay = false;
   const MemoryReport before = build_report(original, options);
   const Snapshot late = unwound(original, 1500);
   // Without rolling back, the state would be the unwound one: lots of free memory.
   const MemoryReport r = build_report(late, options);
-  CHECK(r.moment.rolled_back_entries == 3000);
-  CHECK(r.moment.rolled_back_frees == 1500);
+  CHECK(r.state.rolled_back_entries == 3000);
+  CHECK(r.state.rolled_back_frees == 1500);
   REQUIRE(r.oom.has_value());
   CHECK(r.oom->verdict == "fragmentation");
   CHECK(r.oom->request_bytes == 200 * kMiB);
@@ -173,8 +173,8 @@ TEST_CASE("a report without an OOM has no verdict but the fragmentation numbers"
   options.top = 5;
   const MemoryReport r = build_report(load_snapshot(*path), options);
   CHECK(!r.oom.has_value());
-  CHECK(r.moment.reconstructed);
-  CHECK(r.top_sites.size() <= 5);
-  CHECK(!r.site_table.empty());
+  CHECK(r.state.reconstructed);
+  CHECK(r.sites.size() <= 5);
+  CHECK(!r.sites.empty());
   CHECK(render_report_json(r).find("\"verdict\":null") != std::string::npos);
 }
