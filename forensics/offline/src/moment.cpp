@@ -126,20 +126,43 @@ Moment resolve_moment(const Snapshot& snap, int device, const MomentSpec& spec) 
       break;
     case Kind::peak_reserved: {
       // Reserved relative to before the trace; the first entry after which it is highest (the
-      // start when it only falls; the end when the trace records no segment entries).
-      std::int64_t reserved = 0, best = 0;
-      bool any_segment = false;
+      // start when it only falls; the end when the trace records no segment entries), moved on
+      // while reserved stays there to where the most is allocated (a segment is reserved for the
+      // allocation that follows it).
+      std::int64_t reserved = 0, best = 0, allocated = 0, best_allocated = 0;
+      std::unordered_map<std::uint64_t, std::int64_t> live;  // addr -> requested bytes
+      bool any_segment = false, at_peak = false;
       m.applied = 0;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& e = trace[i];
         const auto size = static_cast<std::int64_t>(e.size_bytes);
+        if (e.action == TraceAction::alloc) {
+          if (auto old = live.find(e.addr); old != live.end()) allocated -= old->second;
+          live[e.addr] = size;
+          allocated += size;
+          if (at_peak && allocated > best_allocated) {
+            best_allocated = allocated;
+            m.applied = i + 1;
+          }
+          continue;
+        }
+        if (e.action == TraceAction::free_completed) {
+          if (auto it = live.find(e.addr); it != live.end()) {
+            allocated -= it->second;
+            live.erase(it);
+          }
+          continue;
+        }
         if (e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map) reserved += size;
         else if (e.action == TraceAction::segment_free || e.action == TraceAction::segment_unmap) reserved -= size;
         else continue;
         any_segment = true;
+        at_peak = false;
         if (reserved > best) {
           best = reserved;
+          best_allocated = allocated;
           m.applied = i + 1;
+          at_peak = true;
         }
       }
       if (!any_segment) m.applied = n;

@@ -2,7 +2,8 @@
 // `gpumem diff --at` take one of:
 //   oom         the last OOM of the trace (the failed request; its oom entry and what follows are
 //               undone)
-//   peak        the peak of reserved bytes (the first entry after which reserved is highest)
+//   peak        the peak of reserved bytes (the first entry after which reserved is highest,
+//               moved on while reserved stays there to where the most is allocated)
 //   alloc-peak  the peak of allocated bytes (live blocks, each its request rounded to 512 bytes
 //               or the snapshot's exact size, as the viewer counts them)
 //   entry:N     after the first N trace entries (the viewer's cursor N)
