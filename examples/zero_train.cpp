@@ -22,7 +22,8 @@
 // --allocator native keeps libtorch's allocators (statistics on CUDA only). Rank 0 prints every
 // rank's numbers, and one RESULT line per rank for scripts (scripts/gpu/zero_fsdp2.sh).
 // --record-native-history FILE (with --allocator native, on CUDA) records the native allocator's
-// history for the whole run and writes it as a snapshot pickle (FILE.rankR per rank when WORLD_SIZE > 1; see native_history.h).
+// history for the whole run and writes it as a snapshot pickle (FILE.rankR per rank when
+// WORLD_SIZE > 1; see native_history.h).
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
