@@ -13,9 +13,10 @@
 # within 15%, the loss of every stage equal to stage 0's (the same global batch).
 #
 #   OUT=/tmp/zf scripts/gpu/zero_fsdp2.sh        # every visible GPU (2 or more: the comparison)
-#   OUT=/tmp/zf NGPU=1 scripts/gpu/zero_fsdp2.sh # one GPU, about 60 s: the [gpu] test, zero_train
-#       stages 0-3 with each allocator and FSDP2 as a smoke run (a small model; one-GPU step
-#       times say nothing about the targets, which need communication between GPUs)
+#   OUT=/tmp/zf NGPU=1 scripts/gpu/zero_fsdp2.sh # one GPU, at most 60 s: the [gpu] test, zero_train
+#       stages 0-3 with each allocator and FSDP2 with each, as a smoke run (a small model; one-GPU
+#       step times say nothing about the targets, which need communication between GPUs); runs
+#       that do not fit are cut in this order's reverse: stages 0 and 3, FSDP2, stages 1 and 2
 #   OUT=/tmp/zf DEVICE=cpu NGPU=2 scripts/gpu/zero_fsdp2.sh   # a check of this script on any
 #       machine: NGPU processes over Gloo, a tiny model, no memory numbers with PyTorch's CPU
 #       allocator (it keeps none)
@@ -113,9 +114,9 @@ fi
 
 if [ -n "${RUNS:-}" ]; then
   runs=" $RUNS "
-elif [ "$ngpu" -lt 2 ]; then  # one GPU: every stage with each allocator, FSDP2 once
+elif [ "$ngpu" -lt 2 ]; then  # one GPU: every stage with each allocator, FSDP2 with each
   runs=" zero_stage0_native zero_stage0_gpumem zero_stage3_native zero_stage3_gpumem fsdp2_native"
-  runs+=" zero_stage1_native zero_stage1_gpumem zero_stage2_native zero_stage2_gpumem "
+  runs+=" fsdp2_gpumem zero_stage1_native zero_stage1_gpumem zero_stage2_native zero_stage2_gpumem "
 else
   runs=all
 fi
