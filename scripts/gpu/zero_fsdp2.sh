@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpumem::zero against PyTorch's FSDP2 (issue 18), on N GPUs of one host, one process per GPU:
 #
-#   * examples/zero_train at ZeRO stages 0 (plain all-reduce data parallelism), 1, 2 and 3;
+#   * examples/zero_train at ZeRO stages 0 (plain all-reduce data parallelism), 1, 2 and 3, and
+#     (NGPU >= 2) once in one process on one GPU with the same global batch: the losses' reference;
 #   * scripts/gpu/zero_fsdp2.py, the same model and data in Python: FSDP2 (fully_shard,
 #     reshard after forward), FSDP2 keeping parameters gathered, and DDP;
 #
@@ -10,7 +11,7 @@
 # rank reports peak reserved and allocated bytes, step time and the global batch's loss;
 # zero_train also its model-state bytes against the ZeRO formulas. The summary (last) puts them
 # side by side and checks issue 18's targets: stage 2 within 5% of stage 0's step time, stage 3
-# within 15%, the loss of every stage equal to stage 0's (the same global batch).
+# within 15%, the loss of every stage equal to stage 0's and to one GPU's (the same global batch).
 #
 #   OUT=/tmp/zf scripts/gpu/zero_fsdp2.sh        # every visible GPU (2 or more: the comparison)
 #   OUT=/tmp/zf NGPU=1 scripts/gpu/zero_fsdp2.sh # one GPU, at most 60 s: the [gpu] test, zero_train
@@ -125,11 +126,12 @@ free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# launch NAME MIN_SECONDS PROGRAM ARGS...: one process per GPU; a run needing at least MIN_SECONDS
-# is not started when less is left (it would be killed half-way); its timeout is what is left.
+# launch NAME MIN_SECONDS PROGRAM ARGS...: one process per GPU (PROCS=1 launch ...: one process);
+# a run needing at least MIN_SECONDS is not started when less is left (it would be killed
+# half-way); its timeout is what is left.
 launch() {
   local name=$1 need=$2; shift 2
-  local t0=$SECONDS remaining rc
+  local t0=$SECONDS remaining rc procs=${PROCS:-$ngpu}
   remaining=$(( $(left) - 3 ))  # 3 s for the summary and the archive
   if [ "$remaining" -lt "$need" ]; then
     record "$name" "cut(budget)" 0; echo "== $name: cut, $remaining s left of the ${budget} s budget"
@@ -137,10 +139,10 @@ launch() {
   fi
   [ "$remaining" -gt 240 ] && remaining=240
   echo "== $name ($(date +%T), timeout ${remaining} s)"
-  if [ "$ngpu" -ge 2 ]; then
+  if [ "$procs" -ge 2 ]; then
     local prog=()
     [[ "$1" == *.py ]] || prog=(--no-python)
-    timeout -k 5 "$remaining" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$ngpu" \
+    timeout -k 5 "$remaining" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$procs" \
       "${prog[@]}" "$@" >"$logs/$name.log" 2>&1
   else
     [[ "$1" == *.py ]] && set -- "$PY" "$@"
@@ -154,7 +156,9 @@ launch() {
   else
     status=1
     [ $rc = 0 ] && rc="0,no_RESULT"
-    [ "$rc" = 124 ] || [ "$rc" = 137 ] && rc="${rc},timed_out"
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then  # killed by its timeout: the cap or the budget's end
+      if [ "$remaining" -lt 240 ]; then rc="${rc},stopped_at_budget_end"; else rc="${rc},timed_out"; fi
+    fi
     record "$name" "FAILED(exit_$rc)" $((SECONDS - t0))
     echo "$name FAILED (exit $rc):"; grep -v '^\[W' "$logs/$name.log" | tail -15
   fi
@@ -163,6 +167,7 @@ launch() {
 wanted() { [ "$runs" = all ] || [[ "$runs" == *" $1 "* ]]; }
 order=()  # the smoke set's order is its priority: what comes last is cut first
 if [ "$runs" = all ]; then
+  order+=(zero_1gpu_native)  # the reference: one process, the same global batch
   for alloc in native gpumem; do
     for stage in 0 1 2 3; do order+=("zero_stage${stage}_$alloc"); done
     for mode in fsdp2 fsdp2_keep ddp; do
@@ -177,6 +182,9 @@ for name in "${order[@]}"; do
   wanted "$name" || continue
   alloc=${name##*_}
   case $name in
+    zero_1gpu_*)  # one process on one GPU, the same global batch: the losses' reference
+      PROCS=1 launch "$name" 8 "$zero_train" --device "$device" --stage 0 --allocator "$alloc" \
+        --steps "$steps" --log-every 10 "${model[@]}" ;;
     zero_stage[0-3]_*)
       stage=${name#zero_stage}; stage=${stage%%_*}
       launch "$name" 8 "$zero_train" --device "$device" --stage "$stage" --allocator "$alloc" \
@@ -251,6 +259,17 @@ for alloc in ("native", "gpumem"):
         t = ms(f"{mode}_{alloc}")
         if t is not None:
             print(f"  {alloc} {mode} (PyTorch): {t:.2f} ms ({t / base - 1:+.1%} vs zero stage 0)")
+
+for one in sorted(n for n in runs if n.startswith("zero_1gpu_")):
+    ref = runs[one][0]
+    print(f"\nlosses against {one} (one process, the same global batch; equal within 0.02):")
+    for alloc in ("native", "gpumem"):
+        for s in range(4):
+            if runs.get(f"zero_stage{s}_{alloc}"):
+                r = runs[f"zero_stage{s}_{alloc}"][0]
+                d = abs(float(r["last_loss"]) - float(ref["last_loss"]))
+                print(f"  {alloc} stage {s} on {ngpu} ranks: {r['first_loss']} -> {r['last_loss']} vs "
+                      f"{ref['first_loss']} -> {ref['last_loss']}  {'equal' if d <= 0.02 else 'DIFFERENT'}")
 
 if device == "cuda":
     print("\npeak reserved per rank, gpumem vs PyTorch's allocator (largest rank):")
