@@ -46,7 +46,7 @@ constexpr const char* kHelp =
     "                300ms); default: the OOM when the file records one, else peak\n"
     "  --json        print one JSON object (keys: moment, verdict, reserved_bytes, allocated_bytes,\n"
     "                requested_bytes, fragmentation, evidence, advice, op_table, site_table, ...)\n"
-    "  --top N       rows per table (default 10)\n"
+    "  --top N       rows per list, JSON included: ops, call sites, pinned segments (default 10)\n"
     "  --device N    which device to report on (default: the one with an OOM, else the first\n"
     "                with a trace); a device the file does not record is an error\n"
     "  --no-replay   skip the replays (the OOM advice's, the comparison of policies)\n"

@@ -3,11 +3,16 @@
 // message, verdict fragmentation; the same from the CSV trace (segments rebuilt) and from a
 // snapshot taken after the exception unwound (frees after the oom entry rolled back).
 #include <algorithm>
+#include <string_view>
+#include <cstdlib>
+#include <sstream>
+#include <fstream>
 
 #include "catch.h"
 #include "forensics_test_support.h"
 #include "gpumem/forensics/memory_report.h"
 #include "gpumem/forensics/snapshot_io.h"
+#include "gpumem/forensics/vocabulary.h"
 
 using namespace gpumem::forensics;
 
@@ -181,4 +186,37 @@ TEST_CASE("a report without an OOM has no verdict but the fragmentation numbers"
   CHECK(r.moment.kind == MomentSpec::Kind::peak_reserved);
   CHECK(!r.verdict().empty());
   CHECK(render_report_json(r).find("\"verdict\":\"" + r.verdict() + "\"") != std::string::npos);
+}
+
+TEST_CASE("every term and verdict reports print is defined once in docs/forensics.md", "[report][vocabulary]") {
+  const char* src = std::getenv("GPUMEM_SOURCE_DIR");
+  if (!src || !*src) GPUMEM_SKIP("GPUMEM_SOURCE_DIR not set");
+  std::ifstream in(std::string(src) + "/docs/forensics.md");
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const auto vocab = doc.find("## Vocabulary");
+  REQUIRE(vocab != std::string::npos);
+  for (std::string_view term : kTerms) {
+    const std::string defined = "- **" + std::string(term) + "**:";
+    INFO(defined);
+    const auto at = doc.find(defined);
+    CHECK(at != std::string::npos);
+    CHECK(at > vocab);
+    CHECK(doc.find(defined, at + 1) == std::string::npos);  // once
+  }
+  for (std::string_view verdict : kVerdicts) {
+    INFO(verdict);
+    CHECK(doc.find("| `" + std::string(verdict) + "` |") != std::string::npos);
+  }
+  CHECK(doc.find(std::string(kNotRecorded)) != std::string::npos);
+  CHECK(doc.find(std::string(kBeforeTrace)) != std::string::npos);
+}
+
+TEST_CASE("one number format", "[report][vocabulary]") {
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(725614592) == "692.00 MiB");
+  CHECK(format_signed_bytes(-1024) == "-1.00 KiB");
+  CHECK(format_signed_bytes(0) == "0 B");
 }

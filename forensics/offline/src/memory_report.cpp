@@ -1,6 +1,7 @@
 #include "gpumem/forensics/memory_report.h"
 
 #include <algorithm>
+#include <span>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -139,7 +140,7 @@ void analyze_oom(const Snapshot& snap, MemoryReport& r, const ReportOptions& opt
   } else if (a.largest_usable_extent_bytes < need && f.free_bytes >= need) {
     a.verdict = "fragmentation";
     a.evidence.push_back(fmt::format("{} is {}, {:.1f}x the request, but in pieces: the largest usable one is {} "
-                                     "short of the request ({} {:.2f})",
+                                     "short of the request ({} {:.3f})",
                                      format_bytes(f.free_bytes), term::free,
                                      static_cast<double>(f.free_bytes) / static_cast<double>(need),
                                      format_bytes(need - a.largest_usable_extent_bytes), term::external_fragmentation,
@@ -242,7 +243,7 @@ void analyze_moment(MemoryReport& r, const ReportOptions& options) {
                            format_share(parts[i].bytes, over));
     }
     v.evidence.push_back(split);
-    v.evidence.push_back(fmt::format("{} {} of {} {} ({} {:.2f})", term::largest_free_extent,
+    v.evidence.push_back(fmt::format("{} {} of {} {} ({} {:.3f})", term::largest_free_extent,
                                      format_bytes(f.largest_free_extent_bytes), format_bytes(f.free_bytes), term::free,
                                      term::external_fragmentation, f.external_fragmentation));
   }
@@ -338,6 +339,7 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
   r.device = pick_device(snap, options);
   const auto& trace = trace_of(snap, r.device);
   r.trace_entries = trace.size();
+  r.top = options.top;
   r.moment = resolve_moment(snap, r.device, options.at);
   r.state = state_at_moment(snap, r.device, r.moment);
 
@@ -431,8 +433,10 @@ std::string render_report_text(const MemoryReport& r) {
   s += fmt::format("  {} {} of {} {} ({} {:.3f})\n", term::largest_free_extent, format_bytes(f.largest_free_extent_bytes),
                    format_bytes(f.free_bytes), term::free, term::external_fragmentation, f.external_fragmentation);
   if (!f.pinned.empty()) {
-    s += "\nsegments pinned by a few small live blocks:\n";
-    for (const auto& p : f.pinned) {
+    s += f.pinned.size() > r.top
+             ? fmt::format("\nsegments pinned by a few small live blocks ({} of {}):\n", r.top, f.pinned.size())
+             : std::string("\nsegments pinned by a few small live blocks:\n");
+    for (const auto& p : std::span(f.pinned).first(std::min(r.top, f.pinned.size()))) {
       s += fmt::format("  segment 0x{:x}: {} of which {} free, held by\n", p.address, format_bytes(p.total_size_bytes),
                        format_bytes(p.free_bytes));
       for (const auto& b : p.blocks) {
@@ -553,8 +557,9 @@ std::string render_report_json(const MemoryReport& r) {
   };
   tops("top_ops", r.ops);
   tops("top_sites", r.sites);
+  j.key("pinned_segments_count").num(static_cast<std::uint64_t>(f.pinned.size()));
   j.key("pinned_segments").arr();
-  for (const auto& p : f.pinned) {
+  for (const auto& p : std::span(f.pinned).first(std::min(r.top, f.pinned.size()))) {
     j.obj().key("address").num(p.address).key("total_size_bytes").num(p.total_size_bytes);
     j.key("active_bytes").num(p.active_bytes).key("free_bytes").num(p.free_bytes).key("blocks").arr();
     for (const auto& b : p.blocks) {

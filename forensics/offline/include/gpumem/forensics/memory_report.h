@@ -80,6 +80,7 @@ struct MemoryReport {
   std::vector<GroupRow> sites;       // by call site, at most `top` rows
   std::optional<ReplayInput> replay_coverage;     // what the replays held (no trace: none)
   std::vector<std::string> notes;    // what was done to the data (rollbacks, reconstruction)
+  std::size_t top = 10;              // rows per list as rendered (ops, sites, pinned segments)
 
   // The verdict (OOM or not).
   const std::string& verdict() const;

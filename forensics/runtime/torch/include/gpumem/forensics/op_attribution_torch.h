@@ -6,7 +6,7 @@
 // The callbacks take no lock and allocate nothing: start pushes the op's name pointer, end pops
 // it (two stores each); a name is interned only when an allocation inside the op asks for it
 // (OpStack). The rest of their cost is libtorch's: once any global callback is installed it builds
-// a RecordFunction for every op (bench/op_attribution_overhead.cpp --micro measures both, and
+// a RecordFunction for every op (bench/op_attribution_overhead.cpp --on callbacks|observers|all measures them, and
 // scripts/gpu/forensics.sh runs it on the GPU host).
 //
 // Thread-safety: install/remove during initialization or while no other thread runs ops
