@@ -52,13 +52,13 @@ elif [ ! -f "$snap" ]; then
 else
   run_for 15 "$LOGS/report_oom.txt" "$gpumem" report "$snap"
   rc=$?
-  note "report (rc $rc): $(grep -m1 -E '^verdict' "$LOGS/report_oom.txt")"
+  note "report (rc $rc): $(grep -m1 -E 'verdict' "$LOGS/report_oom.txt")"
   grep -m3 -iE 'replay|advice' "$LOGS/report_oom.txt" | sed 's/^/  /' | tee -a "$summary"
   [ $rc -eq 0 ] || status=1
   run_for 10 "$LOGS/report_oom.json" "$gpumem" report "$snap" --json --no-replay
   note "report --json (rc $?): $(head -c 300 "$LOGS/report_oom.json" | tr -d '\n')"
   run_for 10 "$LOGS/diff_oom.txt" "$gpumem" diff "$snap" "$snap" --at-a peak --at-b oom --top 5
-  note "diff peak->oom (rc $?): $(grep -m1 -E 'reserved ' "$LOGS/diff_oom.txt")"
+  note "diff peak->oom (rc $?): $(grep -m1 -E '^ +reserved ' "$LOGS/diff_oom.txt")"
   run_for 10 "$LOGS/replay_oom.txt" "$gpumem" replay "$snap"
   note "replay (rc $?): $(grep -m2 -iE 'cap|limit' "$LOGS/replay_oom.txt" | tr '\n' ' ')"
 fi
