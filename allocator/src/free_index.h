@@ -110,7 +110,10 @@ class FreeIndex {
     ClassSet& set_of(SizeClasses::Class c) noexcept { return classes[c.index()]; }
     void add(Block& b) noexcept {
       const SizeClasses::Class c = SizeClasses::of(b.size_bytes);
-      classes[c.index()].insert(b);
+      ClassSet& set = classes[c.index()];
+      // Most classes hold one block or none: linking into an empty tree needs no search.
+      if (set.empty()) set.push_back(b);
+      else set.insert(b);
       class_bits[c.level] |= 1u << c.sub;
       level_bits |= std::uint64_t{1} << c.level;
       ++blocks;
@@ -118,8 +121,12 @@ class FreeIndex {
     void remove(Block& b, std::size_t indexed_size) noexcept {
       const SizeClasses::Class c = SizeClasses::of(indexed_size);
       ClassSet& set = classes[c.index()];
-      set.erase(set.iterator_to(b));
-      if (set.empty()) note_empty(c);
+      if (&*set.begin() == &b && &*set.rbegin() == &b) {
+        set.clear();  // the only block: constant time with normal_link hooks, no rebalancing
+        note_empty(c);
+      } else {
+        set.erase(set.iterator_to(b));
+      }
       --blocks;
     }
     void note_empty(SizeClasses::Class c) noexcept {
@@ -309,6 +316,10 @@ class FreeIndex {
     return nullptr;
   }
   Bins& bins_for(StreamId stream) {
+    if (last_ != nullptr && last_->stream == stream) return *last_;
+    return bins_for_slow(stream);
+  }
+  Bins& bins_for_slow(StreamId stream) {
     if (Bins* b = bins_of(stream)) return *b;
     // Streams stay sorted, so iteration is in stream order.
     auto at = streams_.begin();
