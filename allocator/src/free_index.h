@@ -311,6 +311,9 @@ class FreeIndex {
 
   Bins* bins_of(StreamId stream) noexcept {
     if (last_ != nullptr && last_->stream == stream) return last_;
+    return bins_of_slow(stream);
+  }
+  [[gnu::noinline]] Bins* bins_of_slow(StreamId stream) noexcept {
     for (auto& bins : streams_)
       if (bins->stream == stream) return last_ = bins.get();
     return nullptr;
@@ -319,7 +322,7 @@ class FreeIndex {
     if (last_ != nullptr && last_->stream == stream) return *last_;
     return bins_for_slow(stream);
   }
-  Bins& bins_for_slow(StreamId stream) {
+  [[gnu::noinline]] Bins& bins_for_slow(StreamId stream) {
     if (Bins* b = bins_of(stream)) return *b;
     // Streams stay sorted, so iteration is in stream order.
     auto at = streams_.begin();
