@@ -1,7 +1,6 @@
 #include "engine_rules.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "growth_policy.h"
 
@@ -24,16 +23,10 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
     large.fixed_slots = policy::round_up(config.large_segment_size_bytes, r.slot_bytes) / r.slot_bytes;
     small.recycle_across_pools = large.recycle_across_pools = false;
   } else {
+    // Pieces follow the requests, at most kAdaptiveMaxPieceBytes long (docs/notes/allocation-policy.md).
     small.mode = large.mode = policy::PieceMode::adaptive;
     small.max_piece_slots = 1;
-    large.max_piece_slots = 0;
-    if (const char* v = std::getenv("GPUMEM_DEV_DIV")) large.footprint_divisor = std::strtoul(v, nullptr, 10);
-    if (const char* v = std::getenv("GPUMEM_DEV_MINP")) large.min_piece_slots = std::strtoul(v, nullptr, 10);
-    if (const char* v = std::getenv("GPUMEM_DEV_MAXP")) large.max_piece_slots = std::strtoul(v, nullptr, 10);
-    if (const char* v = std::getenv("GPUMEM_DEV_CDIV")) large.chunk_divisor = std::strtoul(v, nullptr, 10);
-    if (const char* v = std::getenv("GPUMEM_DEV_CMIN")) large.min_chunk_slots = std::strtoul(v, nullptr, 10);
-    if (const char* v = std::getenv("GPUMEM_DEV_CMAX")) large.max_chunk_slots = std::strtoul(v, nullptr, 10);
-    if (const char* v = std::getenv("GPUMEM_DEV_XPOOL")) large.recycle_across_pools = small.recycle_across_pools = v[0] == '1';
+    large.max_piece_slots = std::max<std::size_t>(policy::kAdaptiveMaxPieceBytes / r.slot_bytes, 1);
   }
   for (int p = 0; p < 2; ++p)
     r.region_va_bytes[p] = policy::region_va_bytes(config.va_reserve_bytes, provider_total_bytes,

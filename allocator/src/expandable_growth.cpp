@@ -13,8 +13,6 @@
 //           On failure nothing leaks: created pieces not mapped are destroyed, recycled pieces
 //           that could not be placed are destroyed (their slots become unmapped), claims go back.
 #include <fmt/format.h>
-#include <cstdio>
-#include <cstdlib>
 
 #include <algorithm>
 #include <bit>
@@ -38,8 +36,6 @@ namespace {
 
 // How many placements (besides those at a region's end) growth plans in full before choosing.
 constexpr std::size_t kPlacementsPlanned = 8;
-// How far past a request growth looks for unmapped slots a chunk could take.
-constexpr std::size_t kSlackLookahead = 4096;
 
 struct Placement {
   Region* region = nullptr;
@@ -81,7 +77,7 @@ void gather_placements(RegionMap& map, PoolKind pool, StreamId stream, std::size
       while (is_hole_state(hi->next)) hi = hi->next;
       last_hole_end = hi->end();
       const bool at_end = hi->end() == r.va.end();
-      const policy::PlacementAddresses at = policy::placement_addresses(lo->addr, hi->end(), size, at_end);
+      const policy::PlacementAddresses at = policy::placement_addresses(lo->addr, hi->end(), size);
       for (int i = 0; i < at.count; ++i) {
         const std::size_t need = unmapped_slots_in(r, unit_range(r, at.addr[i], size, unit));
         candidates.push_back({at.addr[i], need, hi->end() - lo->addr, at_end});
@@ -109,13 +105,6 @@ std::vector<policy::TargetRun> target_runs(const Region& r, policy::SlotRange ra
     run.head_shared = r.slot_addr(s) < addr;
     run.tail_shared = r.slot_addr(e) > end;
     runs.push_back(run);
-    if (e == range.hi) {
-      // The unmapped slots after the range, up to the next mapped one (or the region's end).
-      std::size_t t = e;
-      const std::size_t limit = std::min(r.slot_count(), e + kSlackLookahead);
-      while (t < limit && !r.slot_mapped(t)) ++t;
-      runs.back().slack_after = t - e;
-    }
     s = e;
   }
   return runs;
@@ -180,7 +169,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   mutex.assert_held();
   const int p = static_cast<int>(pool);
   const std::size_t slot = rules.slot_bytes;
-  const policy::PieceRules pieces = policy::rules_at_footprint(rules.pieces[p], map.reserved_bytes / slot);
+  const policy::PieceRules& pieces = rules.pieces[p];
   const std::size_t unit = policy::unit_slots(pieces);
 
   // ---- plan
@@ -232,7 +221,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
           const std::uintptr_t lo = br.slot_addr(f);
           if (f == s && lo + n * slot <= b.end()) {
             refs.push_back({&b, f});
-            all_pieces.push_back({n, b.size_bytes, br.stream, lo});
+            const bool edge = f == 0 || !br.slot_mapped(f - 1) || f + n >= br.slot_count() || !br.slot_mapped(f + n);
+            all_pieces.push_back({n, b.size_bytes, br.stream, lo, edge});
           }
           s = f + n;
         }
@@ -274,20 +264,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
       }
     x.layout = policy::plan_growth(offered, x.runs, pieces, rules.recycle);
     for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
-    options.push_back({x.layout.created_slots() - x.layout.chunk_extra_slots,
+    options.push_back({x.layout.created_slots(),
                        x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
     planned.push_back(std::move(x));
   }
   const Planned& best = planned[*policy::choose_growth(options)];
-  if (std::getenv("GPUMEM_DEV_TRACE")) {
-    std::fprintf(stderr, "grow %zu MiB pool %d: %zu free pieces:", rounded >> 20, p, all_pieces.size());
-    for (auto& fp : all_pieces) std::fprintf(stderr, " %zu/%zu", fp.slots, fp.extent_bytes >> 20);
-    std::fprintf(stderr, "\n");
-    for (std::size_t k = 0; k < planned.size(); ++k)
-      std::fprintf(stderr, "   opt addr %#lx need %zu created %zu moved %zu hole %zu MiB end %d%s\n", options[k].addr,
-                   places[planned[k].place].need, options[k].created_slots, options[k].pieces_moved, options[k].hole_bytes >> 20,
-                   (int)candidates[planned[k].place].at_region_end, &planned[k] == &best ? " <==" : "");
-  }
   const Placement* place = &places[best.place];
   Region& r = *place->region;
   const std::uintptr_t claim_lo = best.claim_lo, claim_hi = best.claim_hi;

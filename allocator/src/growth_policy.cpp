@@ -30,11 +30,11 @@ std::size_t classic_segment_bytes(std::size_t rounded_bytes, std::size_t large_s
 }
 
 PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t hole_hi, std::size_t size_bytes,
-                                       bool at_region_end) noexcept {
+                                       bool both_ends) noexcept {
   PlacementAddresses out;
   if (hole_hi - hole_lo < size_bytes) return out;
   out.addr[out.count++] = hole_lo;
-  if (at_region_end) return out;
+  if (!both_ends) return out;
   const std::uintptr_t high = (hole_hi - size_bytes) & ~(kMinBlockBytes - 1);
   if (high > hole_lo) out.addr[out.count++] = high;
   return out;
@@ -62,21 +62,6 @@ std::optional<std::size_t> choose_growth(std::span<const GrowthOption> options) 
   for (std::size_t i = 0; i < options.size(); ++i)
     if (!best || key(options[i]) < key(options[*best])) best = i;
   return best;
-}
-
-PieceRules rules_at_footprint(const PieceRules& rules, std::size_t footprint_slots) noexcept {
-  PieceRules r = rules;
-  if (r.mode != PieceMode::adaptive) return r;
-  if (r.chunk_divisor) {
-    std::size_t c = std::max(footprint_slots / r.chunk_divisor, r.min_chunk_slots);
-    if (r.max_chunk_slots) c = std::min(c, r.max_chunk_slots);
-    r.chunk_slots = c;
-  }
-  if (r.footprint_divisor == 0) return r;
-  std::size_t longest = std::max(footprint_slots / r.footprint_divisor, r.min_piece_slots);
-  if (rules.max_piece_slots) longest = std::min(longest, rules.max_piece_slots);
-  r.max_piece_slots = std::max<std::size_t>(longest, 1);
-  return r;
 }
 
 std::size_t GrowthLayout::created_slots() const noexcept {
@@ -117,6 +102,7 @@ std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tai
 GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
                          const PieceRules& rules, bool recycle) {
   GrowthLayout out;
+  const bool edge_first = rules.hole_edge_first;
   // Free pieces by length; within a length in the order they are taken.
   std::map<std::size_t, std::vector<std::size_t>> by_length;  // each vector: last = next taken
   if (recycle && !free_pieces.empty()) {
@@ -124,7 +110,7 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     auto key = [&](std::size_t i) {
       const FreePiece& p = free_pieces[i];
-      return std::make_tuple(p.extent_bytes, p.stream, ~p.addr);
+      return std::make_tuple(edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr);
     };
     // Descending, so that the vector's back is the first to take.
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) > key(b); });
@@ -169,20 +155,8 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
         out.recycled.push_back({*i, run.slots.hi - 1});
         tail_done = true;
       }
-    // What is left: [head slot] [at, hi) [tail slot]. At the frontier, [at, run end) is one piece
-    // of at least a chunk.
+    // What is left: [head slot] [at, hi) [tail slot].
     if (head && !head_done) out.created.push_back({run.slots.lo, run.slots.lo + 1});
-    const std::size_t end = tail && !tail_done ? run.slots.hi : hi;
-    if (adaptive && rules.chunk_slots > 0 && run.slack_after > 0 && end == run.slots.hi && end > at) {
-      // The frontier: pieces as long as the rules allow, the last one at least a chunk.
-      std::vector<SlotRange> chunked = plan_new_pieces({at, end}, false, false, rules);
-      SlotRange& last = chunked.back();
-      const std::size_t extra = std::min(run.slack_after, rules.chunk_slots > last.size() ? rules.chunk_slots - last.size() : 0);
-      last.hi += extra;
-      out.chunk_extra_slots += extra;
-      for (const SlotRange& r : chunked) out.created.push_back(r);
-      continue;
-    }
     for (const SlotRange& r : plan_new_pieces({at, hi}, false, false, rules)) out.created.push_back(r);
     if (tail && !tail_done) out.created.push_back({run.slots.hi - 1, run.slots.hi});
   }

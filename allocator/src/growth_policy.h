@@ -1,6 +1,7 @@
 // Growth policy: how the engine grows when no cached block fits. Pure functions of plain values:
 // the mechanism (expandable_growth.cpp, classic_growth.cpp) gathers the candidates, asks, and
-// acts. See Note [Physical page recycling] in docs/notes/physical-page-recycling.md.
+// acts. See Note [Physical page recycling] in docs/notes/physical-page-recycling.md and Note
+// [Allocation policy] in docs/notes/allocation-policy.md (the corpus the choices were measured on).
 // Thread-safety: pure functions, callable from anywhere.
 #pragma once
 
@@ -30,15 +31,16 @@ std::size_t classic_segment_bytes(std::size_t rounded_bytes, std::size_t large_s
 // ---- placement: where in an expandable region a request lands
 
 // Where a request of size_bytes may go in a hole [hole_lo, hole_hi) (a run of free and unmapped
-// blocks at least size_bytes long): at its start, or at its end (rounded down to 512 bytes) unless
-// the hole reaches the end of its region (the frontier grows from its start, as expandable
-// segments do).
+// blocks at least size_bytes long): at its start, so that it shares its first granule with the
+// memory below the hole instead of opening a new partly used granule; with both_ends, also at its
+// end (rounded down to 512 bytes). The engine places at the start only: on the corpus, placing at
+// either end left more partly used granules at the peak (docs/notes/allocation-policy.md).
 struct PlacementAddresses {
   std::uintptr_t addr[2] = {};
   int count = 0;
 };
 PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t hole_hi, std::size_t size_bytes,
-                                       bool at_region_end = false) noexcept;
+                                       bool both_ends = false) noexcept;
 
 struct PlacementCandidate {
   std::uintptr_t addr = 0;
@@ -78,21 +80,16 @@ struct PieceRules {
   std::size_t fixed_slots = 1;        // fixed: the length of every piece
   std::size_t max_piece_slots = 0;    // adaptive: the longest piece (0 = no limit)
   bool recycle_across_pools = true;   // adaptive: the other pool's wholly free pieces may move too
-  // adaptive, footprint-following: the longest piece is footprint / footprint_divisor (0: off),
-  // within [min_piece_slots, max_piece_slots].
-  std::size_t footprint_divisor = 0;
-  std::size_t min_piece_slots = 1;
-  // adaptive: where unmapped slots follow the request (the frontier), the piece created at its
-  // end is at least chunk_slots long, so the next requests land in mapped memory.
-  // chunk_slots = footprint / chunk_divisor (0: no chunks), within [min, max]_chunk_slots.
-  std::size_t chunk_slots = 0;
-  std::size_t chunk_divisor = 0;
-  std::size_t min_chunk_slots = 1;
-  std::size_t max_chunk_slots = 0;  // 0: no limit
+  // Recycling takes the free pieces that border unmapped slots (or their region's end) first:
+  // moving one widens a hole instead of opening a new one, and every hole's edges leave partly
+  // used granules behind.
+  bool hole_edge_first = true;
 };
 
-// The rules for one growth when footprint_slots slots are mapped (the engine's reserved memory).
-PieceRules rules_at_footprint(const PieceRules& rules, std::size_t footprint_slots) noexcept;
+// The engine's longest adaptive piece of the large pool. Shorter pieces fit more of the holes a
+// recycled piece could fill (lower peaks), longer ones need fewer driver calls; 8 MiB is the
+// corpus's choice (docs/notes/allocation-policy.md has the table).
+inline constexpr std::size_t kAdaptiveMaxPieceBytes = std::size_t{8} << 20;
 
 // Growth maps whole units: fixed_slots in fixed mode, one slot in adaptive mode.
 inline std::size_t unit_slots(const PieceRules& rules) noexcept {
@@ -107,7 +104,6 @@ struct TargetRun {
   SlotRange slots;
   bool head_shared = false;
   bool tail_shared = false;
-  std::size_t slack_after = 0;  // unmapped slots after it in the same hole (a chunk may take them)
 };
 
 // A wholly free mapped piece that could move to where the request lands.
@@ -116,6 +112,7 @@ struct FreePiece {
   std::size_t extent_bytes = 0;  // the free block holding it
   StreamId stream = 0;
   std::uintptr_t addr = 0;
+  bool at_hole_edge = false;     // an unmapped slot (or its region's start or end) borders it
 };
 
 struct RecycleChoice {
@@ -128,7 +125,6 @@ struct RecycleChoice {
 struct GrowthLayout {
   std::vector<RecycleChoice> recycled;
   std::vector<SlotRange> created;
-  std::size_t chunk_extra_slots = 0;  // created slots past the target runs (a frontier chunk)
   std::size_t created_slots() const noexcept;
 };
 
@@ -140,9 +136,10 @@ std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tai
 
 // The layout of one growth. With recycle, free pieces are moved before anything is created:
 // each run's inside slots (all of them in fixed mode; adaptive: without the shared first and last
-// slot) are filled from its start with the longest free piece that fits in what is left (ties: the
-// piece in the smaller free block, so large free runs stay whole; then the lower stream, then the
-// higher address), then its shared slots with one-slot pieces. What is left is created with
+// slot) are filled from its start with the longest free piece that fits in what is left (ties: with
+// hole_edge_first, a piece at a hole's edge; then the piece in the smaller free block, so large free
+// runs stay whole; then the lower stream, then the higher address), then its shared slots with
+// one-slot pieces. What is left is created with
 // plan_new_pieces. free_pieces must not lie where the request lands.
 GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
                          const PieceRules& rules, bool recycle);
