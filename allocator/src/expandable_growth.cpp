@@ -220,8 +220,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
           const std::size_t f = br.piece_first(s), n = br.piece_slots(s);
           const std::uintptr_t lo = br.slot_addr(f);
           if (f == s && lo + n * slot <= b.end()) {
-            refs.push_back({&b, f});
             const bool edge = f == 0 || !br.slot_mapped(f - 1) || f + n >= br.slot_count() || !br.slot_mapped(f + n);
+            refs.push_back({&b, f});
             all_pieces.push_back({n, b.size_bytes, br.stream, lo, edge});
           }
           s = f + n;
