@@ -43,7 +43,7 @@ constexpr const char* kHelp =
     "                reserved_unallocated_bytes, top_ops, top_sites, fragmentation, ...)\n"
     "  --top N       rows per list (default 10)\n"
     "  --device N    which device to report on (default: the one with an OOM, else the first\n"
-    "                with a trace)\n"
+    "                with a trace); -1 = pinned host memory\n"
     "  --no-replay   skip the replay of the trace under gpumem's policy in the OOM advice\n"
     "  -h, --help    show this help\n"
     "\n"
@@ -58,7 +58,7 @@ int run_report(const std::vector<std::string_view>& argv) {
   cl.flag("--json", json);
   cl.flag("--no-replay", options.replay_advice, false);
   cl.integer("--top", 0, 1000, options.top);
-  cl.integer("--device", 0, 1024, options.device);
+  cl.integer("--device", -1, 1024, options.device);
   if (const auto status = cl.parse(argv)) return *status;
   try {
     const fx::Snapshot snap = fx::load_snapshot(file);

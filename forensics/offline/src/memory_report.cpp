@@ -60,7 +60,7 @@ std::optional<PolicyReplay> replay_to_oom(const Snapshot& snap, int device, std:
 }
 
 void analyze_oom(const Snapshot& snap, MemoryReport& r, const ReportOptions& options) {
-  const auto& trace = snap.device_traces[static_cast<std::size_t>(r.device)];
+  const auto& trace = trace_entries(snap, r.device);
   const auto& e = trace[*r.moment.oom_entry];
   const Fragmentation& f = r.fragmentation;
   OomAnalysis a;
@@ -187,9 +187,7 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
   MemoryReport r;
   r.source = snap.source;
   r.device = pick_device(snap, options);
-  static const std::vector<SnapshotTraceEntry> kEmpty;
-  const bool has_trace = r.device >= 0 && static_cast<std::size_t>(r.device) < snap.device_traces.size();
-  const auto& trace = has_trace ? snap.device_traces[static_cast<std::size_t>(r.device)] : kEmpty;
+  const auto& trace = trace_entries(snap, r.device);
   r.trace_entries = trace.size();
   r.moment = state_at_moment(snap, r.device);
 
@@ -266,7 +264,7 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
 std::string render_report_text(const MemoryReport& r) {
   std::string s;
   const Fragmentation& f = r.fragmentation;
-  s += fmt::format("gpumem report: {} (device {}, {} trace entries)\n", r.source, r.device, r.trace_entries);
+  s += fmt::format("gpumem report: {} ({}, {} trace entries)\n", r.source, device_label(r.device), r.trace_entries);
   for (const auto& n : r.notes) s += fmt::format("note: {}\n", n);
   if (r.oom) {
     const OomAnalysis& a = *r.oom;

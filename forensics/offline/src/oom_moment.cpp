@@ -7,10 +7,7 @@ namespace gpumem::forensics {
 StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
   StateAtMoment out;
   out.device = device;
-  static const std::vector<SnapshotTraceEntry> kEmpty;
-  const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snapshot.device_traces.size()
-                          ? snapshot.device_traces[static_cast<std::size_t>(device)]
-                          : kEmpty;
+  const auto& trace = trace_entries(snapshot, device);
   for (std::size_t i = trace.size(); i-- > 0;) {
     if (trace[i].action == TraceAction::oom) {
       out.oom_entry = i;

@@ -28,7 +28,7 @@ enum Key : std::uint8_t {
   kVersion, kSettings, kDeviceTotal, kCap, kOps,
   kCalls, kAllocs, kAllocatedBytes, kLiveBytes, kPeakContributionBytes, kReservedGrowthBytes,
   kFragDeltaBytes, kWorstCallFragBeforeBytes, kWorstCallFragAfterBytes,
-  kExpandableSegments, kMaxSplitSize, kOpFrames,
+  kExpandableSegments, kMaxSplitSize, kOpFrames, kHostTrace,
   kKeyCount
 };
 
@@ -42,7 +42,7 @@ constexpr std::array<std::string_view, kKeyCount> kKeyNames = {
     "version", "settings", "device_total", "cap", "ops",
     "calls", "allocs", "allocated_bytes", "live_bytes", "peak_contribution_bytes", "reserved_growth_bytes",
     "frag_delta_bytes", "worst_call_frag_before_bytes", "worst_call_frag_after_bytes",
-    "expandable_segments", "max_split_size", "op_frames",
+    "expandable_segments", "max_split_size", "op_frames", "host_trace",
 };
 
 bool same_frames(const std::vector<SnapshotFrame>& a, const std::vector<SnapshotFrame>& b) {
@@ -540,6 +540,14 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.begin_list();
   for (const auto& r : snap.gpumem.ops) write_op_row(s, r);
   s.end_list();
+  // Pinned host memory's trace (device -1): here, not in device_traces, which PyTorch's tools
+  // index by CUDA device. Its segments are in 'segments', with device -1.
+  if (!snap.host_trace.empty()) {
+    s.key(kHostTrace);
+    s.begin_list();
+    for (const auto& e : snap.host_trace) write_entry(s, e, snap.gpumem.op_frames);
+    s.end_list();
+  }
   s.end_dict();
 
   s.end_dict();
@@ -550,6 +558,7 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
 std::string snapshot_to_pickle(const Snapshot& snapshot) {
   std::size_t entries = 0, blocks = 0;
   for (const auto& t : snapshot.device_traces) entries += t.size();
+  entries += snapshot.host_trace.size();
   for (const auto& seg : snapshot.segments) blocks += seg.blocks.size();
   PickleSink sink(entries * 64 + blocks * 64 + (1 << 16));  // about what an entry takes
   write_snapshot_dict(sink, snapshot);
