@@ -191,6 +191,14 @@ TORCH_LIBRARY(gpumem_pinned, m) {
   m.def("dump_snapshot(str path) -> ()", &gpumem::torch::op_dump_snapshot);
 }
 
+namespace {
+void copy_error(const char* text, char* error, unsigned long error_len) {
+  if (error == nullptr || error_len == 0) return;
+  std::strncpy(error, text, error_len - 1);
+  error[error_len - 1] = '\0';
+}
+}  // namespace
+
 extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned_with(const GpumemPinnedSettings* settings,
                                                                                  char* error,
                                                                                  unsigned long error_len) {
@@ -207,11 +215,10 @@ extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned_with
       options.trace_entries = static_cast<std::size_t>(settings->trace_entries);
     gpumem::torch::install_pinned(options);
     return 0;
+  } catch (const c10::Error& e) {
+    copy_error(e.what_without_backtrace(), error, error_len);  // the sentence, not libtorch's backtrace
   } catch (const std::exception& e) {
-    if (error != nullptr && error_len > 0) {
-      std::strncpy(error, e.what(), error_len - 1);
-      error[error_len - 1] = '\0';
-    }
-    return 1;
+    copy_error(e.what(), error, error_len);
   }
+  return 1;
 }
