@@ -73,6 +73,7 @@ for f in tests/pinned/test_pinned tests/pinned/test_pinned_torch bench/bench_pin
 done
 [ "$missing" = 1 ] && exit 1
 lib=$BUILD/torch/libgpumem_pinned_torch.so
+tls_args=()
 
 # ---- 1. tests
 if run test_pinned 15 "$BUILD/tests/pinned/test_pinned" "~[symbols]" --order lex; then
@@ -106,6 +107,7 @@ if [ -s "$logs/fixed.txt" ] && [ -s "$logs/multiscale.txt" ]; then
          "without scripts/stage_jemalloc.sh's jemalloc (GPUMEM_JEMALLOC_ROOT; scripts/setup.sh sets it);" \
          "measuring again with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384"
     mv "$logs/torch_dataloader.log" "$logs/torch_dataloader_static_tls.log"
+    tls_args=(--initial-exec-tls)
     run torch_dataloader 30 env PYTHONUNBUFFERED=1 GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 "$PY" \
       bench/pinned_torch_dataloader.py "$logs/fixed.txt" "$logs/multiscale.txt" --gpumem "$lib" &&
       note "pinned_torch_dataloader: ok with GLIBC_TUNABLES"
@@ -116,7 +118,7 @@ fi
 cli=()
 [ -x "$BUILD/cli/gpumem" ] && cli=(--gpumem-cli "$BUILD/cli/gpumem")
 if run pinned_adapter 40 env PYTHONUNBUFFERED=1 "$PY" tests/pinned/pinned_adapter.py \
-     --lib "$BUILD/torch/libgpumem_torch.so" "${cli[@]}"; then
+     --lib "$BUILD/torch/libgpumem_torch.so" "${cli[@]}" "${tls_args[@]}"; then
   if grep -q "skip the GPU cases" "$logs/pinned_adapter.log"; then
     fail "pinned_adapter: the GPU cases SKIPPED (torch saw no device)"
   else

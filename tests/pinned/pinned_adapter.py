@@ -32,10 +32,16 @@ def check(ok, what):
     return ok
 
 
+STATIC_TLS_TUNABLE = "glibc.rtld.optional_static_tls=16384"
+NEEDS_TUNABLE = False  # --initial-exec-tls: the build carries Debian's jemalloc (initial-exec TLS)
+
+
 def child(case, lib, env_extra, args=()):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("GLIBC_TUNABLES", None)
+    if NEEDS_TUNABLE:
+        env["GLIBC_TUNABLES"] = STATIC_TLS_TUNABLE
     env.update(env_extra)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", case, "--lib", lib, *args]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -145,11 +151,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True, help="libgpumem_torch.so")
     ap.add_argument("--gpumem-cli", help="the gpumem command, to read the pinned snapshot back (GPU case)")
+    ap.add_argument("--initial-exec-tls", action="store_true",
+                    help="the build links Debian's jemalloc (initial-exec TLS, no scripts/stage_jemalloc.sh): "
+                    "children start with GLIBC_TUNABLES=" + STATIC_TLS_TUNABLE)
     ap.add_argument("--child")
     ap.add_argument("rest", nargs="*")
     args = ap.parse_args()
     if args.child:
         return child_main(args.child, args.lib, args.rest)
+    global NEEDS_TUNABLE
+    NEEDS_TUNABLE = args.initial_exec_tls
+    if NEEDS_TUNABLE:
+        print(f"note: Debian's jemalloc (initial-exec TLS): the children start with GLIBC_TUNABLES={STATIC_TLS_TUNABLE}")
     if not os.path.exists(args.lib):
         print(f"pinned_adapter: {args.lib} does not exist (build target gpumem_torch)")
         return 1
@@ -174,7 +187,8 @@ def main():
         kv = parse(out)
         check(rc == 0, f"no device: the interpreter survives the load (rc {rc}) {err[-300:] if rc else ''}")
         check(kv.get("pinned_library_loaded") == "True",
-              "libgpumem_pinned_torch.so was dlopen'ed into a running interpreter without GLIBC_TUNABLES")
+              "libgpumem_pinned_torch.so was dlopen'ed into a running interpreter "
+              + ("(with GLIBC_TUNABLES: initial-exec TLS)" if NEEDS_TUNABLE else "without GLIBC_TUNABLES"))
         check("needs a CUDA device" in kv.get("load_error", "") and "CUDA allocator is installed" in
               kv.get("load_error", ""), f"no device: load_error says why and what stayed: {kv.get('load_error')}")
         check(kv.get("cuda_installed") == "True", "no device: the CUDA allocator (source:sim) is installed")
