@@ -52,7 +52,7 @@ std::string help_text() {
       "                       per policy, with the trace time, as CSV to FILE\n"
       "  --top N              how many call sites to list per policy (default 5, 0 for none)\n"
       "  --device N           which device's trace to take from a snapshot (default: the first\n"
-      "                       with entries); CSV traces hold one device\n"
+      "                       with entries; -1 = pinned host memory); CSV traces hold one device\n"
       "  --memory-limit SIZE  cap every policy's reserved memory at SIZE (8GiB, 512MiB; a unit is\n"
       "                       required, MB means MiB): would the run have fit? Failed allocations\n"
       "                       are counted. Default for a snapshot that records an OOM: the memory\n"
@@ -85,7 +85,7 @@ int run_replay(const std::vector<std::string_view>& argv) {
   cl.flag("--json", a.json);
   cl.value("--timeline", a.timeline);
   cl.integer("--top", 0, 1000, a.top, "a count from 0 to 1000");
-  cl.integer("--device", 0, 1024, a.device, "a device index (0, 1, ...)");
+  cl.integer("--device", -1, 1024, a.device, "a device index (0, 1, ...; -1 = pinned host memory)");
   cl.size("--memory-limit", a.env.memory_limit_bytes);
   cl.size("--device-memory", a.env.device_total_bytes);
   if (const auto status = cl.parse(argv)) return *status;

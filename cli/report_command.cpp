@@ -48,7 +48,8 @@ constexpr const char* kHelp =
     "                requested_bytes, fragmentation, evidence, advice, op_table, site_table, ...)\n"
     "  --top N       rows per list, JSON included: ops, call sites, pinned segments (default 10)\n"
     "  --device N    which device to report on (default: the one with an OOM, else the first\n"
-    "                with a trace); a device the file does not record is an error\n"
+    "                with a trace; -1 = pinned host memory); a device the file does not\n"
+    "                record is an error\n"
     "  --no-replay   skip the replays (the OOM advice's, the comparison of policies)\n"
     "  -h, --help    show this help\n"
     "\n"
@@ -65,7 +66,7 @@ int run_report(const std::vector<std::string_view>& argv) {
   cl.flag("--no-replay", options.replay, false);
   cl.value("--at", at);
   cl.integer("--top", 0, 1000, options.top);
-  cl.integer("--device", 0, 1024, options.device);
+  cl.integer("--device", -1, 1024, options.device);
   if (const auto status = cl.parse(argv)) return *status;
   if (!at.empty()) {
     std::string error;

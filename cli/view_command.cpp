@@ -40,7 +40,7 @@ std::string help_text() {
       "  --width N      columns of the --report rendering (default 120)\n"
       "  --colors MODE  auto (default), 256, 8 or none (monochrome)\n"
       "  --device N     which device's trace to take from a snapshot (default: the first with\n"
-      "                 entries)\n"
+      "                 entries); -1 = pinned host memory\n"
       "  -h, --help     show this help\n"
       "\n"
       "Exit status: 0 on success, 1 if a file cannot be read or there is no terminal, 2 for a\n"
@@ -64,7 +64,7 @@ int run_view(const std::vector<std::string_view>& argv) {
   cl.flag("--report", a.report);
   cl.value("--diff", a.diff);
   cl.integer("--width", 40, 1000, a.width);
-  cl.integer("--device", 0, 1024, a.device);
+  cl.integer("--device", -1, 1024, a.device);
   cl.choice("--colors", {"auto", "256", "8", "none"}, a.colors);
   if (const auto status = cl.parse(argv)) return *status;
 #if GPUMEM_HAVE_VIEWER

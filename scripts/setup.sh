@@ -64,6 +64,16 @@ else
 fi
 [ -d /usr/local/cuda ] && cmake_args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
 
+# ---- jemalloc for gpumem::pinned, built from Debian's source without initial-exec TLS ----
+# (scripts/stage_jemalloc.sh says why; once, about a minute). Without it the pinned allocator uses
+# Debian's binary archive, which a late dlopen (Python) can only load with GLIBC_TUNABLES.
+jemalloc_dir=$deps/jemalloc-5.3.0-gd
+if "$root/scripts/stage_jemalloc.sh" "$jemalloc_dir"; then
+  cmake_args+=(-DGPUMEM_JEMALLOC_ROOT="$jemalloc_dir")
+else
+  log "WARNING: could not build jemalloc from Debian's source; gpumem::pinned uses libjemalloc-dev's archive"
+fi
+
 log "configuring $build"
 cmake "${cmake_args[@]}" "$@" >/dev/null
 log "building $build"

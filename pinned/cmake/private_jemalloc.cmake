@@ -1,14 +1,19 @@
-# gpumem's private copy of jemalloc: Debian's static PIC archive (libjemalloc-dev) with every public
-# symbol renamed to gpumem_je_* and its C++ operator new/delete object left out, so linking it into
-# a program or a shared library never replaces the process's malloc, free or operator new.
+# gpumem's private copy of jemalloc: a static PIC archive (scripts/stage_jemalloc.sh's build of
+# Debian's source package, else Debian's libjemalloc-dev) with every public symbol renamed to
+# gpumem_je_* and its C++ operator new/delete object left out, so linking it into a program or a
+# shared library never replaces the process's malloc, free or operator new.
 # See pinned/README.md ("jemalloc: where it comes from").
 #
 # Inputs (cache variables):
 #   GPUMEM_JEMALLOC_ROOT   a folder with include/jemalloc/jemalloc.h and lib/libjemalloc_pic.a
-#                          (scripts/stage_jemalloc.sh makes one to carry to machines without the
-#                          package); empty = the system's (pkg-config jemalloc, then find_*).
+#                          (scripts/stage_jemalloc.sh builds one; scripts/setup.sh passes it);
+#                          empty = the system's (pkg-config jemalloc, then find_*).
 # Outputs:
 #   GPUMEM_JEMALLOC_FOUND  ON when the archive and header were found
+#   GPUMEM_JEMALLOC_INITIAL_EXEC_TLS
+#                          ON when the archive uses initial-exec TLS (Debian's binary package): a
+#                          library carrying it cannot be dlopen'ed late without GLIBC_TUNABLES
+#                          (pinned/README.md). OFF for scripts/stage_jemalloc.sh's build.
 #   target gpumem_jemalloc_private (INTERFACE): the renamed archive, the header's folder, and the
 #                          link option that keeps the archive's symbols local to a shared library.
 set(GPUMEM_JEMALLOC_ROOT "" CACHE PATH "Folder with include/jemalloc/jemalloc.h and lib/libjemalloc_pic.a")
@@ -62,6 +67,18 @@ if(NOT CMAKE_OBJCOPY OR NOT CMAKE_AR OR NOT CMAKE_READELF)
   return()
 endif()
 
+# Initial-exec TLS shows as TPOFF relocations (GOTTPOFF, TPOFF32/64); global-dynamic as TLSGD.
+execute_process(COMMAND ${CMAKE_READELF} -rW ${GPUMEM_JEMALLOC_PIC_ARCHIVE} OUTPUT_VARIABLE _je_relocs RESULT_VARIABLE _je_rc)
+if(NOT _je_rc EQUAL 0)
+  message(STATUS "gpumem: ${CMAKE_READELF} -rW ${GPUMEM_JEMALLOC_PIC_ARCHIVE} failed; the pinned host allocator is left out.")
+  return()
+endif()
+set(GPUMEM_JEMALLOC_INITIAL_EXEC_TLS OFF)
+if(_je_relocs MATCHES "R_X86_64_(GOT)?TPOFF|R_AARCH64_TLSIE")
+  set(GPUMEM_JEMALLOC_INITIAL_EXEC_TLS ON)
+endif()
+unset(_je_relocs)
+
 set(_je_out ${CMAKE_CURRENT_BINARY_DIR}/libgpumem_jemalloc.a)
 add_custom_command(
   OUTPUT ${_je_out}
@@ -81,4 +98,11 @@ target_include_directories(gpumem_jemalloc_private SYSTEM INTERFACE ${GPUMEM_JEM
 target_link_libraries(gpumem_jemalloc_private INTERFACE ${_je_out} Threads::Threads ${CMAKE_DL_LIBS} m)
 target_link_options(gpumem_jemalloc_private INTERFACE "LINKER:--exclude-libs,libgpumem_jemalloc.a")
 set(GPUMEM_JEMALLOC_FOUND ON)
-message(STATUS "gpumem: jemalloc ${_je_major}.${_je_minor} for pinned host memory: ${GPUMEM_JEMALLOC_PIC_ARCHIVE} (symbols renamed gpumem_je_*)")
+if(GPUMEM_JEMALLOC_INITIAL_EXEC_TLS)
+  set(_je_tls "initial-exec TLS: a late dlopen of libgpumem_pinned_torch.so needs GLIBC_TUNABLES; "
+              "scripts/stage_jemalloc.sh builds one without")
+else()
+  set(_je_tls "global-dynamic TLS")
+endif()
+message(STATUS "gpumem: jemalloc ${_je_major}.${_je_minor} for pinned host memory: ${GPUMEM_JEMALLOC_PIC_ARCHIVE} "
+               "(symbols renamed gpumem_je_*; ${_je_tls})")

@@ -1,128 +1,167 @@
 #!/usr/bin/env bash
-# GPU machine: gpumem's pinned host allocator (gpumem::pinned) against PyTorch's. About 3 minutes.
+# GPU machine: gpumem's pinned host allocator (issue 17) against PyTorch's, with binaries staged by
+# scripts/gpu/stage.sh (nothing is compiled here). About 45 s; run_all.sh gives it 85 s.
 #
-#   scripts/stage_jemalloc.sh            # here, first: .deps/jemalloc (the GPU machine has no jemalloc)
-#   OUT=/some/dir scripts/gpu/pinned.sh  # there, with .deps/jemalloc carried along
-#   (GPUMEM_JEMALLOC_ROOT=dir: another staged jemalloc; GPUMEM_GPU_BUILD=dir: build directory,
-#    default build-gpu-pinned; GPUMEM_SKIP_BUILD=1: reuse it as is)
+#   OUT=/dir scripts/gpu/pinned.sh     ($OUT gets pinned-summary.txt, pinned-logs.tar.gz)
 #
-# 1. build test_pinned, bench_pinned_cuda, bench_pinned_dataloader, libgpumem_pinned_torch.so and
-#    test_pinned_torch (against the machine's torch)
-# 2. test_pinned: the CPU tests and the [gpu] ones (cudaHostRegister regions, a block that waits for
-#    a real copy); test_pinned_torch: pin_memory, non_blocking copies, host stats through gpumem
-# 3. bench_pinned_cuda: host-to-device GB/s from gpumem pinned, cudaHostAlloc and pageable memory;
+# Needs in BUILD (a full build of scripts/setup.sh, staged): tests/pinned/test_pinned,
+# tests/pinned/test_pinned_torch, bench/bench_pinned_cuda, bench/bench_pinned_dataloader,
+# torch/libgpumem_torch.so, torch/libgpumem_pinned_torch.so, cli/gpumem (optional). jemalloc is
+# linked statically into the pinned binaries (renamed gpumem_je_*): nothing else to carry.
+#
+# 1. test_pinned (all but the [symbols] cases, which look for the build machine's files): the CPU
+#    cases and the [gpu] ones (cudaHostRegister regions, a block that waits for a real copy, markers
+#    per device); test_pinned_torch: pin_memory, non_blocking copies, host stats through gpumem (C++)
+# 2. bench_pinned_cuda: host-to-device GB/s from gpumem pinned, cudaHostAlloc and pageable memory;
 #    the DataLoader-style workload with real copies (224x224 and multi-scale images)
-# 4. the same two workloads through PyTorch's APIs (bench/pinned_torch_dataloader.py): once with
-#    PyTorch's own pinned allocator, once with gpumem's installed (libgpumem_pinned_torch.so, under
-#    GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384), numbers from torch.cuda.host_memory_stats()
-# $OUT gets summary.txt (the table, last) and pinned_logs.tar.gz. Exit status 0 if every step passed.
+# 3. bench/pinned_torch_dataloader.py: the same workloads and bandwidths through PyTorch's APIs, first
+#    with PyTorch's pinned allocator, then with gpumem's installed into the same interpreter (a late
+#    dlopen, no GLIBC_TUNABLES); torch.cuda.host_memory_stats() under each
+# 4. tests/pinned/pinned_adapter.py: GPUMEM_ALLOC_CONF=pinned_allocator:gpumem through
+#    libgpumem_torch.so: pin_memory, DataLoader(pin_memory=True), event semantics (a block whose copy
+#    is queued behind a long kernel is not handed out again; the copy reads its data), host stats,
+#    _host_emptyCache, a pinned snapshot read by `gpumem report --device -1`
+# Every step has a timeout inside the budget (PINNED_BUDGET_S, default 80 s); a step cut for time
+# says so. The table comes last in the summary. Exit status 0 when every step passed.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-OUT=${OUT:-$root/build-gpu-pinned/out}
-build=${GPUMEM_GPU_BUILD:-$root/build-gpu-pinned}
-jemalloc=${GPUMEM_JEMALLOC_ROOT:-$root/.deps/jemalloc}
-py=${GPUMEM_PYTHON:-python3}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-summary=$OUT/summary.txt
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
-trap 'tar czf "$OUT/pinned_logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$gpu_root"
+: "${OUT:?set OUT}"
+logs=$OUT/pinned-logs
+mkdir -p "$logs"
+summary=$OUT/pinned-summary.txt
 : >"$summary"
+trap 'tar czf "$OUT/pinned-logs.tar.gz" -C "$OUT" pinned-logs && rm -rf "$logs"' EXIT
 status=0
+budget=${PINNED_BUDGET_S:-80}
+t_start=$SECONDS
 note() { echo "$*" | tee -a "$summary"; }
-step() { echo; echo "=== $* ($(date +%T))"; }
+fail() { note "$*"; status=1; }
+# limit WANT: WANT seconds, or what is left of the budget (less 3 s for the table); 0 when nothing is
+left_for() {
+  local left=$((budget - (SECONDS - t_start) - 3))
+  [ "$left" -lt 0 ] && left=0
+  echo $(("$1" < left ? "$1" : left))
+}
+# run NAME WANT_S CMD...: runs CMD under a timeout into NAME.log; says whether it passed
+run() {
+  local name=$1 want=$2; shift 2
+  local t; t=$(left_for "$want")
+  if [ "$t" -lt 2 ]; then fail "$name: NOT RUN (the ${budget} s budget is spent)"; return 1; fi
+  local t0=$SECONDS rc
+  timeout --kill-after=3 "$t" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    fail "$name: STOPPED after ${t} s (timeout; see $name.log)"; tail -15 "$logs/$name.log"; return 1
+  fi
+  if [ $rc -ne 0 ]; then
+    fail "$name: FAILED (exit $rc in $((SECONDS - t0)) s; see $name.log)"; tail -25 "$logs/$name.log"; return 1
+  fi
+  echo "$name: ok in $((SECONDS - t0)) s" >>"$logs/times.txt"
+  return 0
+}
 
-if [ ! -f "$jemalloc/lib/libjemalloc_pic.a" ] && [ ! -f /usr/include/jemalloc/jemalloc.h ]; then
-  note "jemalloc: missing. Run scripts/stage_jemalloc.sh on a machine with libjemalloc-dev and carry .deps/jemalloc"
-  exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1 | tee -a "$summary"
+missing=0
+for f in tests/pinned/test_pinned tests/pinned/test_pinned_torch bench/bench_pinned_cuda \
+         bench/bench_pinned_dataloader torch/libgpumem_torch.so torch/libgpumem_pinned_torch.so; do
+  if [ ! -e "$BUILD/$f" ]; then
+    fail "MISSING: $BUILD/$f (build it with the full build of scripts/setup.sh: it needs libjemalloc-dev" \
+         "and a CUDA libtorch; then scripts/gpu/stage.sh)"
+    missing=1
+  fi
+done
+[ "$missing" = 1 ] && exit 1
+lib=$BUILD/torch/libgpumem_pinned_torch.so
+tls_args=()
+
+# ---- 1. tests
+if run test_pinned 15 "$BUILD/tests/pinned/test_pinned" "~[symbols]" --order lex; then
+  note "test_pinned: passed ($(grep -E 'All tests passed|test cases' "$logs/test_pinned.log" | tail -1))"
 fi
-je_args=()
-[ -f "$jemalloc/lib/libjemalloc_pic.a" ] && je_args=(-DGPUMEM_JEMALLOC_ROOT="$jemalloc")
-
-step "configure + build"
-t0=$SECONDS
-if [ "${GPUMEM_SKIP_BUILD:-0}" != 1 ]; then
-  torch_prefix=$("$py" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-  if ! { timeout 240 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUMEM_WITH_TORCH=ON \
-           -DCMAKE_PREFIX_PATH="$torch_prefix" -DTORCH_CUDA_ARCH_LIST=9.0 -DGPUMEM_WITH_VIEWER=OFF "${je_args[@]}" &&
-         timeout 400 cmake --build "$build" -j "$(nproc)" --target test_pinned bench_pinned_cuda \
-           bench_pinned_dataloader gpumem_pinned_torch test_pinned_torch
-       } >"$LOGS/build.log" 2>&1; then
-    tail -40 "$LOGS/build.log"
-    note "build: FAILED (see build.log)"
-    exit 1
+if grep -q "no CUDA device" "$logs/test_pinned.log"; then fail "test_pinned: the [gpu] cases SKIPPED (no device seen)"; fi
+if run test_pinned_torch 15 "$BUILD/tests/pinned/test_pinned_torch" --order lex; then
+  if grep -q "no CUDA device" "$logs/test_pinned_torch.log"; then
+    fail "test_pinned_torch: the [gpu] case SKIPPED (no device seen)"
+  else
+    note "test_pinned_torch: passed ($(grep -E 'All tests passed|test cases' "$logs/test_pinned_torch.log" | tail -1))"
   fi
 fi
-note "build: ok in $((SECONDS - t0)) s"
 
-step "test_pinned (CPU and [gpu] tests)"
-if timeout 300 "$build/tests/pinned/test_pinned" --order lex >"$LOGS/test_pinned.log" 2>&1; then
-  note "test_pinned: passed ($(grep -E 'test cases|All tests passed' "$LOGS/test_pinned.log" | tail -1))"
-else
-  note "test_pinned: FAILED (see test_pinned.log)"; tail -30 "$LOGS/test_pinned.log"; status=1
-fi
-if grep -qE "skipped|no CUDA device" "$LOGS/test_pinned.log"; then
-  note "test_pinned: [gpu] tests SKIPPED: no device seen"; status=1
-fi
-if timeout 200 "$build/tests/pinned/test_pinned_torch" --order lex >"$LOGS/test_pinned_torch.log" 2>&1 &&
-   ! grep -q "no CUDA device" "$LOGS/test_pinned_torch.log"; then
-  note "test_pinned_torch: passed ($(grep -E 'test cases|All tests passed' "$LOGS/test_pinned_torch.log" | tail -1))"
-else
-  note "test_pinned_torch: FAILED or skipped (see test_pinned_torch.log)"; tail -30 "$LOGS/test_pinned_torch.log"; status=1
-fi
-lib="$build/pinned/torch/libgpumem_pinned_torch.so"
-
-for scale in 0 1; do
-  name=$([ $scale = 1 ] && echo multiscale || echo fixed)
-  step "bench_pinned_cuda ($name)"
-  if ! timeout 180 "$build/bench/bench_pinned_cuda" --steps 600 --multi-scale $scale >"$LOGS/gpumem_$name.log" 2>&1; then
-    note "bench_pinned_cuda $name: FAILED (see gpumem_$name.log)"; tail -20 "$LOGS/gpumem_$name.log"; status=1
-  fi
-  cat "$LOGS/gpumem_$name.log"
-  "$build/bench/bench_pinned_dataloader" --steps 600 --multi-scale $scale --dump "$LOGS/$name.txt"
+# ---- 2. C++ bandwidth and workloads (CudaHostSource directly)
+for name in fixed multiscale; do
+  scale=$([ $name = multiscale ] && echo 1 || echo 0)
+  "$BUILD/bench/bench_pinned_dataloader" --steps 600 --multi-scale $scale --dump "$logs/$name.txt" \
+    >"$logs/dump_$name.log" 2>&1 || fail "bench_pinned_dataloader --dump ($name): FAILED (dump_$name.log)"
+  run "gpumem_$name" 10 "$BUILD/bench/bench_pinned_cuda" --steps 600 --multi-scale $scale
 done
 
-step "the workloads through PyTorch's APIs: PyTorch's pinned allocator"
-if ! timeout 240 "$py" bench/pinned_torch_dataloader.py "$LOGS/fixed.txt" "$LOGS/multiscale.txt" \
-     >"$LOGS/torch.log" 2>&1; then
-  note "pinned_torch_dataloader (torch): FAILED (see torch.log)"; tail -20 "$LOGS/torch.log"; status=1
+# ---- 3. through PyTorch's APIs: PyTorch's allocator, then gpumem's in the same interpreter
+if [ -s "$logs/fixed.txt" ] && [ -s "$logs/multiscale.txt" ]; then
+  if run torch_dataloader 30 env PYTHONUNBUFFERED=1 "$PY" bench/pinned_torch_dataloader.py \
+       "$logs/fixed.txt" "$logs/multiscale.txt" --gpumem "$lib"; then
+    note "pinned_torch_dataloader: ok (PyTorch's allocator, then gpumem's installed late without GLIBC_TUNABLES)"
+  fi
+  if grep -q "static TLS" "$logs/torch_dataloader.log"; then
+    fail "  libgpumem_pinned_torch.so carries a jemalloc with initial-exec TLS: the build was configured" \
+         "without scripts/stage_jemalloc.sh's jemalloc (GPUMEM_JEMALLOC_ROOT; scripts/setup.sh sets it);" \
+         "measuring again with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384"
+    mv "$logs/torch_dataloader.log" "$logs/torch_dataloader_static_tls.log"
+    tls_args=(--initial-exec-tls)
+    run torch_dataloader 30 env PYTHONUNBUFFERED=1 GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 "$PY" \
+      bench/pinned_torch_dataloader.py "$logs/fixed.txt" "$logs/multiscale.txt" --gpumem "$lib" &&
+      note "pinned_torch_dataloader: ok with GLIBC_TUNABLES"
+  fi
 fi
-cat "$LOGS/torch.log"
-step "the workloads through PyTorch's APIs: gpumem's pinned allocator installed"
-if ! GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 timeout 240 "$py" bench/pinned_torch_dataloader.py \
-     "$LOGS/fixed.txt" "$LOGS/multiscale.txt" --gpumem "$lib" >"$LOGS/torch_gpumem.log" 2>&1; then
-  note "pinned_torch_dataloader (gpumem): FAILED (see torch_gpumem.log)"; tail -20 "$LOGS/torch_gpumem.log"; status=1
-fi
-cat "$LOGS/torch_gpumem.log"
 
-result() {  # result FILE KEY: the value of KEY= on the file's RESULT line, "-" if none
+# ---- 4. the adapter from Python: pinned_allocator:gpumem, event semantics, stats, snapshot
+cli=()
+[ -x "$BUILD/cli/gpumem" ] && cli=(--gpumem-cli "$BUILD/cli/gpumem")
+if run pinned_adapter 40 env PYTHONUNBUFFERED=1 "$PY" tests/pinned/pinned_adapter.py \
+     --lib "$BUILD/torch/libgpumem_torch.so" "${cli[@]}" "${tls_args[@]}"; then
+  if grep -q "skip the GPU cases" "$logs/pinned_adapter.log"; then
+    fail "pinned_adapter: the GPU cases SKIPPED (torch saw no device)"
+  else
+    note "pinned_adapter: $(tail -1 "$logs/pinned_adapter.log")"
+  fi
+fi
+grep -E '^(ok  |FAIL) GPU: ' "$logs/pinned_adapter.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
+
+# ---- the table
+result() {  # result FILE PATTERN KEY: KEY's value on the first RESULT line matching PATTERN, "-" if none
   local v
-  v=$(grep -h '^RESULT' "$1" 2>/dev/null | grep -oE "$2=[^ ]+" | head -1 | cut -d= -f2)
+  v=$(grep -h "^RESULT $2" "$1" 2>/dev/null | head -1 | grep -oE "(^| )$3=[^ ]+" | head -1 | cut -d= -f2)
   echo "${v:--}"
 }
-gbps() {  # gbps FILE BYTES COLUMN: a column of the bandwidth table, "-" if none
+gbps() {  # gbps FILE BYTES COLUMN: a column of bench_pinned_cuda's bandwidth table, "-" if none
   local v
-  v=$(awk -v b="$2" -v c="$3" '$1 == b { print $c; exit }' "$1" 2>/dev/null)
+  v=$(awk -v b="$2" -v c="$3" '$1 == b && NF == 4 { print $c; exit }' "$1" 2>/dev/null)
   echo "${v:--}"
 }
+tl=$logs/torch_dataloader.log
 {
   echo
   echo "pinned host memory, DataLoader-style workload, 600 steps: peak locked / peak requested (target <= 1.1)"
-  printf '%-12s %14s %18s %16s\n' workload gpumem_c++ gpumem_via_torch pytorch
+  printf '%-12s %12s %18s %12s\n' workload gpumem_c++ gpumem_via_torch pytorch
   for name in fixed multiscale; do
-    printf '%-12s %14s %18s %16s\n' "$name" "$(result "$LOGS/gpumem_$name.log" gpumem_locked_over_requested)" \
-      "$(result "$LOGS/torch_gpumem.log" "gpumem_${name}_locked_over_requested")" \
-      "$(result "$LOGS/torch.log" "torch_${name}_locked_over_requested")"
+    printf '%-12s %12s %18s %12s\n' "$name" "$(result "$logs/gpumem_$name.log" gpumem_locked gpumem_locked_over_requested)" \
+      "$(result "$tl" "gpumem_${name}_" "gpumem_${name}_locked_over_requested")" \
+      "$(result "$tl" "torch_${name}_" "torch_${name}_locked_over_requested")"
   done
   echo
   echo "host-to-device GB/s (target: gpumem pinned = PyTorch pinned)"
-  printf '%-10s %14s %14s %14s %16s %10s\n' bytes gpumem_c++ cudaHostAlloc torch_pinned gpumem_via_torch pageable
-  for mb in 16 64 256; do
+  printf '%-10s %11s %14s %13s %17s %9s\n' bytes gpumem_c++ cudaHostAlloc torch_pinned gpumem_via_torch pageable
+  for mb in 1 16 64 256; do
     b=$((mb << 20))
-    printf '%-10s %14s %14s %14s %16s %10s\n' "$b" "$(gbps "$LOGS/gpumem_fixed.log" $b 2)" \
-      "$(gbps "$LOGS/gpumem_fixed.log" $b 3)" "$(gbps "$LOGS/torch.log" $b 2)" "$(gbps "$LOGS/torch_gpumem.log" $b 2)" \
-      "$(gbps "$LOGS/gpumem_fixed.log" $b 4)"
+    printf '%-10s %11s %14s %13s %17s %9s\n' "$b" "$(gbps "$logs/gpumem_fixed.log" $b 2)" \
+      "$(gbps "$logs/gpumem_fixed.log" $b 3)" "$(result "$tl" "torch_h2d_gbps bytes=$b " pinned)" \
+      "$(result "$tl" "gpumem_h2d_gbps bytes=$b " pinned)" "$(gbps "$logs/gpumem_fixed.log" $b 4)"
   done
+  echo
+  echo "torch.cuda.host_memory_stats() after the workloads:"
+  echo "  pytorch: $(grep -h '^RESULT torch_host_stats' "$tl" 2>/dev/null | cut -d' ' -f3- || true)"
+  echo "  gpumem:  $(grep -h '^RESULT gpumem_host_stats' "$tl" 2>/dev/null | cut -d' ' -f3- || true)"
+  echo
+  echo "pinned: $([ $status = 0 ] && echo PASSED || echo FAILED) in $((SECONDS - t_start)) s"
 } | tee -a "$summary"
 exit $status

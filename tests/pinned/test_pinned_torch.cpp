@@ -7,10 +7,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "catch.h"
-#include "gpumem/pinned/torch_host_allocator.h"
+#include "gpumem/torch/pinned_host_allocator.h"
 
 using namespace gpumem;
 
@@ -37,11 +39,28 @@ TEST_CASE("without a CUDA device, install_pinned refuses and PyTorch's host allo
   CHECK(message.find("needs a CUDA device") != std::string::npos);
   CHECK(gpumem::torch::installed_pinned() == nullptr);
   CHECK(at::getHostAllocator(at::kCUDA) == before);
+  // The C entry point libgpumem_torch.so's loader calls.
   char error[256] = {};
-  CHECK(gpumem_install_pinned(error, sizeof error) == 1);
+  GpumemPinnedSettings settings{};
+  settings.size_bytes = sizeof settings;
+  settings.touch_threads = 1;
+  CHECK(gpumem_install_pinned_with(&settings, error, sizeof error) == 1);
   CHECK(std::string(error).find("needs a CUDA device") != std::string::npos);
-  CHECK(gpumem_install_pinned_with(100, 0, error, sizeof error) == 1);  // a bad option is named first
+  settings.background_period_us = 100;
+  settings.touch_threads = 0;
+  CHECK(gpumem_install_pinned_with(&settings, error, sizeof error) == 1);  // a bad option is named first
   CHECK(std::string(error).find("touch_threads = 0") != std::string::npos);
+  // An older caller's shorter struct: the fields it lacks keep their defaults (touch_threads 1).
+  settings.size_bytes = offsetof(GpumemPinnedSettings, touch_threads);
+  CHECK(gpumem_install_pinned_with(&settings, error, sizeof error) == 1);
+  CHECK(std::string(error).find("needs a CUDA device") != std::string::npos);
+  std::string snapshot_error;
+  try {
+    gpumem::torch::pinned_snapshot();
+  } catch (const c10::Error& e) {
+    snapshot_error = e.what_without_backtrace();
+  }
+  CHECK(snapshot_error.find("not installed") != std::string::npos);
 }
 
 TEST_CASE("pinned tensors, non_blocking copies and host_memory_stats go through gpumem", "[pinned][torch][gpu]") {
@@ -86,6 +105,15 @@ TEST_CASE("pinned tensors, non_blocking copies and host_memory_stats go through 
   CHECK(stats.num_host_alloc >= 1);
   CHECK(stats.active_requests.current == 1);           // pinned_copy
   CHECK(before.allocated_bytes.current == 0);
+  // The snapshot: regions as segments of pinned host memory (device -1), pinned_copy's block live.
+  const forensics::Snapshot snap = gpumem::torch::pinned_snapshot();
+  REQUIRE_FALSE(snap.segments.empty());
+  bool live = false;
+  for (const auto& seg : snap.segments) {
+    CHECK(seg.device == forensics::kPinnedHostDevice);
+    for (const auto& b : seg.blocks) live |= b.address == reinterpret_cast<std::uintptr_t>(pinned_copy.data_ptr());
+  }
+  CHECK(live);
   pinned_copy.reset();
   at::getHostAllocator(at::kCUDA)->empty_cache();
   CHECK(at::getHostAllocator(at::kCUDA)->get_stats().allocated_bytes.current == 0);

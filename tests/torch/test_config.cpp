@@ -123,6 +123,14 @@ TEST_CASE("config: the adapter's source and the forensics keys", "[config]") {
   check_error("source:gpu", {"source:gpu", "not a known memory source", "cuda_vmm, cuda_malloc, host_vmm or sim"});
   check_error("source:SIM", {"source:SIM", "cuda_vmm"});
 
+  CHECK(parse_ok("").adapter.pinned_allocator == PinnedAllocatorKind::native);
+  CHECK(parse_ok("pinned_allocator:native").adapter.pinned_allocator == PinnedAllocatorKind::native);
+  CHECK(parse_ok("pinned_allocator:gpumem").adapter.pinned_allocator == PinnedAllocatorKind::gpumem);
+  check_error("pinned_allocator:jemalloc",
+              {"pinned_allocator:jemalloc", "not a known pinned host allocator", "native (PyTorch's) or gpumem"});
+  check_error("pinned_allocator:[gpumem]", {"pinned_allocator", "is a list"});
+  check_error("pinned_alocator:gpumem", {"unknown key 'pinned_alocator'", "did you mean 'pinned_allocator'"});
+
   CHECK(parse_ok("trace_entries:100000").forensics.trace_entries == 100000);
   CHECK(parse_ok("trace_entries:1073741824").forensics.trace_entries == 1073741824);
   check_error("trace_entries:1073741825", {"trace_entries:1073741825", "too large", "1073741824"});
@@ -220,7 +228,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True,"
         "pinned_num_register_threads:16,pinned_reserve_segment_size_mb:64,"
         "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,source:sim,"
-        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,thread_cache:False,"
+        "pinned_allocator:gpumem,memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,thread_cache:False,"
         "va_reserve_mb:4096,check_invariants:True,trace_entries:5000,oom_report_dir:/tmp/o,"
         "record_ops:True";
     Config c = parse_ok(text);
@@ -239,6 +247,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.adapter.pinned_use_background_threads != d.adapter.pinned_use_background_threads);
     CHECK(c.adapter.graph_capture_record_stream_reuse != d.adapter.graph_capture_record_stream_reuse);
     CHECK(c.adapter.source != d.adapter.source);
+    CHECK(c.adapter.pinned_allocator != d.adapter.pinned_allocator);
     CHECK(c.engine.memory_limit_bytes != d.engine.memory_limit_bytes);
     CHECK(c.engine.small_piece_bytes != d.engine.small_piece_bytes);
     CHECK(c.engine.recycle != d.engine.recycle);
@@ -292,6 +301,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
           {"pinned_num_register_threads", {"1", "4", "128"}},
           {"pinned_reserve_segment_size_mb", {"0", "1", "512"}},
           {"source", {"cuda_vmm", "cuda_malloc", "host_vmm", "sim"}},
+          {"pinned_allocator", {"native", "gpumem"}},
           {"memory_limit_mb", {"0", "1", "81920"}},
           {"small_piece_size_mb", {"2", "4", "16"}},
           {"va_reserve_mb", {"0", "65536"}},
@@ -367,7 +377,9 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 28);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 12 of gpumem's
+  CHECK(keys.size() == 29);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 13 of gpumem's
+  CHECK(std::string(to_string(PinnedAllocatorKind::native)) == "native");
+  CHECK(std::string(to_string(PinnedAllocatorKind::gpumem)) == "gpumem");
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

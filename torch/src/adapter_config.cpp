@@ -1,4 +1,5 @@
-// The torch adapter's keys (gpumem/torch/adapter_config.h): source, and PyTorch 2.11's keys gpumem
+// The torch adapter's keys (gpumem/torch/adapter_config.h): source, pinned_allocator, and PyTorch
+// 2.11's keys gpumem
 // accepts for compatibility (backend, release_lock_on_cudamalloc, the pinned allocator's keys,
 // graph_capture_record_stream_reuse), validated as PyTorch validates them. docs/config.md
 // documents them; keep the table below and that page in step.
@@ -72,6 +73,17 @@ void apply_source(const Entry& e, const KeyInfo& k, AdapterConfig& c) {
   fail_value(e, k, "is not a known memory source");
 }
 
+void apply_pinned_allocator(const Entry& e, const KeyInfo& k, AdapterConfig& c) {
+  const std::string& v = alloc::config_syntax::want_scalar(e, k);
+  for (PinnedAllocatorKind p : {PinnedAllocatorKind::native, PinnedAllocatorKind::gpumem}) {
+    if (v == to_string(p)) {
+      c.pinned_allocator = p;
+      return;
+    }
+  }
+  fail_value(e, k, "is not a known pinned host allocator");
+}
+
 // In to_string's order.
 constexpr Key<AdapterConfig> kKeys[] = {
     {{"backend", "", "native (gpumem replaces PyTorch's allocators, so cudaMallocAsync is refused)",
@@ -91,6 +103,7 @@ constexpr Key<AdapterConfig> kKeys[] = {
     {{"graph_capture_record_stream_reuse", "", "True or False", "graph_capture_record_stream_reuse:True"},
      apply_graph_capture_record_stream_reuse},
     {{"source", "", "cuda_vmm, cuda_malloc, host_vmm or sim", "source:cuda_vmm"}, apply_source},
+    {{"pinned_allocator", "", "native (PyTorch's) or gpumem", "pinned_allocator:gpumem"}, apply_pinned_allocator},
 };
 
 }  // namespace
@@ -105,6 +118,14 @@ const char* to_string(SourceKind kind) noexcept {
   return "unknown";
 }
 
+const char* to_string(PinnedAllocatorKind kind) noexcept {
+  switch (kind) {
+    case PinnedAllocatorKind::native: return "native";
+    case PinnedAllocatorKind::gpumem: return "gpumem";
+  }
+  return "unknown";
+}
+
 alloc::config_syntax::KeyTable adapter_key_table(AdapterConfig& target) {
   return alloc::config_syntax::KeyTable(kKeys, target);
 }
@@ -114,10 +135,11 @@ std::string to_string(const AdapterConfig& c) {
   return fmt::format(
       "release_lock_on_cudamalloc:{},pinned_use_cuda_host_register:{},pinned_num_register_threads:{},"
       "pinned_reserve_segment_size_mb:{},pinned_use_background_threads:{},graph_capture_record_stream_reuse:{},"
-      "source:{}",
+      "source:{},pinned_allocator:{}",
       bool_text(c.release_lock_on_cudamalloc), bool_text(c.pinned_use_cuda_host_register),
       c.pinned_num_register_threads, c.pinned_reserve_segment_size_bytes >> 20,
-      bool_text(c.pinned_use_background_threads), bool_text(c.graph_capture_record_stream_reuse), to_string(c.source));
+      bool_text(c.pinned_use_background_threads), bool_text(c.graph_capture_record_stream_reuse), to_string(c.source),
+      to_string(c.pinned_allocator));
 }
 
 }  // namespace gpumem::torch

@@ -35,6 +35,7 @@
 #include "engines.h"
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/install.h"
+#include "pinned_loader.h"
 #include "snapshot_ranges.h"
 
 namespace gpumem::torch {
@@ -782,6 +783,14 @@ void install_instance(GpumemCudaAllocator& ours) {
   std::lock_guard lock(install_mutex());
   cca::CUDAAllocator* current = cca::allocator.load();
   if (current == &ours) return;
+  // pinned_allocator:gpumem: the library is loaded before anything is installed, so a missing or
+  // unloadable one refuses the whole install (pinned_loader.h).
+  const AdapterConfig& adapter = ours.config().adapter;
+  std::optional<detail::PinnedLibrary> pinned;
+  if (adapter.pinned_allocator == PinnedAllocatorKind::gpumem) {
+    pinned = detail::PinnedLibrary::open();
+    TORCH_CHECK(pinned->ok(), "gpumem::torch::install: ", pinned->error(), ". Nothing was installed.");
+  }
   TORCH_CHECK(current == nullptr || !current->initialized(),
               "gpumem::torch::install: PyTorch's CUDA allocator ('", current ? current->name() : std::string("none"),
               "') is already initialized, so tensors made by it would be freed by the wrong allocator. Install gpumem "
@@ -791,6 +800,11 @@ void install_instance(GpumemCudaAllocator& ours) {
   cca::allocator.store(&ours);
   c10::SetAllocator(c10::DeviceType::CUDA, &ours, kAllocatorPriority);
   g_installed.store(true);
+  if (pinned) {
+    const std::string error = pinned->install(adapter, ours.config().forensics);
+    TORCH_CHECK(error.empty(), "gpumem::torch::install: ", error,
+                ". gpumem's CUDA allocator is installed; pinned host memory stays PyTorch's.");
+  }
 }
 
 }  // namespace

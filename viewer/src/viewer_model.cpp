@@ -118,15 +118,17 @@ ViewerModel ViewerModel::open(const std::string& path, std::optional<int> device
   }
   const auto snap = std::make_shared<const forensics::Snapshot>(forensics::load_snapshot(path));
   const int d = device.value_or(forensics::first_traced_device(*snap));
-  forensics::Trace trace = snap->device_traces.empty() && d == 0 ? forensics::Trace{}
-                                                                  : forensics::trace_from_snapshot(*snap, d);
-  trace.source = path;
+  forensics::Trace trace = forensics::trace_entries(*snap, d).empty() && (d == 0 || d == forensics::kPinnedHostDevice)
+                               ? forensics::Trace{}
+                               : forensics::trace_from_snapshot(*snap, d);
+  // The title shows the source: name pinned host memory there, as reports do.
+  trace.source = d == forensics::kPinnedHostDevice ? path + " (" + forensics::device_label(d) + ")" : path;
   std::optional<std::uint64_t> device_free;
   bool has_oom = false;
   std::vector<std::string> op_names{""};
   std::vector<std::uint32_t> entry_ops;
-  if (static_cast<std::size_t>(d) < snap->device_traces.size()) {
-    const auto& entries = snap->device_traces[static_cast<std::size_t>(d)];
+  if (d == forensics::kPinnedHostDevice || (d >= 0 && static_cast<std::size_t>(d) < snap->device_traces.size())) {
+    const auto& entries = forensics::trace_entries(*snap, d);
     std::unordered_map<std::string, std::uint32_t> op_index;
     const auto intern = [&](const std::string& op) -> std::uint32_t {
       if (op.empty()) return 0;

@@ -13,13 +13,6 @@
 namespace gpumem::forensics {
 namespace {
 
-const std::vector<SnapshotTraceEntry>& trace_of(const Snapshot& snap, int device) {
-  static const std::vector<SnapshotTraceEntry> kEmpty;
-  return device >= 0 && static_cast<std::size_t>(device) < snap.device_traces.size()
-             ? snap.device_traces[static_cast<std::size_t>(device)]
-             : kEmpty;
-}
-
 int pick_device(const Snapshot& snap, const ReportOptions& options) {
   const std::vector<int> devices = recorded_devices(snap);
   if (options.device) {
@@ -44,7 +37,7 @@ int pick_device(const Snapshot& snap, const ReportOptions& options) {
 }
 
 bool any_op(const Snapshot& snap, int device) {
-  for (const auto& e : trace_of(snap, device))
+  for (const auto& e : trace_entries(snap, device))
     if (!e.op.empty()) return true;
   for (const auto& seg : snap.segments)
     if (seg.device == device)
@@ -99,7 +92,7 @@ std::string coverage_text(const ReplayInput& in) {
 }
 
 void analyze_oom(const Snapshot& snap, MemoryReport& r, const ReportOptions& options) {
-  const auto& trace = trace_of(snap, r.device);
+  const auto& trace = trace_entries(snap, r.device);
   const auto& e = trace[*r.moment.oom_entry];
   const Fragmentation& f = r.fragmentation;
   OomAnalysis a;
@@ -310,6 +303,7 @@ std::vector<int> recorded_devices(const Snapshot& snap) {
   std::vector<int> out;
   for (std::size_t d = 0; d < snap.device_traces.size(); ++d)
     if (!snap.device_traces[d].empty()) out.push_back(static_cast<int>(d));
+  if (!snap.host_trace.empty()) out.push_back(kPinnedHostDevice);
   for (const auto& seg : snap.segments)
     if (std::find(out.begin(), out.end(), seg.device) == out.end()) out.push_back(seg.device);
   std::sort(out.begin(), out.end());
@@ -317,7 +311,7 @@ std::vector<int> recorded_devices(const Snapshot& snap) {
 }
 
 std::optional<std::uint64_t> oom_replay_limit(const Snapshot& snap, int device) {
-  const auto& trace = trace_of(snap, device);
+  const auto& trace = trace_entries(snap, device);
   bool has_oom = false;
   for (const auto& e : trace) has_oom |= e.action == TraceAction::oom;
   if (!has_oom) return std::nullopt;
@@ -337,7 +331,7 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
   MemoryReport r;
   r.source = snap.source;
   r.device = pick_device(snap, options);
-  const auto& trace = trace_of(snap, r.device);
+  const auto& trace = trace_entries(snap, r.device);
   r.trace_entries = trace.size();
   r.top = options.top;
   r.moment = resolve_moment(snap, r.device, options.at);
@@ -384,8 +378,7 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
 std::string render_report_text(const MemoryReport& r) {
   std::string s;
   const Fragmentation& f = r.fragmentation;
-  s += fmt::format("gpumem report: {} (device {}, {} trace entries)\n", r.source, r.device, r.trace_entries);
-  s += fmt::format("moment: {}\n", r.moment.describe());
+  s += fmt::format("gpumem report: {} ({}, {} trace entries)\n", r.source, device_label(r.device), r.trace_entries);
   for (const auto& n : r.notes) s += fmt::format("note: {}\n", n);
   auto list = [&](const char* title, const std::vector<std::string>& items) {
     if (items.empty()) return;

@@ -96,10 +96,7 @@ std::string Moment::describe() const {
 }
 
 Moment resolve_moment(const Snapshot& snap, int device, const MomentSpec& spec) {
-  static const std::vector<SnapshotTraceEntry> kEmpty;
-  const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snap.device_traces.size()
-                          ? snap.device_traces[static_cast<std::size_t>(device)]
-                          : kEmpty;
+  const auto& trace = trace_entries(snap, device);
   const std::size_t n = trace.size();
   Moment m;
   m.entries = n;

@@ -7,10 +7,7 @@ namespace gpumem::forensics {
 StateAtMoment state_at_moment(const Snapshot& snapshot, int device, const Moment& moment) {
   StateAtMoment out;
   out.device = device;
-  static const std::vector<SnapshotTraceEntry> kEmpty;
-  const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snapshot.device_traces.size()
-                          ? snapshot.device_traces[static_cast<std::size_t>(device)]
-                          : kEmpty;
+  const auto& trace = trace_entries(snapshot, device);
   out.oom_entry = moment.oom_entry;
   out.moment_entries = std::min(moment.applied, trace.size());
 
@@ -78,10 +75,7 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device, const Moment
 }
 
 StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
-  static const std::vector<SnapshotTraceEntry> kEmpty;
-  const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snapshot.device_traces.size()
-                          ? snapshot.device_traces[static_cast<std::size_t>(device)]
-                          : kEmpty;
+  const auto& trace = trace_entries(snapshot, device);
   bool has_oom = false;
   for (const auto& e : trace) has_oom |= e.action == TraceAction::oom;
   if (has_oom) return state_at_moment(snapshot, device, resolve_moment(snapshot, device, MomentSpec{MomentSpec::Kind::oom}));

@@ -42,6 +42,17 @@ std::string call_site(const std::vector<SnapshotFrame>& frames) {
   return {};
 }
 
+std::string device_label(int device) {
+  return device == kPinnedHostDevice ? std::string("pinned host") : fmt::format("device {}", device);
+}
+
+const std::vector<SnapshotTraceEntry>& trace_entries(const Snapshot& snapshot, int device) noexcept {
+  static const std::vector<SnapshotTraceEntry> kEmpty;
+  if (device == kPinnedHostDevice) return snapshot.host_trace;
+  if (device < 0 || static_cast<std::size_t>(device) >= snapshot.device_traces.size()) return kEmpty;
+  return snapshot.device_traces[static_cast<std::size_t>(device)];
+}
+
 int first_traced_device(const Snapshot& snapshot) noexcept {
   for (std::size_t d = 0; d < snapshot.device_traces.size(); ++d) {
     if (!snapshot.device_traces[d].empty()) return static_cast<int>(d);
@@ -50,15 +61,16 @@ int first_traced_device(const Snapshot& snapshot) noexcept {
 }
 
 Trace trace_from_snapshot(const Snapshot& snapshot, int device) {
-  if (device < 0 || static_cast<std::size_t>(device) >= snapshot.device_traces.size()) {
+  const bool host = device == kPinnedHostDevice && !snapshot.host_trace.empty();
+  if (!host && (device < 0 || static_cast<std::size_t>(device) >= snapshot.device_traces.size())) {
     throw ForensicsError(fmt::format(
-        "{}: the snapshot has no trace for device {} (it has {} device trace(s)); pick another "
-        "device",
-        snapshot.source, device, snapshot.device_traces.size()));
+        "{}: the snapshot has no trace for {} (it has {} device trace(s){}); pick another device",
+        snapshot.source, device_label(device), snapshot.device_traces.size(),
+        snapshot.host_trace.empty() ? "" : " and one of pinned host memory, device -1"));
   }
   Trace trace;
   trace.source = snapshot.source;
-  const auto& entries = snapshot.device_traces[static_cast<std::size_t>(device)];
+  const auto& entries = trace_entries(snapshot, device);
   trace.entries.reserve(entries.size());
   for (const auto& s : entries) {
     TraceEntry e;

@@ -61,6 +61,14 @@ bool is_op_frame(const SnapshotFrame& f, const std::string& name) {
   return f.name == name && f.filename == "??" && f.line == 0;
 }
 
+// Every trace of the snapshot: the devices', then pinned host memory's.
+std::vector<std::vector<SnapshotTraceEntry>*> traces_of(Snapshot& snap) {
+  std::vector<std::vector<SnapshotTraceEntry>*> out;
+  for (auto& t : snap.device_traces) out.push_back(&t);
+  out.push_back(&snap.host_trace);
+  return out;
+}
+
 // Removes the frames the writer synthesized from ops (GpumemSnapshotInfo::op_frames).
 void strip_op_frames(Snapshot& snap) {
   for (auto& seg : snap.segments) {
@@ -68,8 +76,8 @@ void strip_op_frames(Snapshot& snap) {
       if (!b.op.empty() && b.frames.size() == 1 && is_op_frame(b.frames[0], b.op)) b.frames.clear();
     }
   }
-  for (auto& trace : snap.device_traces) {
-    for (auto& e : trace) {
+  for (auto* trace : traces_of(snap)) {
+    for (auto& e : *trace) {
       if (e.op.empty()) continue;
       const bool scope = !e.user_metadata.empty();
       if (e.frames.size() == (scope ? 2u : 1u) && is_op_frame(e.frames[0], e.op) &&
@@ -106,6 +114,11 @@ void read_gpumem_additions(const PickleValue& root, Snapshot& snap) {
   }
   const PickleValue* g = root.find("gpumem");
   if (!g || !g->is_dict()) return;
+  if (const PickleValue* host = g->find("host_trace"); host && host->is_sequence()) {
+    for (std::size_t i = 0; i < host->items().size() && i < snap.host_trace.size(); ++i) {
+      snap.host_trace[i].op = str_of(host->items()[i].find("op"));
+    }
+  }
   auto& info = snap.gpumem;
   info.version = static_cast<int>(i64_of(g->find("version")));
   if (info.version <= 0) {

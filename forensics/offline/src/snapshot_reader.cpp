@@ -89,7 +89,13 @@ class SnapshotDecoder {
   SnapshotSegment segment(const PickleValue& v, const std::string& path) const {
     expect_dict(v, path);
     SnapshotSegment s;
-    s.device = static_cast<int>(u64_or(v, "device", 0, path));
+    // A CUDA device, or -1: gpumem's pinned host memory (kPinnedHostDevice).
+    if (const PickleValue* dev = v.find("device"); dev && !dev->is_none()) {
+      const std::int64_t d = to_i64(*dev, path + ".device");
+      if (d < kPinnedHostDevice || d > 1 << 20)
+        fail(path + ".device", fmt::format("is {}, expected a device index (or -1, pinned host memory)", d));
+      s.device = static_cast<int>(d);
+    }
     s.address = to_u64(require(v, "address", path), path + ".address");
     s.total_size_bytes = to_u64(require(v, "total_size", path), path + ".total_size");
     s.allocated_size_bytes = u64_or(v, "allocated_size", 0, path);
@@ -166,6 +172,15 @@ Snapshot snapshot_from_pickle(const PickleValue& root, const std::string& source
     out.reserve(entries.size());
     for (std::size_t i = 0; i < entries.size(); ++i) {
       out.push_back(d.trace_entry(entries[i], fmt::format("device_traces[{}][{}]", dev, i)));
+    }
+  }
+  // gpumem's pinned host memory trace, in its own dict (snapshot_writer.cpp).
+  if (const PickleValue* g = root.find("gpumem"); g && g->is_dict()) {
+    if (const PickleValue* host = g->find("host_trace"); host && !host->is_none()) {
+      const auto& entries = d.list_of(*host, "gpumem.host_trace");
+      snap.host_trace.reserve(entries.size());
+      for (std::size_t i = 0; i < entries.size(); ++i)
+        snap.host_trace.push_back(d.trace_entry(entries[i], fmt::format("gpumem.host_trace[{}]", i)));
     }
   }
   if (const PickleValue* settings = root.find("allocator_settings"); settings && settings->is_dict()) {

@@ -26,7 +26,7 @@ enum Key : std::uint8_t {
   kAction, kAddr, kTimeUs, kDeviceFree, kCompileContext, kUserMetadata,
   kName, kFilename, kLine,
   kVersion, kSettings, kDeviceTotal, kCap,
-  kExpandableSegments, kMaxSplitSize, kOpFrames,
+  kExpandableSegments, kMaxSplitSize, kOpFrames, kHostTrace,
   kKeyCount
 };
 
@@ -38,7 +38,7 @@ constexpr std::array<std::string_view, kKeyCount> kKeyNames = {
     "action", "addr", "time_us", "device_free", "compile_context", "user_metadata",
     "name", "filename", "line",
     "version", "settings", "device_total", "cap",
-    "expandable_segments", "max_split_size", "op_frames",
+    "expandable_segments", "max_split_size", "op_frames", "host_trace",
 };
 
 bool same_frames(const std::vector<SnapshotFrame>& a, const std::vector<SnapshotFrame>& b) {
@@ -516,6 +516,14 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.key(kDeviceFree); s.u64(snap.gpumem.device_free_bytes);
   s.key(kCap); s.u64(snap.gpumem.cap_bytes);
   s.key(kOpFrames); s.boolean(snap.gpumem.op_frames);
+  // Pinned host memory's trace (device -1): here, not in device_traces, which PyTorch's tools
+  // index by CUDA device. Its segments are in 'segments', with device -1.
+  if (!snap.host_trace.empty()) {
+    s.key(kHostTrace);
+    s.begin_list();
+    for (const auto& e : snap.host_trace) write_entry(s, e, snap.gpumem.op_frames);
+    s.end_list();
+  }
   s.end_dict();
 
   s.end_dict();
@@ -526,6 +534,7 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
 std::string snapshot_to_pickle(const Snapshot& snapshot) {
   std::size_t entries = 0, blocks = 0;
   for (const auto& t : snapshot.device_traces) entries += t.size();
+  entries += snapshot.host_trace.size();
   for (const auto& seg : snapshot.segments) blocks += seg.blocks.size();
   PickleSink sink(entries * 64 + blocks * 64 + (1 << 16));  // about what an entry takes
   write_snapshot_dict(sink, snapshot);

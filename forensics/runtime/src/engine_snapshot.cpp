@@ -86,9 +86,14 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
                             std::chrono::system_clock::now().time_since_epoch()).count();
   const std::int64_t offset_us = unix_now - steady_now;
 
-  const std::size_t device = engine.device < 0 ? 0 : static_cast<std::size_t>(engine.device);
-  snap.device_traces.resize(device + 1);
-  auto& out = snap.device_traces[device];
+  // Pinned host memory (device -1) has a trace of its own; a CUDA device's goes to its index.
+  std::vector<SnapshotTraceEntry>* trace_out = &snap.host_trace;
+  if (engine.device != kPinnedHostDevice) {
+    const std::size_t device = engine.device < 0 ? 0 : static_cast<std::size_t>(engine.device);
+    snap.device_traces.resize(device + 1);
+    trace_out = &snap.device_traces[device];
+  }
+  auto& out = *trace_out;
   out.reserve(order.size());
   // alloc seq -> its record (op, stack context)
   std::unordered_map<std::uint64_t, const TraceRecord*> alloc_of_seq;

@@ -1,7 +1,8 @@
 // AdapterConfig: the keys the torch adapter owns: which memory source it builds for each device,
-// and PyTorch 2.11's keys gpumem accepts for compatibility (it reports them in snapshots'
-// allocator settings, as PyTorch does, and validates them as PyTorch does; none changes what the
-// engine does). The engine's keys are alloc::Config's, the forensics keys forensics::Config's;
+// which pinned host allocator libtorch uses, and PyTorch 2.11's keys gpumem accepts for
+// compatibility (it reports them in snapshots' allocator settings, as PyTorch does, and validates
+// them as PyTorch does; none changes what the engine does; pinned_num_register_threads and
+// pinned_use_background_threads configure gpumem's pinned allocator when it is chosen). The engine's keys are alloc::Config's, the forensics keys forensics::Config's;
 // gpumem::torch::Config (config.h) joins the three.
 //
 // Thread-safety: a plain value.
@@ -20,9 +21,18 @@ enum class SourceKind : std::uint8_t { cuda_vmm, cuda_malloc, host_vmm, sim };
 
 const char* to_string(SourceKind kind) noexcept;
 
+// Which allocator serves libtorch's pinned host memory (pinned_allocator:...): PyTorch's own
+// (power-of-two blocks) or gpumem's (gpumem::pinned, a jemalloc arena over page-locked regions,
+// loaded from libgpumem_pinned_torch.so when the CUDA allocator is installed).
+enum class PinnedAllocatorKind : std::uint8_t { native, gpumem };
+
+const char* to_string(PinnedAllocatorKind kind) noexcept;
+
 struct AdapterConfig {
   // source:cuda_vmm|cuda_malloc|host_vmm|sim. install_cpu always uses host_vmm.
   SourceKind source = SourceKind::cuda_vmm;
+  // pinned_allocator:native|gpumem.
+  PinnedAllocatorKind pinned_allocator = PinnedAllocatorKind::native;
   // Accepted for compatibility (PyTorch 2.11's keys); kept and reported in snapshots'
   // allocator_settings.
   bool release_lock_on_cudamalloc = false;

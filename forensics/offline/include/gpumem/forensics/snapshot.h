@@ -35,6 +35,15 @@ struct GpumemSnapshotInfo {
   bool op_frames = false;
 };
 
+// The device id of pinned (page-locked) host memory: gpumem::pinned's events and segments carry it
+// (c10's CPU index). PyTorch's snapshots have no host memory; gpumem's keep its trace apart from
+// device_traces (Snapshot::host_trace), so code that indexes device_traces by a CUDA device never
+// mixes the two.
+inline constexpr int kPinnedHostDevice = -1;
+
+// "pinned host" for kPinnedHostDevice, else "device N": how reports and views name a device.
+std::string device_label(int device);
+
 struct SnapshotFrame {
   std::string name;      // function
   std::string filename;  // "??" for C++ frames without symbols
@@ -51,7 +60,7 @@ struct SnapshotBlock {
 };
 
 struct SnapshotSegment {
-  int device = 0;
+  int device = 0;  // a CUDA device, or kPinnedHostDevice
   std::uint64_t address = 0;
   std::uint64_t total_size_bytes = 0;
   std::uint64_t allocated_size_bytes = 0;
@@ -82,6 +91,8 @@ struct Snapshot {
   std::string source;  // the file it came from
   std::vector<SnapshotSegment> segments;
   std::vector<std::vector<SnapshotTraceEntry>> device_traces;  // index = device
+  // gpumem: the trace of pinned host memory (kPinnedHostDevice); written in the 'gpumem' dict.
+  std::vector<SnapshotTraceEntry> host_trace;
   // allocator_settings as written (a dict), or None when the snapshot has none.
   PickleValue allocator_settings;
   bool expandable_segments = false;  // from allocator_settings, false if absent
@@ -92,6 +103,9 @@ struct Snapshot {
 // The call site PyTorch's CSV traces use: the innermost frame that is not inside torch itself and
 // has a file, as "basename:line:function" (commas replaced by ';'); empty if there is none.
 std::string call_site(const std::vector<SnapshotFrame>& frames);
+
+// One device's trace entries (host_trace for kPinnedHostDevice); empty for a device it does not have.
+const std::vector<SnapshotTraceEntry>& trace_entries(const Snapshot& snapshot, int device) noexcept;
 
 // One device's trace as the replay's Trace model. Throws ForensicsError if the device has none.
 Trace trace_from_snapshot(const Snapshot& snapshot, int device);

@@ -1,7 +1,8 @@
 // gpumem's pinned allocator as libtorch's CUDA host allocator (at::HostAllocator), its install
 // functions and the torch.ops.gpumem_pinned operators. The one translation unit of
-// libgpumem_pinned_torch.so, and the only one of gpumem::pinned that includes torch headers.
-#include "gpumem/pinned/torch_host_allocator.h"
+// libgpumem_pinned_torch.so (gpumem/torch/pinned_host_allocator.h), the only code over
+// gpumem::pinned that includes torch headers.
+#include "gpumem/torch/pinned_host_allocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Stream.h>
@@ -9,18 +10,21 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <string>
-
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "gpumem/alloc/stats.h"
+#include "gpumem/forensics/engine_snapshot.h"
+#include "gpumem/forensics/error.h"
+#include "gpumem/forensics/snapshot_writer.h"
+#include "gpumem/forensics/trace_ring.h"
 #include "gpumem/pinned/cuda_device_events.h"
 #include "gpumem/pinned/cuda_host_source.h"
+#include "gpumem/torch/pinned_abi.h"
 
 namespace gpumem::torch {
 namespace {
@@ -39,13 +43,24 @@ at::Stat to_stat(const alloc::Stat& s) {
 
 class GpumemHostAllocator final : public at::HostAllocator {
  public:
-  GpumemHostAllocator(const pinned::PinnedOptions& options, const pinned::CudaHostSourceOptions& source_options,
-                      at::HostAllocator* previous)
-      : source_(source_options),
+  GpumemHostAllocator(const PinnedInstallOptions& options, at::HostAllocator* previous)
+      : source_(options.source),
         stats_(std::make_shared<alloc::StatsObserver>()),
-        pinned_(source_, events_, options),
+        pinned_(source_, events_, options.allocator),
         previous_(previous) {
     pinned_.attach_observer(stats_);
+    if (options.trace_entries > 0) {
+      trace_ = std::make_shared<forensics::TraceRing>(options.trace_entries);
+      pinned_.attach_observer(trace_);
+    }
+  }
+
+  // The pinned allocator's regions and blocks (device -1) and, with trace_entries, its history.
+  forensics::Snapshot snapshot() {
+    const alloc::EngineSnapshot engine = pinned_.snapshot();
+    std::vector<forensics::TraceRecord> history;
+    if (trace_) history = trace_->history();
+    return forensics::snapshot_from_engine(engine, history);
   }
 
   at::DataPtr allocate(size_t n) override {
@@ -104,6 +119,7 @@ class GpumemHostAllocator final : public at::HostAllocator {
   pinned::CudaHostSource source_;
   pinned::CudaDeviceEvents events_;
   std::shared_ptr<alloc::StatsObserver> stats_;
+  std::shared_ptr<forensics::TraceRing> trace_;  // null without trace_entries
   pinned::PinnedAllocator pinned_;
   at::HostAllocator* previous_;
 };
@@ -123,18 +139,17 @@ void GpumemHostAllocator::raw_delete(void* ptr) {
 
 }  // namespace
 
-pinned::PinnedAllocator& install_pinned(const pinned::PinnedOptions& options,
-                                        const pinned::CudaHostSourceOptions& source_options) {
+pinned::PinnedAllocator& install_pinned(const PinnedInstallOptions& options) {
   std::lock_guard lock(install_mutex());
   if (GpumemHostAllocator* existing = g_pinned.load()) return existing->pinned();
-  const std::string bad = pinned::validate(options);
+  const std::string bad = pinned::validate(options.allocator);
   TORCH_CHECK(bad.empty(), bad);
-  pinned::CudaHostSource probe(source_options);
+  pinned::CudaHostSource probe(options.source);
   TORCH_CHECK(probe.init_status() != alloc::SourceStatus::invalid_argument, "gpumem pinned: ", probe.last_error());
   TORCH_CHECK(probe.init_status() == alloc::SourceStatus::ok, "gpumem pinned: ", probe.last_error(),
               "; the pinned allocator needs a CUDA device (PyTorch's stays in use)");
   at::HostAllocator* previous = at::getHostAllocator(at::kCUDA);
-  auto* created = new GpumemHostAllocator(options, source_options, previous);  // lives until the process ends
+  auto* created = new GpumemHostAllocator(options, previous);  // lives until the process ends
   g_pinned.store(created, std::memory_order_release);
   at::setHostAllocator(at::kCUDA, created, kPinnedPriority);
   TORCH_CHECK(at::getHostAllocator(at::kCUDA) == created,
@@ -147,35 +162,24 @@ pinned::PinnedAllocator* installed_pinned() noexcept {
   return a ? &a->pinned() : nullptr;
 }
 
-namespace {
-
-std::string& load_error_text() {
-  static auto* text = new std::string();
-  return *text;
+forensics::Snapshot pinned_snapshot() {
+  GpumemHostAllocator* a = g_pinned.load(std::memory_order_acquire);
+  TORCH_CHECK(a != nullptr, "gpumem pinned: no snapshot: gpumem's pinned allocator is not installed "
+              "(GPUMEM_ALLOC_CONF=pinned_allocator:gpumem, or torch.ops.gpumem_pinned.install())");
+  return a->snapshot();
 }
+
+namespace {
 
 void op_install() { install_pinned(); }
 bool op_installed() { return installed_pinned() != nullptr; }
-std::string op_load_error() { return load_error_text(); }
-
-// GPUMEM_ALLOC_CONF names the pinned allocator: install when the library is loaded, as
-// libgpumem_torch.so does for the device allocator. A failure must not abort the program that loads
-// the library, so it is printed and kept for load_error().
-const bool g_installed_on_load = [] {
-  const char* conf = std::getenv("GPUMEM_ALLOC_CONF");
-  if (conf == nullptr || std::string(conf).find("pinned_allocator:gpumem") == std::string::npos) return false;
+void op_dump_snapshot(std::string path) {
   try {
-    install_pinned();
-    return true;
-  } catch (const c10::Error& e) {
-    load_error_text() = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    load_error_text() = e.what();
+    forensics::write_snapshot(pinned_snapshot(), path);
+  } catch (const forensics::ForensicsError& e) {
+    TORCH_CHECK(false, "gpumem pinned: ", e.what());
   }
-  std::fprintf(stderr, "gpumem: pinned_allocator:gpumem is set but the pinned allocator was not installed: %s\n",
-               load_error_text().c_str());
-  return false;
-}();
+}
 
 }  // namespace
 
@@ -184,26 +188,37 @@ const bool g_installed_on_load = [] {
 TORCH_LIBRARY(gpumem_pinned, m) {
   m.def("install() -> ()", &gpumem::torch::op_install);
   m.def("installed() -> bool", &gpumem::torch::op_installed);
-  m.def("load_error() -> str", &gpumem::torch::op_load_error);
+  m.def("dump_snapshot(str path) -> ()", &gpumem::torch::op_dump_snapshot);
 }
 
-extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned(char* error, unsigned long error_len) {
-  return gpumem_install_pinned_with(0, 1, error, error_len);
+namespace {
+void copy_error(const char* text, char* error, unsigned long error_len) {
+  if (error == nullptr || error_len == 0) return;
+  std::strncpy(error, text, error_len - 1);
+  error[error_len - 1] = '\0';
 }
+}  // namespace
 
-extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned_with(unsigned background_period_us,
-                                                                                 unsigned touch_threads, char* error,
+extern "C" __attribute__((visibility("default"))) int gpumem_install_pinned_with(const GpumemPinnedSettings* settings,
+                                                                                 char* error,
                                                                                  unsigned long error_len) {
   try {
-    gpumem::pinned::PinnedOptions options;
-    options.background_period_us = background_period_us;
-    gpumem::torch::install_pinned(options, gpumem::pinned::CudaHostSourceOptions{touch_threads});
+    gpumem::torch::PinnedInstallOptions options;
+    // Fields the caller's (older) struct does not have keep their defaults.
+    const unsigned long filled = settings != nullptr ? settings->size_bytes : 0;
+    const auto has = [filled](std::size_t offset, std::size_t size) { return filled >= offset + size; };
+    if (has(offsetof(GpumemPinnedSettings, background_period_us), sizeof(unsigned)))
+      options.allocator.background_period_us = settings->background_period_us;
+    if (has(offsetof(GpumemPinnedSettings, touch_threads), sizeof(unsigned)))
+      options.source.touch_threads = settings->touch_threads;
+    if (has(offsetof(GpumemPinnedSettings, trace_entries), sizeof(unsigned long long)))
+      options.trace_entries = static_cast<std::size_t>(settings->trace_entries);
+    gpumem::torch::install_pinned(options);
     return 0;
+  } catch (const c10::Error& e) {
+    copy_error(e.what_without_backtrace(), error, error_len);  // the sentence, not libtorch's backtrace
   } catch (const std::exception& e) {
-    if (error != nullptr && error_len > 0) {
-      std::strncpy(error, e.what(), error_len - 1);
-      error[error_len - 1] = '\0';
-    }
-    return 1;
+    copy_error(e.what(), error, error_len);
   }
+  return 1;
 }
