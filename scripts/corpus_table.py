@@ -2,7 +2,7 @@
 """The corpus table: every trace of the corpus replayed through gpumem's engine and PyTorch's models.
 
 usage: scripts/corpus_table.py --gpumem BUILD/cli/gpumem [--corpus DIR]... [--policy P]...
-                               [--check] [--known-over FILE] [--json FILE]
+                               [--check] [--known-over FILE] [--json FILE] [--steady]
 
 For every DIR/native/NAME.trace.csv.gz (DIR defaults to the repository's traces/corpus), runs
 `gpumem replay TRACE --json --top 0` with the policies gpumem, pytorch and pytorch:expandable (and
@@ -21,6 +21,12 @@ any --policy given: they replace gpumem in the gpumem columns) and prints one ro
 then a summary: traces over the expandable measurement, traces at most 1.01 x requested, traces
 whose VMM share passes 1%.
 
+--steady: also replays the first half of each trace (its entries up to the middle of its traced
+time) and prints, after each vmm%, `2nd%`: the VMM share of the second half alone ((calls of the
+whole run - calls of the first half) over the second half's duration), and the same two columns for
+pytorch:expandable. The traces are a few steps long, so the whole-run share is mostly the one-time
+building of the footprint; the second half is closer to what a long run pays per step.
+
 --check: exit 1 if gpumem's peak reserved is above the expandable measurement on any trace
 that has one, beyond what --known-over allows. The known-over file (default
 traces/corpus/known_over.txt) lists `NAME MAX_RATIO` lines (`#` starts a comment): gpumem may
@@ -30,10 +36,12 @@ Exit status: 0 ok, 1 check failed, 2 usage error or a replay that failed.
 """
 import argparse
 import glob
+import gzip
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = float(1 << 30)
@@ -76,6 +84,31 @@ def replay(gpumem, trace, policies):
     return json.loads(out.stdout)
 
 
+def first_half(trace, directory):
+    """Writes the entries of trace up to the middle of its traced time to directory; returns the path."""
+    with gzip.open(trace, 'rt') as f:
+        lines = f.read().splitlines()
+    col = lines[0].split(',').index('time_us')
+
+    def time_of(line):
+        parts = line.split(',', col + 1)
+        return int(parts[col]) if len(parts) > col and parts[col].isdigit() else None
+
+    times = [t for t in map(time_of, lines[1:]) if t is not None]
+    mid = (min(times) + max(times)) // 2
+    keep = [lines[0]] + [l for l in lines[1:] if (time_of(l) or 0) <= mid]
+    path = os.path.join(directory, os.path.basename(trace))
+    with gzip.open(path, 'wt') as f:
+        f.write('\n'.join(keep) + '\n')
+    return path
+
+
+def second_half_share(whole, half, p_whole, p_half):
+    """VMM share of the second half: the calls the first half did not make, over its duration."""
+    seconds = (whole['duration_us'] - half['duration_us']) * 1e-6
+    return (p_whole['call_seconds'] - p_half['call_seconds']) / seconds if seconds > 0 else float('nan')
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--gpumem', required=True, help='the gpumem command line tool (BUILD/cli/gpumem)')
@@ -86,6 +119,7 @@ def main():
     ap.add_argument('--known-over', default=os.path.join(ROOT, 'traces', 'corpus', 'known_over.txt'),
                     help='allowed excesses for --check (default: traces/corpus/known_over.txt)')
     ap.add_argument('--json', help='also write the rows as JSON to this file')
+    ap.add_argument('--steady', action='store_true', help='also the VMM share of the second half of each trace')
     a = ap.parse_args()
     if not os.access(a.gpumem, os.X_OK):
         usage_error(f"--gpumem {a.gpumem}: not an executable; build the 'gpumem' target and pass BUILD/cli/gpumem")
@@ -103,8 +137,9 @@ def main():
 
     head = f"{'trace':26s} {'requested':>10s} {'exp meas':>9s}"
     for p in ours:
-        head += f" {p[:18]:>18s} {'vmm%':>6s}"
-    head += f" {'pytorch':>8s} {'pt:exp':>8s}"
+        head += f" {p[:18]:>18s} {'vmm%':>6s}" + (f" {'2nd%':>6s}" if a.steady else '')
+    head += f" {'pytorch':>8s} {'pt:exp':>8s}" + (f" {'vmm%':>6s} {'2nd%':>6s}" if a.steady else '')
+    tmp = tempfile.TemporaryDirectory() if a.steady else None
     print(head)
     rows, failures, stale = [], [], []
     for d, t in traces:
@@ -114,17 +149,25 @@ def main():
         ej = os.path.join(d, 'expandable', name + '.json')
         exp = json.load(open(ej))['peak_reserved'] if os.path.exists(ej) else None
         pols = j['policies']
+        steady = [None] * len(pols)
+        if a.steady:
+            h = replay(a.gpumem, first_half(t, tmp.name), ours + ['pytorch', 'pytorch:expandable'])
+            steady = [second_half_share(j, h, pw, ph) for pw, ph in zip(pols, h['policies'])]
         row = {'trace': name, 'corpus': d, 'peak_requested_bytes': req, 'expandable_measured_bytes': exp,
                'policies': {}}
         line = f"{name[:26]:26s} {req / GiB:10.3f} {exp / req if exp else float('nan'):9.4f}" if exp else \
             f"{name[:26]:26s} {req / GiB:10.3f} {'-':>9s}"
-        for p in pols:
+        for p, s2 in zip(pols, steady):
             row['policies'][p['policy']] = {'peak_reserved_bytes': p['peak_reserved_bytes'], 'ratio': p['ratio'],
                                             'call_share': p['call_share']}
-        for p in pols[:len(ours)]:
+            if s2 is not None:
+                row['policies'][p['policy']]['second_half_call_share'] = s2
+        for p, s2 in zip(pols[:len(ours)], steady):
             over = exp is not None and p['peak_reserved_bytes'] > exp
             mark = '' if exp is None else ('OVER' if over else 'ok')
             line += f" {p['ratio']:13.4f} {mark:4s} {100 * p['call_share']:5.2f}%"
+            if a.steady:
+                line += f" {100 * s2:5.2f}%"
             if exp is not None and p is pols[0]:
                 excess = p['peak_reserved_bytes'] / exp
                 allowed = known.get(name)
@@ -135,16 +178,22 @@ def main():
                 if not over and allowed is not None:
                     stale.append(name)
         line += f" {pols[-2]['ratio']:8.4f} {pols[-1]['ratio']:8.4f}"
+        if a.steady:
+            line += f" {100 * pols[-1]['call_share']:5.2f}% {100 * steady[-1]:5.2f}%"
         print(line)
         rows.append(row)
 
-    for k, p in enumerate(ours):
+    for p in ours + (['pytorch:expandable'] if a.steady else []):
         within = [r for r in rows if r['expandable_measured_bytes'] is not None]
         over = sum(1 for r in within if r['policies'][p]['peak_reserved_bytes'] > r['expandable_measured_bytes'])
         tight = sum(1 for r in rows if r['policies'][p]['ratio'] <= 1.01)
         vmm = sum(1 for r in rows if r['policies'][p]['call_share'] > 0.01)
+        steady_part = ''
+        if a.steady:
+            vmm2 = sum(1 for r in rows if r['policies'][p]['second_half_call_share'] > 0.01)
+            steady_part = f"; second half > 1%: {vmm2}"
         print(f"{p}: {len(rows)} traces; over the expandable measurement: {over} of {len(within)}; "
-              f"<= 1.01 x requested: {tight}; VMM share > 1%: {vmm}")
+              f"<= 1.01 x requested: {tight}; VMM share > 1%: {vmm}{steady_part}")
     if a.json:
         with open(a.json, 'w') as f:
             json.dump(rows, f, indent=1)
