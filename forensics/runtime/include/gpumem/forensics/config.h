@@ -6,11 +6,10 @@
 //   trace_entries:N        the engine's trace ring keeps the last N events (0 = off)
 //   oom_report_dir:PATH    an OOM writes a snapshot and a report in PATH (empty = off)
 //   record_ops:True|False  events are tagged with the PyTorch op that made them (at::RecordFunction)
-//   record_stacks:auto|python|none
-//                          allocations keep the Python stack that made them (torch's
-//                          CapturedTraceback; symbolized only when a snapshot is taken);
-//                          auto = python when oom_report_dir is set, so that a postmortem alone
-//                          names the Python lines holding the memory
+//
+// record_stacks (allocations keep the Python stack that made them) is not a key yet: EngineForensics
+// can keep stacks for a symbolizer, but the torch adapter does not gather Python stacks, so the
+// setting would do nothing. Stacks come from PyTorch's _record_memory_history(context=...) today.
 //
 // Thread-safety: a plain value.
 #pragma once
@@ -36,8 +35,8 @@ struct Config {
   std::string oom_report_dir;
   // record_ops: attribute allocations to the op current on the allocating thread.
   bool record_ops = false;
-  // record_stacks: see above; python_stacks() resolves auto.
-  StackMode record_stacks = StackMode::automatic;
+  // record_stacks: not parsed (see above); code that installs a symbolizer may set it.
+  StackMode record_stacks = StackMode::none;
 
   bool python_stacks() const noexcept {
     return record_stacks == StackMode::python || (record_stacks == StackMode::automatic && !oom_report_dir.empty());
