@@ -168,7 +168,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
 
   std::vector<Block*> extent_blocks;
   std::vector<policy::RecycleChoice> recycle;
-  if (rules.recycle && place->need > 0) {
+  // Recycling synchronizes the streams of the pieces that move: never while capturing or holding.
+  const bool recycle_now = rules.recycle && may_release();
+  if (recycle_now && place->need > 0) {
     std::vector<policy::FreeExtent> extents;
     for (Block& b : map.free_index[p].blocks()) {
       if (b.size_bytes < piece || !b.region->expandable) continue;
@@ -183,7 +185,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   in.piece_bytes = piece;
   in.reserved_bytes = map.reserved_bytes;
   in.cap_bytes = cap;
-  in.recycle_enabled = rules.recycle;
+  in.recycle_enabled = recycle_now;
   const policy::GrowthPlan plan = policy::plan_growth(in);
   if (plan.over_cap) {
     fail.cap_reached = true;

@@ -301,15 +301,6 @@ TEST_CASE("sim 6: unsupported features raise one error naming the feature; bad p
   auto& a = sim_allocator();
   CHECK(error_of([&] { a.getIpcDevPtr("handle"); }).find("gpumem does not support CUDA IPC handles") != std::string::npos);
   CHECK(error_of([&] { a.shareIpcHandle(nullptr); }).find("CUDA IPC") != std::string::npos);
-  const std::string pools = "gpumem does not support CUDA-graph private memory pools";
-  CHECK(error_of([&] { a.beginAllocateToPool(0, {1, 0}, [](cudaStream_t) { return true; }); }).find(pools) !=
-        std::string::npos);
-  CHECK(error_of([&] { a.endAllocateToPool(0, {1, 0}); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.releasePool(0, {1, 0}); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.createOrIncrefPool(0, {1, 0}, nullptr); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.emptyCache({1, 0}); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.snapshot({1, 0}, true); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.getCheckpointState(0, {1, 0}); }).find("checkpoint state") != std::string::npos);
   CHECK(error_of([&] { gpumem_free(reinterpret_cast<void*>(0x42), 0, 0, nullptr); }).find("cannot free") !=
         std::string::npos);
   void* p = gpumem_malloc(4096, 0, nullptr);
