@@ -24,6 +24,7 @@
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/cuda_allocator.h"
 #include "gpumem/torch/install.h"
+#include "sim_support.h"
 
 namespace cca = c10::cuda::CUDACachingAllocator;
 namespace cda = c10::CachingDeviceAllocator;
@@ -32,25 +33,8 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-cca::CUDAAllocator& sim_allocator() {
-  static cca::CUDAAllocator* a = [] {
-    setenv("GPUMEM_ALLOW_SIM", "1", 1);
-    auto parsed = gpumem::torch::parse_config("source:sim,memory_limit_mb:2048");
-    REQUIRE(std::holds_alternative<gpumem::torch::Config>(parsed));
-    gpumem::torch::install(std::get<gpumem::torch::Config>(parsed));
-    return &gpumem::torch::cuda_allocator();
-  }();
-  return *a;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+cca::CUDAAllocator& sim_allocator() { return gpumem::test::sim_allocator("source:sim,memory_limit_mb:2048"); }
+using gpumem::test::error_of;
 
 cudaStream_t stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 void* alloc(std::size_t n, std::uintptr_t s = 0) { return gpumem_malloc(n, 0, stream(s)); }

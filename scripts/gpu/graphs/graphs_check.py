@@ -279,6 +279,9 @@ def part_compile(torch, dev, rec, tensors, steps):
     t0 = time.time()
     losses = [train_step(*batches[i]) for i in range(steps)]
     rec["train_s"] = round(time.time() - t0, 2)
+    rec["losses"] = losses  # kept even if the eval below fails
+    if dev.type == "cuda":
+        rec["peak_reserved_train_mib"] = torch.cuda.max_memory_reserved(dev) / MiB
     with torch.no_grad():
         model.eval()
         evals = [compiled(eval_x).float().cpu() for _ in range(3)]  # warm-up, record, replay
@@ -412,52 +415,61 @@ def compare(args):
         if not pg.get("ok"):
             bad = [k for k, v in pg.items() if v is False]
             row(name, "FAIL", pg.get("error", "gpumem checks false: %s" % ", ".join(bad)))
-            continue
-        if name == "capture":
-            ok, d1 = same_tensors("capture_graph", args.out_atol)
-            ok2, d2 = same_tensors("capture_graph2", args.out_atol)
-            row("capture+replay outputs = native", "PASS" if ok and ok2 else "FAIL", "graph 1: %s; graph 2 (shared pool): %s" % (d1, d2))
-            row("capture: memory returns after graphs deleted", "PASS",
-                "reserved %.0f -> %.0f (graphs) -> %.0f MiB; pool segments tagged: %d" % (
-                    pg["reserved_before_mib"], pg["reserved_with_graphs_mib"], pg["reserved_after_delete_mib"],
-                    pg["pool_segments"]))
-        elif name == "graphed":
-            ok, d = same_tensors("graphed_grads", args.out_atol)
-            row("make_graphed_callables gradients = native", "PASS" if ok else "FAIL", d)
-        elif name == "mempool":
-            same_counts = all(pn.get(k) == pg.get(k) for k in ("use_count_new", "use_count_inside", "use_count_after"))
-            row("MemPool round trip", "PASS" if same_counts else "FAIL",
-                "use_count new/inside/after %s/%s/%s (native %s/%s/%s); reserved after delete %.0f MiB (before %.0f)" % (
-                    pg.get("use_count_new"), pg.get("use_count_inside"), pg.get("use_count_after"),
-                    pn.get("use_count_new"), pn.get("use_count_inside"), pn.get("use_count_after"),
-                    pg["reserved_after_delete_mib"], pg["reserved_before_mib"]))
-        elif name == "compile":
-            ln, lg = pn["losses"], pg["losses"]
-            if len(ln) != len(lg):
-                row("reduce-overhead losses = native", "FAIL", "%d vs %d steps" % (len(ln), len(lg)))
-            else:
-                rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(ln, lg))
-                row("reduce-overhead losses = native", "PASS" if rel <= args.loss_rtol else "FAIL",
-                    "%d steps, %s (max rel diff %.3g); last loss %.6f vs %.6f" % (
-                        len(ln), "bitwise identical" if ln == lg else "differ", rel, ln[-1], lg[-1]))
-            ok, d = same_tensors("compile_eval", args.out_atol * 10)
-            row("reduce-overhead eval (after checkpoint restore) = native", "PASS" if ok else "FAIL",
-                "%s; checkpoints restored: native %s, gpumem %s" % (d, pn.get("cudagraph_checkpoints"),
-                                                                     pg.get("cudagraph_checkpoints")))
-            if "peak_reserved_mib" in pg:
-                row("reduce-overhead peak reserved (native vs gpumem)", "INFO",
-                    "%.1f vs %.1f MiB (peak allocated %.1f vs %.1f MiB)" % (
-                        pn["peak_reserved_mib"], pg["peak_reserved_mib"], pn["peak_allocated_mib"],
-                        pg["peak_allocated_mib"]))
-                slack = 2.0  # MiB: one small segment
-                left_ok = pg["allocated_after_reset_mib"] <= pn["allocated_after_reset_mib"] + slack
-                row("reduce-overhead: memory after torch._dynamo.reset()", "PASS" if left_ok else "FAIL",
-                    "allocated %.1f MiB, reserved %.1f MiB (native %.1f, %.1f MiB)" % (
-                        pg["allocated_after_reset_mib"], pg["reserved_after_reset_mib"],
-                        pn["allocated_after_reset_mib"], pn["reserved_after_reset_mib"]))
-            row("reduce-overhead time (train steps incl. compile)", "INFO",
-                "native %.1f s, gpumem %.1f s" % (pn["train_s"], pg["train_s"]))
+            # what it did record is still compared below
+        try:
+            compare_part(name, pn, pg, row, same_tensors, args)
+        except (KeyError, TypeError, ValueError) as err:  # a run that recorded less than expected
+            row(name, "FAIL", "cannot compare: %s: %s" % (type(err).__name__, err))
     return rows, failed
+
+
+def compare_part(name, pn, pg, row, same_tensors, args):
+    """One part's rows (native and gpumem both ran it; a KeyError means one recorded less)."""
+    if name == "capture":
+        ok, d1 = same_tensors("capture_graph", args.out_atol)
+        ok2, d2 = same_tensors("capture_graph2", args.out_atol)
+        row("capture+replay outputs = native", "PASS" if ok and ok2 else "FAIL", "graph 1: %s; graph 2 (shared pool): %s" % (d1, d2))
+        row("capture: memory returns after graphs deleted", "PASS" if pg.get("memory_returned") else "FAIL",
+            "reserved %.0f -> %.0f (graphs) -> %.0f MiB; pool segments tagged: %d" % (
+                pg["reserved_before_mib"], pg["reserved_with_graphs_mib"], pg["reserved_after_delete_mib"],
+                pg["pool_segments"]))
+    elif name == "graphed":
+        ok, d = same_tensors("graphed_grads", args.out_atol)
+        row("make_graphed_callables gradients = native", "PASS" if ok else "FAIL", d)
+    elif name == "mempool":
+        same_counts = all(pn.get(k) == pg.get(k) for k in ("use_count_new", "use_count_inside", "use_count_after"))
+        row("MemPool round trip: use counts = native, memory returned",
+            "PASS" if same_counts and pg.get("memory_returned") else "FAIL",
+            "use_count new/inside/after %s/%s/%s (native %s/%s/%s); reserved after delete %.0f MiB (before %.0f)" % (
+                pg.get("use_count_new"), pg.get("use_count_inside"), pg.get("use_count_after"),
+                pn.get("use_count_new"), pn.get("use_count_inside"), pn.get("use_count_after"),
+                pg["reserved_after_delete_mib"], pg["reserved_before_mib"]))
+    elif name == "compile":
+        ln, lg = pn["losses"], pg["losses"]
+        if len(ln) != len(lg):
+            row("reduce-overhead losses = native", "FAIL", "%d vs %d steps" % (len(ln), len(lg)))
+        else:
+            rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(ln, lg))
+            row("reduce-overhead losses = native", "PASS" if rel <= args.loss_rtol else "FAIL",
+                "%d steps, %s (max rel diff %.3g); last loss %.6f vs %.6f" % (
+                    len(ln), "bitwise identical" if ln == lg else "differ", rel, ln[-1], lg[-1]))
+        ok, d = same_tensors("compile_eval", args.out_atol * 10)
+        row("reduce-overhead eval (after checkpoint restore) = native", "PASS" if ok else "FAIL",
+            "%s; checkpoints restored: native %s, gpumem %s" % (d, pn.get("cudagraph_checkpoints"),
+                                                                 pg.get("cudagraph_checkpoints")))
+        if "peak_reserved_mib" in pg:
+            row("reduce-overhead peak reserved (native vs gpumem)", "INFO",
+                "%.1f vs %.1f MiB (peak allocated %.1f vs %.1f MiB)" % (
+                    pn["peak_reserved_mib"], pg["peak_reserved_mib"], pn["peak_allocated_mib"],
+                    pg["peak_allocated_mib"]))
+            slack = 2.0  # MiB: one small segment
+            left_ok = pg["allocated_after_reset_mib"] <= pn["allocated_after_reset_mib"] + slack
+            row("reduce-overhead: memory after torch._dynamo.reset()", "PASS" if left_ok else "FAIL",
+                "allocated %.1f MiB, reserved %.1f MiB (native %.1f, %.1f MiB)" % (
+                    pg["allocated_after_reset_mib"], pg["reserved_after_reset_mib"],
+                    pn["allocated_after_reset_mib"], pn["reserved_after_reset_mib"]))
+        row("reduce-overhead time (train steps incl. compile)", "INFO",
+            "native %.1f s, gpumem %.1f s" % (pn["train_s"], pg["train_s"]))
 
 
 def main(argv):
