@@ -77,6 +77,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
     lock.lock();
     if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
   }
+  if (use_caches()) {
+    // Free memory in threads' leases is used before growing (Note [Thread caches]).
+    detail::WorldStop stop(thread_caches);
+    if (cached_free_bytes_locked() > 0) {
+      drain_all_caches_locked();
+      if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
+    }
+  }
   // While capturing or holding nothing is released (Note [Engine during graph capture]): the
   // release steps find nothing to do.
   const bool gc_due = may_release() &&
@@ -112,6 +120,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_dropping_lock(Lock& 
 
 FreeStatus CachingAllocator::Impl::classify_bad_pointer_locked(std::uintptr_t addr) {
   mutex.assert_held();
+  if (use_caches()) {
+    // Leases hide their sub-blocks from the region's chain: put them back first (an error path).
+    detail::WorldStop stop(thread_caches);
+    drain_all_caches_locked();
+  }
   if (live.find(addr, use_caches())) return FreeStatus::double_free;  // pending_free or cached: freed already
   const Region* r = map.region_of(addr);
   if (!r) return FreeStatus::foreign_pointer;
@@ -139,7 +152,10 @@ OomInfo CachingAllocator::Impl::make_oom_locked(std::size_t size, std::size_t ro
   o.rounded_bytes = rounded;
   o.allocated_bytes = allocated_bytes;
   o.reserved_bytes = map.reserved_bytes;
-  o.cached_free_bytes = map.free_index[0].bytes() + map.free_index[1].bytes();
+  {
+    detail::WorldStop stop(thread_caches);
+    o.cached_free_bytes = map.free_index[0].bytes() + map.free_index[1].bytes() + cached_free_bytes_locked();
+  }
   o.largest_free_extent_bytes = largest_free_locked();
   o.cap_bytes = cap;
   o.cause = f.status == SourceStatus::ok ? SourceStatus::out_of_memory : f.status;
@@ -156,7 +172,7 @@ BlockState CachingAllocator::Impl::view_state_locked(const Block& b) const {
       return BlockState::free;
     case BlockState::claimed: {
       const Region& r = *b.region;
-      return !r.expandable || r.slots[r.slot_of(b.addr)].mapped ? BlockState::free : BlockState::unmapped;
+      return !r.expandable || r.slot_mapped(r.slot_of(b.addr)) ? BlockState::free : BlockState::unmapped;
     }
     default:
       return BlockState(b.state);
@@ -168,8 +184,8 @@ void CachingAllocator::Impl::release_all_locked() {
     Region& r = *rp;
     if (r.unmapped.size()) r.unmapped.clear();
     for (std::size_t s = 0; s < r.slots.size(); ++s) {
-      if (!r.slots[s].mapped) continue;
-      const std::size_t sz = r.expandable ? r.piece_bytes : r.va.size_bytes;
+      if (!r.slots[s].mapped() || r.slots[s].first != s) continue;
+      const std::size_t sz = r.expandable ? r.slots[s].count * r.slot_bytes : r.va.size_bytes;
       source.unmap(r.slot_addr(s), sz);
       source.destroy(r.slots[s].handle);
     }
