@@ -197,7 +197,7 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
 
   {
     auto lock = m.lock_noting_contention();
-    if (!m.pending.empty()) m.process_pending_locked(batch);
+    if (!m.pending.empty() && m.may_wait()) m.process_pending_locked(batch);
     Block* b = nullptr;
     bool leased = false;
     GrowFailure fail;
@@ -316,6 +316,7 @@ void CachingAllocator::empty_cache() {
   {
     std::lock_guard growth(m.growth_mutex);  // sleeps while another thread grows or releases
     Impl::Lock lock(m.mutex);
+    if (!m.may_wait()) return;  // capturing: nothing may be waited for or released
     const std::size_t released = m.release_cached_dropping_lock(lock, batch);
     m.emit(batch, EventKind::empty_cache, PoolKind::large, 0, released, 0, 0);
     m.maybe_check_locked();
@@ -323,6 +324,22 @@ void CachingAllocator::empty_cache() {
   }
   Impl::publish(obs, batch);
 }
+
+void CachingAllocator::set_capturing(bool capturing) {
+  // Taking growth_mutex waits for a growth or release in progress, which may be synchronizing.
+  std::lock_guard growth(impl_->growth_mutex);
+  std::lock_guard lock(impl_->mutex);
+  impl_->capturing.store(capturing, std::memory_order_relaxed);
+}
+
+void CachingAllocator::set_holding(bool holding) {
+  std::lock_guard growth(impl_->growth_mutex);
+  std::lock_guard lock(impl_->mutex);
+  impl_->holding.store(holding, std::memory_order_relaxed);
+}
+
+bool CachingAllocator::capturing() const noexcept { return impl_->capturing.load(std::memory_order_relaxed); }
+bool CachingAllocator::holding() const noexcept { return impl_->holding.load(std::memory_order_relaxed); }
 
 void CachingAllocator::set_memory_fraction(double fraction) {
   std::lock_guard lock(impl_->mutex);

@@ -85,7 +85,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
       if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
     }
   }
-  const bool gc_due = policy::should_collect_garbage(rules.garbage_collection_threshold, map.reserved_bytes, cap);
+  // While capturing or holding nothing is released (Note [Engine during graph capture]): the
+  // release steps find nothing to do.
+  const bool gc_due = may_release() &&
+                      policy::should_collect_garbage(rules.garbage_collection_threshold, map.reserved_bytes, cap);
   for (policy::RecoveryStep step : policy::recovery_steps(gc_due)) {
     Block* b = nullptr;
     switch (step) {

@@ -113,6 +113,14 @@ struct CachingAllocator::Impl {
   std::size_t limit_bytes = 0;
   std::size_t cap = kNoLimit;
   std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
+  // Note [Engine during graph capture] (caching_allocator.h). Written with growth_mutex and the
+  // engine lock held, so a reader holding either sees the current value.
+  std::atomic<bool> capturing{false};  // no query, no wait, no synchronization
+  std::atomic<bool> holding{false};    // no release, no recycling
+  bool may_wait() const noexcept { return !capturing.load(std::memory_order_relaxed); }
+  bool may_release() const noexcept {
+    return !capturing.load(std::memory_order_relaxed) && !holding.load(std::memory_order_relaxed);
+  }
 
   // Observers: copy-on-write lists, never freed before the engine (a fast path may still be
   // publishing to an older one); has_observers is the one branch taken when there are none.

@@ -209,7 +209,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   };
   std::vector<PieceRef> refs;
   std::vector<policy::FreePiece> all_pieces;
-  if (rules.recycle) {
+  // Recycling synchronizes the streams of the pieces that move: never while capturing or holding
+  // (Note [Engine during graph capture]).
+  const bool recycle_now = rules.recycle && may_release();
+  if (recycle_now) {
     for (int q = 0; q < 2; ++q) {
       if (q != p && !pieces.recycle_across_pools) continue;
       for (Block& b : map.free_index[q].blocks()) {
@@ -262,7 +265,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
         x.piece_refs.push_back(k);
         offered.push_back(fp);
       }
-    x.layout = policy::plan_growth(offered, x.runs, pieces, rules.recycle);
+    x.layout = policy::plan_growth(offered, x.runs, pieces, recycle_now);
     for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
     options.push_back({x.layout.created_slots(),
                        x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});

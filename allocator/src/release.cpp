@@ -83,7 +83,7 @@ void run_release_unlocked(MemorySource& source, StreamEvents& events, ReleaseWor
 void CachingAllocator::Impl::wait_pending_dropping_lock(Lock& lock, EventBatch& batch) {
   growth_mutex.assert_held();
   mutex.assert_held();
-  if (pending.empty()) return;
+  if (pending.empty() || !may_wait()) return;
   // ---- plan: the pending frees move to `waiting`, where no other thread completes them (and so
   // releases their markers) while this one waits.
   waiting.swap(pending);
@@ -103,6 +103,11 @@ void CachingAllocator::Impl::wait_pending_dropping_lock(Lock& lock, EventBatch& 
 std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, EventBatch& batch) {
   growth_mutex.assert_held();
   mutex.assert_held();
+  if (!may_release()) {
+    // Holding: the pending frees may still complete; capturing: not even that (no waits).
+    if (may_wait()) wait_pending_dropping_lock(lock, batch);
+    return 0;
+  }
   {
     detail::WorldStop stop(thread_caches);
     drain_all_caches_locked();
@@ -199,6 +204,7 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
 void CachingAllocator::Impl::collect_garbage_dropping_lock(Lock& lock, EventBatch& batch) {
   growth_mutex.assert_held();
   mutex.assert_held();
+  if (!may_release()) return;
   // ---- plan
   std::vector<policy::GcCandidate> candidates;
   std::vector<Block*> blocks;

@@ -24,6 +24,7 @@
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/cuda_allocator.h"
 #include "gpumem/torch/install.h"
+#include "sim_support.h"
 
 namespace cca = c10::cuda::CUDACachingAllocator;
 namespace cda = c10::CachingDeviceAllocator;
@@ -32,25 +33,8 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-cca::CUDAAllocator& sim_allocator() {
-  static cca::CUDAAllocator* a = [] {
-    setenv("GPUMEM_ALLOW_SIM", "1", 1);
-    auto parsed = gpumem::torch::parse_config("source:sim,memory_limit_mb:1024");
-    REQUIRE(std::holds_alternative<gpumem::torch::Config>(parsed));
-    gpumem::torch::install(std::get<gpumem::torch::Config>(parsed));
-    return &gpumem::torch::cuda_allocator();
-  }();
-  return *a;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+cca::CUDAAllocator& sim_allocator() { return gpumem::test::sim_allocator("source:sim,memory_limit_mb:1024"); }
+using gpumem::test::error_of;
 
 struct Live {
   std::unordered_map<void*, std::size_t> sizes;
@@ -301,15 +285,6 @@ TEST_CASE("sim 6: unsupported features raise one error naming the feature; bad p
   auto& a = sim_allocator();
   CHECK(error_of([&] { a.getIpcDevPtr("handle"); }).find("gpumem does not support CUDA IPC handles") != std::string::npos);
   CHECK(error_of([&] { a.shareIpcHandle(nullptr); }).find("CUDA IPC") != std::string::npos);
-  const std::string pools = "gpumem does not support CUDA-graph private memory pools";
-  CHECK(error_of([&] { a.beginAllocateToPool(0, {1, 0}, [](cudaStream_t) { return true; }); }).find(pools) !=
-        std::string::npos);
-  CHECK(error_of([&] { a.endAllocateToPool(0, {1, 0}); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.releasePool(0, {1, 0}); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.createOrIncrefPool(0, {1, 0}, nullptr); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.emptyCache({1, 0}); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.snapshot({1, 0}, true); }).find(pools) != std::string::npos);
-  CHECK(error_of([&] { a.getCheckpointState(0, {1, 0}); }).find("checkpoint state") != std::string::npos);
   CHECK(error_of([&] { gpumem_free(reinterpret_cast<void*>(0x42), 0, 0, nullptr); }).find("cannot free") !=
         std::string::npos);
   void* p = gpumem_malloc(4096, 0, nullptr);

@@ -1,18 +1,20 @@
 // gpumem's c10::cuda::CUDACachingAllocator::CUDAAllocator (see gpumem/torch/cuda_allocator.h),
 // install(), and the C functions for CUDAPluggableAllocator.
 //
-// One DeviceSlot per CUDA device holds the device's engine (created on first use) and the stack
-// contexts of live blocks when _record_memory_history asks for them. Frees arrive with a bare
-// pointer: with one engine it is that engine's; with several the pointer registry says whose.
+// One DeviceSlot per CUDA device holds the device's engine (created on first use), its private
+// pools (graph_pools.h: CUDA graphs, MemPool) and the stack contexts of live blocks when
+// _record_memory_history asks for them. Frees arrive with a bare pointer: with one engine and no
+// pool it is that engine's; otherwise the pointer registry says whose (a device or a pool).
 //
-// Lock order: slots_mutex_ (engine creation only) -> engine's mutex; contexts_mutex is a leaf;
-// hooks_mutex_ is a leaf. No lock of ours is held while calling the engine, a tracker or an OOM
-// observer.
+// Lock order: slots_mutex_ (engine creation only) -> engine's mutex; a device's pools mutex ->
+// engines' locks (set_capturing / set_holding only); contexts_mutex is a leaf; hooks_mutex_ is a
+// leaf. No other lock of ours is held while calling the engine, a tracker or an OOM observer.
 #include "gpumem/torch/cuda_allocator.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/ApproximateClock.h>
 #include <cuda_runtime_api.h>
@@ -22,6 +24,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -33,6 +37,7 @@
 #include "format_size.h"
 #include "device_engine.h"
 #include "engines.h"
+#include "graph_pools.h"
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/install.h"
 #include "pinned_loader.h"
@@ -77,13 +82,14 @@ struct UnixClock {
                               "(do not install gpumem: unset GPUMEM_ALLOC_CONF / do not load libgpumem_torch.so).");
 }
 
-constexpr const char* kGraphPools =
-    "CUDA-graph private memory pools (torch.cuda.graph capture, torch.cuda.MemPool, torch.compile "
-    "mode=\"reduce-overhead\")";
+constexpr const char* kCustomPoolAllocator =
+    "torch.cuda.MemPool(allocator=...): a private pool whose memory comes from another allocator (for example "
+    "ncclMemAlloc through a CUDAPluggableAllocator)";
+constexpr const char* kPoolUseOnOom = "torch.cuda.MemPool(use_on_oom=True): a pool used as the last resort of an OOM";
+constexpr const char* kPoolNoSplit = "torch.cuda.MemPool(no_split=True): a pool that never splits a segment";
 constexpr const char* kIpc =
     "CUDA IPC handles (sharing CUDA tensors between processes: torch.multiprocessing, DataLoader "
     "workers returning CUDA tensors)";
-constexpr const char* kCheckpoint = "CUDA-graph allocator checkpoint state (cudagraph trees in torch.compile)";
 
 cda::TraceEntry::Action to_action(alloc::EventKind kind, bool* known) {
   *known = true;
@@ -137,6 +143,7 @@ void uncached_delete_fn(void* ptr);
 
 struct DeviceSlot {
   std::unique_ptr<detail::DeviceEngine> de;
+  std::unique_ptr<detail::GraphPools> pools;  // CUDA graphs' and MemPools' private pools
   std::atomic<bool> any_contexts{false};  // once true, frees look in contexts
   std::mutex contexts_mutex;
   std::unordered_map<std::uintptr_t, std::shared_ptr<c10::GatheredContext>> contexts;  // live blocks
@@ -180,10 +187,14 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   bool initialized() override { return initialized_.load(); }
 
   void emptyCache(c10::MempoolId_t mempool_id) override {
-    if (mempool_id != c10::MempoolId_t{0, 0}) unsupported(kGraphPools, "emptyCache(mempool_id)");
-    for_each_slot([](DeviceSlot& slot) {
+    // PyTorch's release_cached_blocks: {0, 0} gives back the default pool's free memory and every
+    // freeable private pool's; a pool's id only that pool's, if it is freeable. During a capture
+    // nothing can be given back (the engines and pools do nothing then).
+    const bool all = mempool_id == c10::MempoolId_t{0, 0};
+    for_each_slot([&](DeviceSlot& slot) {
       SlotDeviceGuard guard(slot);
-      slot.de->engine->empty_cache();
+      if (all) slot.de->engine->empty_cache();
+      slot.pools->empty_cache(mempool_id);
     });
   }
 
@@ -244,16 +255,22 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "gpumem: invalid memory fraction ", fraction,
                 "; set a value within [0, 1]");
     check_device(device);
-    slot_for(device).de->engine->set_memory_fraction(fraction);
+    DeviceSlot& slot = slot_for(device);
+    slot.de->engine->set_memory_fraction(fraction);
+    for (const auto& entry : slot.pools->pools()) entry.pool->engine->set_memory_fraction(fraction);
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
     check_device(device);
     std::vector<cca::StreamSegmentSize> sizes;
     if (DeviceSlot* slot = find_slot(device)) {
-      for (const auto& region : slot->de->engine->expandable_region_sizes())
-        sizes.emplace_back(static_cast<cudaStream_t>(stream_ptr(region.stream)), region.is_small_pool,
-                           region.mapped_bytes);
+      auto add = [&](const alloc::CachingAllocator& engine) {
+        for (const auto& region : engine.expandable_region_sizes())
+          sizes.emplace_back(static_cast<cudaStream_t>(stream_ptr(region.stream)), region.is_small_pool,
+                             region.mapped_bytes);
+      };
+      add(*slot->de->engine);
+      for (const auto& entry : slot->pools->pools()) add(*entry.pool->engine);  // PyTorch lists pools' too
     }
     return sizes;
   }
@@ -274,12 +291,14 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
         guess = std::min(guess, totals.cap_bytes > totals.reserved_bytes ? totals.cap_bytes - totals.reserved_bytes : 0);
     }
     *largestBlock = std::max(guess, slot.de->engine->largest_free_block_bytes());
+    for (const auto& entry : slot.pools->pools())  // as PyTorch, the private pools' cached blocks count
+      *largestBlock = std::max(*largestBlock, entry.pool->engine->largest_free_block_bytes());
   }
 
   void* getBaseAllocation(void* ptr, size_t* size) override {
-    DeviceSlot* slot = slot_of(ptr);
+    const Owner owner = owner_of(ptr);
     std::optional<alloc::BlockLookup> found;
-    if (slot) found = slot->de->engine->lookup(ptr);
+    if (owner.engine) found = owner.engine->lookup(ptr);
     TORCH_CHECK(found.has_value(), "gpumem: getBaseAllocation: ", ptr,
                 " is not the start of a live gpumem allocation (was the tensor made by another allocator?)");
     if (size) *size = found->segment_size_bytes;
@@ -294,20 +313,18 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
 
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override;
 
-  void beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t, std::function<bool(cudaStream_t)>) override {
-    unsupported(kGraphPools, "beginAllocateToPool");
-  }
-  void endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) override { unsupported(kGraphPools, "endAllocateToPool"); }
-  void releasePool(c10::DeviceIndex, c10::MempoolId_t) override { unsupported(kGraphPools, "releasePool"); }
-  int getPoolUseCount(c10::DeviceIndex, c10::MempoolId_t) override { unsupported(kGraphPools, "getPoolUseCount"); }
-  void createOrIncrefPool(c10::DeviceIndex, c10::MempoolId_t, std::shared_ptr<cca::CUDAAllocator>) override {
-    unsupported(kGraphPools, "createOrIncrefPool");
-  }
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) override { unsupported(kGraphPools, "setUseOnOOM"); }
-  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override { unsupported(kGraphPools, "setNoSplit"); }
-  bool checkPoolLiveAllocations(c10::DeviceIndex, c10::MempoolId_t, const std::unordered_set<void*>&) override {
-    unsupported(kGraphPools, "checkPoolLiveAllocations");
-  }
+  // ---- private pools (graph_pools.h; defined below)
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
 
   cca::ShareableHandle shareIpcHandle(void*) override { unsupported(kIpc, "shareIpcHandle"); }
   std::shared_ptr<void> getIpcDevPtr(std::string) override { unsupported(kIpc, "getIpcDevPtr"); }
@@ -404,17 +421,18 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
 
-  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-    unsupported(kCheckpoint, "getCheckpointState");
-  }
-  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<cca::AllocatorState>) override {
-    unsupported(kCheckpoint, "setCheckpointPoolState");
-  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> state) override;
 
   std::string name() override { return "gpumem"; }
 
   // ---- gpumem ----
   void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream);
+  alloc::AllocResult allocate_during_capture(DeviceSlot& slot, size_t size, cudaStream_t stream,
+                                             std::shared_ptr<detail::PrivatePool>& pool);
+  // The device's allocated and reserved bytes, its private pools included (for the profiler).
+  static std::pair<std::size_t, std::size_t> device_totals(DeviceSlot& slot);
   void free(void* ptr);
   void record_stream(void* ptr, cudaStream_t stream);
   DeviceSlot* find_slot(int device) const noexcept {
@@ -441,10 +459,35 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   DeviceSlot& create_slot(c10::DeviceIndex device);
 
   // The slot whose engine owns ptr, or null.
-  DeviceSlot* slot_of(const void* ptr) const {
-    if (DeviceSlot* only = only_slot_.load(std::memory_order_acquire)) return only;
-    const int owner = detail::pointer_registry().owner_of(ptr);
-    return owner >= 0 ? find_slot(owner) : nullptr;
+  DeviceSlot* slot_of(const void* ptr) const { return owner_of(ptr).slot; }
+
+  // Who owns ptr: a device's main engine (pool null) or one of its private pools; slot null if
+  // nobody. The pool, if any, stays alive while the Owner does.
+  struct Owner {
+    DeviceSlot* slot = nullptr;
+    std::shared_ptr<detail::PrivatePool> pool;
+    alloc::CachingAllocator* engine = nullptr;
+  };
+  Owner owner_of(const void* ptr) const {
+    Owner o;
+    DeviceSlot* only = only_slot_.load(std::memory_order_acquire);
+    if (only != nullptr && C10_LIKELY(detail::pool_count() == 0)) {
+      o.slot = only;
+    } else {
+      const int owner = detail::pointer_registry().owner_of(ptr);
+      if (owner >= detail::kFirstPoolOwner) {
+        o.pool = detail::find_pool(owner);
+        if (o.pool) o.slot = find_slot(o.pool->device);
+      } else if (owner >= 0) {
+        o.slot = find_slot(owner);
+      }
+    }
+    if (o.slot) o.engine = o.pool ? o.pool->engine.get() : o.slot->de->engine.get();
+    return o;
+  }
+  detail::GraphPools& pools_of(c10::DeviceIndex device) {
+    check_device(device);
+    return *slot_for(device).pools;
   }
 
   template <class F>
@@ -484,7 +527,8 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     return p;
   }
 
-  [[noreturn]] void raise_oom(DeviceSlot& slot, size_t size, const alloc::OomInfo& oom, cudaStream_t stream);
+  [[noreturn]] void raise_oom(DeviceSlot& slot, size_t size, const alloc::OomInfo& oom, cudaStream_t stream,
+                              const detail::PrivatePool* pool);
 
   const Config config_;
   std::array<std::atomic<DeviceSlot*>, kMaxDevices> slots_{};
@@ -522,6 +566,22 @@ void uncached_delete_fn(void* ptr) {
   if (ptr) C10_CUDA_CHECK(cudaFree(ptr));
 }
 
+// Waits for all work on a device (a private pool's pieces are unmapped only once no replay, on
+// any stream, can still use them). Called by the engine without its locks; a failure means the
+// CUDA context is unusable, as in CudaStreamEvents.
+void synchronize_device(int device) {
+  int current = -1;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (current >= 0 && current != device) (void)cudaSetDevice(current);
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "gpumem: cudaDeviceSynchronize on device %d failed before releasing a private pool: %s. "
+                 "The CUDA context is unusable.\n", device, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
 DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
   std::lock_guard lock(slots_mutex_);
   if (DeviceSlot* slot = find_slot(device)) return *slot;
@@ -530,6 +590,9 @@ DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
   TORCH_CHECK(de != nullptr, error);
   auto* slot = new DeviceSlot();  // never destroyed: deleters of live tensors point here
   slot->de = std::move(de);
+  std::function<void()> sync_device;
+  if (!slot->de->simulated) sync_device = [d = slot->de->device] { synchronize_device(d); };
+  slot->pools = std::make_unique<detail::GraphPools>(*slot->de, detail::pointer_registry(), std::move(sync_device));
   {
     std::lock_guard hooks(hooks_mutex_);
     slot->de->trace->configure(trace_settings_.capacity > 0 ? trace_settings_ : detail::trace_settings_from(config_),
@@ -557,7 +620,16 @@ void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStre
     if (auto recorder = context_recorder_.load()) context = recorder();
     forensics::TraceRing::set_thread_context(context);
   }
-  alloc::AllocResult result = slot.de->engine->allocate(size, stream_id(stream));
+  alloc::AllocResult result;
+  std::shared_ptr<detail::PrivatePool> pool;
+  if (C10_UNLIKELY(slot.pools->capturing())) {
+    result = allocate_during_capture(slot, size, stream, pool);
+  } else {
+    result = slot.de->engine->allocate(size, stream_id(stream));
+    // PyTorch's last retry also gives back the free memory of released private pools.
+    if (C10_UNLIKELY(!result.ok()) && slot.pools->empty_cache({0, 0}) > 0)
+      result = slot.de->engine->allocate(size, stream_id(stream));
+  }
   if (C10_UNLIKELY(recording)) {
     forensics::TraceRing::set_thread_context(nullptr);
     if (context != nullptr && result.ok()) {
@@ -566,21 +638,48 @@ void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStre
       slot.any_contexts.store(true, std::memory_order_relaxed);
     }
   }
-  if (C10_UNLIKELY(!result.ok())) raise_oom(slot, size, *result.oom, stream);
+  if (C10_UNLIKELY(!result.ok())) raise_oom(slot, size, *result.oom, stream, pool.get());
   if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
-    const alloc::EngineTotals totals = slot.de->engine->totals();
-    c10::reportMemoryUsageToProfiler(result.ptr, static_cast<int64_t>(result.size_bytes), totals.allocated_bytes,
-                                     totals.reserved_bytes, c10::Device(c10::DeviceType::CUDA, device));
+    const auto [allocated, reserved] = device_totals(slot);
+    c10::reportMemoryUsageToProfiler(result.ptr, static_cast<int64_t>(result.size_bytes), allocated, reserved,
+                                     c10::Device(c10::DeviceType::CUDA, device));
   }
   return result.ptr;
 }
 
+alloc::AllocResult GpumemCudaAllocator::allocate_during_capture(DeviceSlot& slot, size_t size, cudaStream_t stream,
+                                                                std::shared_ptr<detail::PrivatePool>& pool) {
+  // Captures (or use_mem_pool contexts) are underway on this device: the first filter that accepts
+  // the stream names the pool. Growth maps memory with the driver (or cudaMalloc's) calls, which a
+  // capture in "global" mode forbids on every thread; PyTorch relaxes the mode around cudaMalloc
+  // the same way.
+  pool = slot.pools->route(stream_id(stream));
+  alloc::CachingAllocator& engine = pool ? *pool->engine : *slot.de->engine;
+  std::optional<c10::cuda::CUDAStreamCaptureModeGuard> relaxed;
+  if (!slot.de->simulated) relaxed.emplace(cudaStreamCaptureModeRelaxed);
+  return engine.allocate(size, stream_id(stream));
+}
+
+std::pair<std::size_t, std::size_t> GpumemCudaAllocator::device_totals(DeviceSlot& slot) {
+  const alloc::EngineTotals main = slot.de->engine->totals();
+  std::pair<std::size_t, std::size_t> sum{main.allocated_bytes, main.reserved_bytes};
+  if (detail::pool_count() != 0)
+    for (const auto& entry : slot.pools->pools()) {
+      const alloc::EngineTotals t = entry.pool->engine->totals();
+      sum.first += t.allocated_bytes;
+      sum.second += t.reserved_bytes;
+    }
+  return sum;
+}
+
 void GpumemCudaAllocator::free(void* ptr) {
   if (ptr == nullptr) return;
-  DeviceSlot* slot = slot_of(ptr);
+  const Owner owner = owner_of(ptr);  // a device's engine or one of its private pools
+  DeviceSlot* slot = owner.slot;
   TORCH_CHECK(slot != nullptr, "gpumem: free of ", ptr,
               ", which is not memory gpumem allocated (a tensor from another allocator was handed to gpumem's "
               "deleter, or the pointer is corrupt)");
+  alloc::CachingAllocator& engine = *owner.engine;
   if (C10_UNLIKELY(slot->any_contexts.load(std::memory_order_relaxed))) {
     std::lock_guard lock(slot->contexts_mutex);
     slot->contexts.erase(reinterpret_cast<std::uintptr_t>(ptr));
@@ -588,33 +687,33 @@ void GpumemCudaAllocator::free(void* ptr) {
   const bool profiling = c10::memoryProfilingEnabled();
   std::size_t block_bytes = 0;
   if (C10_UNLIKELY(profiling)) {
-    if (auto found = slot->de->engine->lookup(ptr)) block_bytes = found->block_size_bytes;
+    if (auto found = engine.lookup(ptr)) block_bytes = found->block_size_bytes;
   }
   alloc::FreeStatus status;
   if (C10_UNLIKELY(only_slot_.load(std::memory_order_relaxed) == nullptr)) {
     // Several devices: the engine may record events on this device's streams.
     SlotDeviceGuard guard(*slot);
-    status = slot->de->engine->free(ptr);
+    status = engine.free(ptr);
   } else {
-    status = slot->de->engine->free(ptr);
+    status = engine.free(ptr);
   }
   TORCH_CHECK(status == alloc::FreeStatus::ok, "gpumem: cannot free ", ptr, ": ", alloc::describe(status));
   if (C10_UNLIKELY(profiling)) {
-    const alloc::EngineTotals totals = slot->de->engine->totals();
-    c10::reportMemoryUsageToProfiler(ptr, -static_cast<int64_t>(block_bytes), totals.allocated_bytes,
-                                     totals.reserved_bytes,
+    const auto [allocated, reserved] = device_totals(*slot);
+    c10::reportMemoryUsageToProfiler(ptr, -static_cast<int64_t>(block_bytes), allocated, reserved,
                                      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(slot->de->device)));
   }
 }
 
 void GpumemCudaAllocator::record_stream(void* ptr, cudaStream_t stream) {
-  DeviceSlot* slot = slot_of(ptr);
-  TORCH_CHECK(slot != nullptr, "gpumem: record_stream on ", ptr, ", which is not memory gpumem allocated");
-  const alloc::FreeStatus status = slot->de->engine->record_stream(ptr, stream_id(stream));
+  const Owner owner = owner_of(ptr);
+  TORCH_CHECK(owner.slot != nullptr, "gpumem: record_stream on ", ptr, ", which is not memory gpumem allocated");
+  const alloc::FreeStatus status = owner.engine->record_stream(ptr, stream_id(stream));
   TORCH_CHECK(status == alloc::FreeStatus::ok, "gpumem: record_stream on ", ptr, ": ", alloc::describe(status));
 }
 
-void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::OomInfo& oom, cudaStream_t stream) {
+void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::OomInfo& oom, cudaStream_t stream,
+                                    const detail::PrivatePool* pool) {
   const int device = slot.de->device;
   const std::size_t device_free = oom.provider.free_bytes;
   const std::size_t device_total = oom.provider.total_bytes;
@@ -655,6 +754,10 @@ void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::
   std::string reason = alloc::describe(oom);
   if (!reason.empty() && reason.back() != '.') reason += '.';
   message += "gpumem: " + reason + " ";
+  if (pool != nullptr)
+    message += "The request was made during a CUDA graph capture or a use_mem_pool context and went to private "
+               "pool " + detail::to_string(pool->id) + ", which cannot use the memory other pools cache; memory "
+               "cannot be given back while a capture is underway. ";
   if (oom.cap_reached)
     message += "The cap comes from torch.cuda.set_per_process_memory_fraction or the per_process_memory_fraction / "
                "memory_limit_mb settings in GPUMEM_ALLOC_CONF: raise it, or free tensors. ";
@@ -668,7 +771,10 @@ void GpumemCudaAllocator::raise_oom(DeviceSlot& slot, size_t size, const alloc::
 }
 
 cca::SnapshotInfo GpumemCudaAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
-  if (mempool_id != c10::MempoolId_t{0, 0}) unsupported(kGraphPools, "snapshot(mempool_id)");
+  // {0, 0}: every segment of every device, each tagged with its pool ({0, 0} for the default pool,
+  // as PyTorch tags them); a pool's id: that pool's segments only. Traces are the devices' (pools
+  // share their device's trace).
+  const bool all_pools = mempool_id == c10::MempoolId_t{0, 0};
   cca::SnapshotInfo info;
   int devices = device_count_.load();
   for (int d = 0; d < kMaxDevices; ++d)
@@ -677,34 +783,40 @@ cca::SnapshotInfo GpumemCudaAllocator::snapshot(c10::MempoolId_t mempool_id, boo
 
   for_each_slot([&](DeviceSlot& slot) {
     const int device = slot.de->device;
-    const alloc::EngineSnapshot snap = slot.de->engine->snapshot();
     std::unordered_map<std::uintptr_t, std::shared_ptr<c10::GatheredContext>> contexts;
     {
       std::lock_guard lock(slot.contexts_mutex);
       contexts = slot.contexts;
     }
-    for (const auto& segment : snap.segments) {
-      for (const auto& run : detail::mapped_runs(segment)) {
-        cda::SegmentInfo& si = info.segments.emplace_back();
-        si.device = static_cast<c10::DeviceIndex>(device);
-        si.address = run.base;
-        si.total_size = run.size_bytes;
-        si.requested_size = run.requested_bytes;
-        si.allocated_size = run.allocated_bytes;
-        si.active_size = run.active_bytes;
-        si.stream = stream_ptr(segment.stream);
-        si.is_large = segment.pool == alloc::PoolKind::large;
-        si.is_expandable = segment.expandable;
-        si.owner_private_pool_id = {0, 0};
-        for (const auto& block : run.blocks) {
-          cda::BlockInfo& bi = si.blocks.emplace_back();
-          bi.size = block.size_bytes;
-          bi.requested_size = block.requested_bytes;
-          bi.allocated = block.state == alloc::BlockState::allocated;
-          bi.active = bi.allocated || block.state == alloc::BlockState::pending_free;
-          if (bi.active) {
-            auto it = contexts.find(block.addr);
-            if (it != contexts.end()) bi.context_when_allocated = it->second;
+    std::vector<std::pair<c10::MempoolId_t, alloc::CachingAllocator*>> engines;
+    if (all_pools) engines.emplace_back(c10::MempoolId_t{0, 0}, slot.de->engine.get());
+    const auto pools = slot.pools->pools();  // keeps them alive while they are read
+    for (const auto& entry : pools)
+      if (all_pools || entry.id == mempool_id) engines.emplace_back(entry.id, entry.pool->engine.get());
+    for (const auto& [pool_id, engine] : engines) {
+      for (const auto& segment : engine->snapshot().segments) {
+        for (const auto& run : detail::mapped_runs(segment)) {
+          cda::SegmentInfo& si = info.segments.emplace_back();
+          si.device = static_cast<c10::DeviceIndex>(device);
+          si.address = run.base;
+          si.total_size = run.size_bytes;
+          si.requested_size = run.requested_bytes;
+          si.allocated_size = run.allocated_bytes;
+          si.active_size = run.active_bytes;
+          si.stream = stream_ptr(segment.stream);
+          si.is_large = segment.pool == alloc::PoolKind::large;
+          si.is_expandable = segment.expandable;
+          si.owner_private_pool_id = pool_id;
+          for (const auto& block : run.blocks) {
+            cda::BlockInfo& bi = si.blocks.emplace_back();
+            bi.size = block.size_bytes;
+            bi.requested_size = block.requested_bytes;
+            bi.allocated = block.state == alloc::BlockState::allocated;
+            bi.active = bi.allocated || block.state == alloc::BlockState::pending_free;
+            if (bi.active) {
+              auto it = contexts.find(block.addr);
+              if (it != contexts.end()) bi.context_when_allocated = it->second;
+            }
           }
         }
       }
@@ -751,6 +863,106 @@ cca::SnapshotInfo GpumemCudaAllocator::snapshot(c10::MempoolId_t mempool_id, boo
   meta.last_allocator_settings = config_.source_string.empty() ? to_string(config_) : config_.source_string;
   meta.roundup_power2_divisions.assign(engine.roundup_power2_divisions.begin(), engine.roundup_power2_divisions.end());
   return info;
+}
+
+// ---- private pools: CUDA graphs, MemPool, cudagraph trees' checkpoints (graph_pools.h)
+
+// Runs f, raising a PoolError as the c10::Error PyTorch's allocator raises for the same misuse.
+template <class F>
+auto pool_call(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const detail::PoolError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+void GpumemCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                                              std::function<bool(cudaStream_t)> filter) {
+  detail::GraphPools& pools = pools_of(device);
+  pool_call([&] {
+    pools.begin_allocate_to_pool(id, [f = std::move(filter)](alloc::StreamId s) {
+      return f(static_cast<cudaStream_t>(stream_ptr(s)));
+    });
+  });
+}
+
+void GpumemCudaAllocator::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) {
+  detail::GraphPools& pools = pools_of(device);
+  pool_call([&] { pools.end_allocate_to_pool(id); });
+}
+
+void GpumemCudaAllocator::releasePool(c10::DeviceIndex device, c10::MempoolId_t id) {
+  detail::GraphPools& pools = pools_of(device);
+  pool_call([&] { pools.release(id); });
+}
+
+int GpumemCudaAllocator::getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) {
+  detail::GraphPools& pools = pools_of(device);
+  return pool_call([&] { return pools.use_count(id); });
+}
+
+void GpumemCudaAllocator::createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                                             std::shared_ptr<cca::CUDAAllocator> allocator) {
+  if (allocator != nullptr)
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "gpumem does not support ", kCustomPoolAllocator,
+                                ". gpumem's pools take their memory from gpumem's own source; use torch.cuda.MemPool() "
+                                "without an allocator, or run this part of the program with PyTorch's native CUDA "
+                                "allocator.");
+  detail::GraphPools& pools = pools_of(device);
+  pool_call([&] { pools.create_or_incref(id); });
+}
+
+void GpumemCudaAllocator::setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) {
+  // MemPool's destructor turns it off: that must always work.
+  TORCH_CHECK_NOT_IMPLEMENTED(!use_on_oom, "gpumem does not support ", kPoolUseOnOom,
+                              " (pool ", detail::to_string(id), " on device ", static_cast<int>(device),
+                              "). Create the MemPool without use_on_oom.");
+}
+
+void GpumemCudaAllocator::setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "gpumem does not support ", kPoolNoSplit, " (pool ", detail::to_string(id),
+                              " on device ", static_cast<int>(device), "). Create the MemPool without no_split.");
+}
+
+bool GpumemCudaAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                                   const std::unordered_set<void*>& expected_live_allocations) {
+  detail::GraphPools& pools = pools_of(device);
+  return pool_call([&] { return pools.check_live_allocations(id, expected_live_allocations); });
+}
+
+// A private pool's checkpoint, as the opaque state cudagraph trees keep and hand back.
+struct GpumemPoolState final : cca::AllocatorState {
+  explicit GpumemPoolState(detail::PoolCheckpoint c) : checkpoint(std::move(c)) {}
+  detail::PoolCheckpoint checkpoint;
+};
+
+std::shared_ptr<cca::AllocatorState> GpumemCudaAllocator::getCheckpointState(c10::DeviceIndex device,
+                                                                              c10::MempoolId_t id) {
+  detail::GraphPools& pools = pools_of(device);
+  return std::make_shared<GpumemPoolState>(pool_call([&] { return pools.checkpoint(id); }));
+}
+
+cca::CheckpointDelta GpumemCudaAllocator::setCheckpointPoolState(c10::DeviceIndex device,
+                                                                 std::shared_ptr<cca::AllocatorState> state) {
+  auto* ours = dynamic_cast<GpumemPoolState*>(state.get());
+  TORCH_CHECK(ours != nullptr, "gpumem: setCheckpointPoolState was given an allocator state gpumem did not make "
+              "(a checkpoint taken under another CUDA allocator cannot be restored by gpumem)");
+  TORCH_CHECK(ours->checkpoint.device == device, "gpumem: setCheckpointPoolState: the checkpoint of private pool ",
+              detail::to_string(ours->checkpoint.id), " was taken on device ", ours->checkpoint.device,
+              ", not device ", static_cast<int>(device));
+  DeviceSlot& slot = slot_for(device);
+  detail::GraphPools& pools = pools_of(device);
+  detail::PoolRestore restored = pool_call([&] { return pools.restore(ours->checkpoint); });
+  if (slot.any_contexts.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(slot.contexts_mutex);
+    for (void* p : restored.freed) slot.contexts.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  cca::CheckpointDelta delta;
+  delta.ptrs_freed = std::move(restored.freed);
+  const c10::Device where(c10::DeviceType::CUDA, device);
+  for (void* p : restored.allocated) delta.dataptrs_allocd.emplace_back(p, p, &raw_delete_fn, where);
+  return delta;
 }
 
 GpumemCudaAllocator& instance(const Config* config) {

@@ -18,7 +18,8 @@ namespace {
 std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::unique_ptr<alloc::MemorySource> source,
                                      std::unique_ptr<alloc::StreamEvents> events, PointerRegistry& registry) {
   de->source = std::make_unique<RegisteringSource>(std::move(source), registry, de->host ? -2 : de->device);
-  de->events = std::move(events);
+  de->device_events = std::move(events);
+  de->events = std::make_unique<CaptureAwareEvents>(*de->device_events, de->capture);
   de->engine = std::make_unique<alloc::CachingAllocator>(*de->source, *de->events, de->config.engine, de->device);
   de->stats = std::make_shared<alloc::StatsObserver>(de->config.engine);
   de->trace = std::make_shared<forensics::TraceRing>();

@@ -19,6 +19,7 @@
 #include "gpumem/alloc/stream_events.h"
 #include "gpumem/forensics/engine_forensics.h"
 #include "gpumem/forensics/trace_ring.h"
+#include "capture_events.h"
 #include "gpumem/torch/config.h"
 #include "pointer_registry.h"
 
@@ -30,6 +31,10 @@ struct DeviceEngine {
   bool simulated = false;  // SimSource: fake addresses, no device calls (tests without a GPU)
   Config config;
   std::unique_ptr<RegisteringSource> source;
+  // Open while a CUDA graph capture may be underway on the device (graph_pools.h).
+  CaptureGate capture;
+  std::unique_ptr<alloc::StreamEvents> device_events;  // the device's own (CUDA events, or immediate)
+  // What the engines of the device use: device_events behind the capture gate (capture_events.h).
   std::unique_ptr<alloc::StreamEvents> events;
   std::unique_ptr<alloc::CachingAllocator> engine;
   std::shared_ptr<alloc::StatsObserver> stats;

@@ -8,6 +8,12 @@
 // way PyTorch's native allocator does. When the source refuses or the cap is reached it frees
 // cached memory and retries; if that fails the result carries an OomInfo. Nothing throws.
 //
+// Graph capture and private pools (Note [Engine during graph capture],
+// docs/notes/graph-pools.md): while set_capturing(true), the engine makes no call that waits for or
+// asks about work on a stream; while set_holding(true), it never gives back, unmaps or moves the
+// memory it holds. allocate_at() re-creates an allocation at a recorded address (PyTorch's
+// cudagraph trees restore a pool's state that way).
+//
 // Thread-safety: every member function may be called from any thread. One spin lock per engine
 // guards the block structures and is held only briefly: observers run after it is released, and
 // the slow calls (the source's reserve/create/map/unmap/destroy/release, stream synchronization)
@@ -100,6 +106,32 @@ class CachingAllocator {
   FreeStatus record_stream(void* ptr, StreamId stream);
   // Releases all cached physical memory back to the source (after pending frees complete).
   void empty_cache();
+
+  // Note [Engine during graph capture]. While a CUDA graph capture is underway, CUDA forbids
+  // querying or synchronizing events and streams (and an event recorded on a capturing stream
+  // cannot be queried at all). While capturing: frees that wait on other streams stay pending
+  // (nothing is queried; the markers themselves are StreamEvents' business: the torch adapter's
+  // defer recording them until the capture ends), growth creates new pieces instead of recycling
+  // (recycling synchronizes the streams of the pieces that move), and nothing is released: the OOM
+  // retry and garbage collection skip their release steps and empty_cache() does nothing.
+  // set_capturing(true) waits for a growth or release in progress (it may be synchronizing) to
+  // finish, so no wait is in flight when it returns. Thread-safe.
+  void set_capturing(bool capturing);
+  // While holding, the engine keeps every byte it has mapped where it is: no release (OOM retry,
+  // garbage collection, empty_cache()), no recycling. empty_cache() still waits for pending frees
+  // (unless capturing). A CUDA graph's private pool holds its memory while any graph that may
+  // replay uses it: a replay writes the addresses the capture used, whether or not a block is
+  // allocated there now. Thread-safe.
+  void set_holding(bool holding);
+  bool capturing() const noexcept;
+  bool holding() const noexcept;
+
+  // Allocates exactly [ptr, ptr + size_bytes), which must lie inside one free (mapped) block of
+  // this engine; never grows, never waits. For restoring a recorded state: the block gets the
+  // stream of the memory it lies in and requested_bytes as its request. size_bytes must be a
+  // positive multiple of 512 and ptr 512-byte aligned. Returns ok, or foreign_pointer when the
+  // range is not wholly free memory of this engine (nothing changes then).
+  FreeStatus allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes);
 
   // Caps reserved bytes at fraction x provider total (1.0 = no fraction cap).
   void set_memory_fraction(double fraction);
