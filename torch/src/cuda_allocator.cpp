@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "c10_stats.h"
+#include "cuda_ipc.h"
 #include "format_size.h"
 #include "device_engine.h"
 #include "engines.h"
@@ -79,9 +80,6 @@ struct UnixClock {
 constexpr const char* kGraphPools =
     "CUDA-graph private memory pools (torch.cuda.graph capture, torch.cuda.MemPool, torch.compile "
     "mode=\"reduce-overhead\")";
-constexpr const char* kIpc =
-    "CUDA IPC handles (sharing CUDA tensors between processes: torch.multiprocessing, DataLoader "
-    "workers returning CUDA tensors)";
 constexpr const char* kCheckpoint = "CUDA-graph allocator checkpoint state (cudagraph trees in torch.compile)";
 
 cda::TraceEntry::Action to_action(alloc::EventKind kind, bool* known) {
@@ -151,7 +149,8 @@ struct SlotDeviceGuard {
 
 class GpumemCudaAllocator final : public cca::CUDAAllocator {
  public:
-  explicit GpumemCudaAllocator(Config config) : config_(std::move(config)) {}
+  explicit GpumemCudaAllocator(Config config)
+      : config_(std::move(config)), ipc_imports_(std::make_shared<detail::IpcImports>(detail::cuda_ipc_opener())) {}
 
   const Config& config() const noexcept { return config_; }
 
@@ -308,8 +307,22 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     unsupported(kGraphPools, "checkPoolLiveAllocations");
   }
 
-  cca::ShareableHandle shareIpcHandle(void*) override { unsupported(kIpc, "shareIpcHandle"); }
-  std::shared_ptr<void> getIpcDevPtr(std::string) override { unsupported(kIpc, "getIpcDevPtr"); }
+  // CUDA IPC (torch.multiprocessing): see Note [IPC of pieces] in docs/notes/cuda-ipc.md.
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    DeviceSlot* slot = slot_of(ptr);
+    TORCH_CHECK(slot != nullptr, "gpumem: shareIpcHandle: ", ptr,
+                " is not memory gpumem allocated (a tensor from another allocator?)");
+    auto shared = detail::share_block(*slot->de, ptr);
+    if (auto* why = std::get_if<std::string>(&shared))
+      TORCH_CHECK(false, "gpumem: cannot share the CUDA tensor at ", ptr, " with another process: ", *why);
+    auto& share = std::get<detail::IpcShare>(shared);
+    return {share.offset_bytes, std::move(share.handle)};
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    auto opened = ipc_imports_->get(handle, c10::cuda::current_device());
+    if (auto* why = std::get_if<std::string>(&opened)) TORCH_CHECK(false, *why);
+    return std::get<std::shared_ptr<void>>(std::move(opened));
+  }
 
   bool isHistoryEnabled() override { return record_history_.load(); }
 
@@ -486,6 +499,8 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   [[noreturn]] void raise_oom(DeviceSlot& slot, size_t size, const alloc::OomInfo& oom, cudaStream_t stream);
 
   const Config config_;
+  // Memory of other processes this one opened (getIpcDevPtr), shared by handle.
+  const std::shared_ptr<detail::IpcImports> ipc_imports_;
   std::array<std::atomic<DeviceSlot*>, kMaxDevices> slots_{};
   std::atomic<DeviceSlot*> only_slot_{nullptr};  // set while exactly one slot exists
   std::mutex slots_mutex_;

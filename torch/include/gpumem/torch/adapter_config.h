@@ -23,6 +23,11 @@ const char* to_string(SourceKind kind) noexcept;
 struct AdapterConfig {
   // source:cuda_vmm|cuda_malloc|host_vmm|sim. install_cpu always uses host_vmm.
   SourceKind source = SourceKind::cuda_vmm;
+  // ipc_handles:True|False. source:cuda_vmm creates its pieces exportable to other processes, so
+  // torch.multiprocessing can send CUDA tensors (CUDA IPC). PyTorch's expandable segments do the
+  // same by default (TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC). False creates plain pieces; sharing a
+  // tensor then raises, naming this key.
+  bool ipc_handles = true;
   // Accepted for compatibility (PyTorch 2.11's keys); kept and reported in snapshots'
   // allocator_settings.
   bool release_lock_on_cudamalloc = false;
