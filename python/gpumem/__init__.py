@@ -251,8 +251,18 @@ def is_installed(device: DeviceLike = "cuda") -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not _ops_available(torch):
         return False
-    kind = _device(device).type
+    kind = _device_type(device)
     return bool(torch.ops.gpumem.cpu_installed() if kind == "cpu" else torch.ops.gpumem.installed())
+
+
+def _device_type(device: DeviceLike) -> str:
+    """"cuda" or "cpu", without asking CUDA which device is current."""
+    if device is None or isinstance(device, int):
+        return "cuda"
+    kind = _torch().device(device).type
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"gpumem serves CUDA devices and the CPU, not {device}")
+    return kind
 
 
 def _device(device: DeviceLike) -> "torch.device":

@@ -16,6 +16,9 @@ import textwrap
 import unittest
 
 
+REPO = os.environ.get("GPUMEM_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
 def run_python(code, env=None, check=True):
     full_env = dict(os.environ)
     for name in ("GPUMEM_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
@@ -134,6 +137,23 @@ class PackageTest(unittest.TestCase):
                 self.assertEqual(json.load(f)["verdict"], result["verdict"])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_report_of_the_h200_oom_trace_matches_the_command(self):
+        # traces/oom.native.trace.csv.gz: PyTorch 2.11's trace of a real OOM on the H200 (a 200 MiB
+        # request while 692 MiB was reserved but unallocated), kept in the repository for CI.
+        trace = os.path.join(REPO, "traces", "oom.native.trace.csv.gz")
+        self.assertTrue(os.path.isfile(trace), f"{trace} is missing (it is part of the repository)")
+        done = run_python(f"""
+            import json, gpumem
+            r = gpumem.report({trace!r})
+            print(json.dumps({{"verdict": r["verdict"], "request": r["request_bytes"]}}))
+        """)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        self.assertEqual(result["request"], 200 << 20)
+        by_script = cli("report", trace, "--json")
+        self.assertEqual(by_script.returncode, 0, by_script.stderr)
+        self.assertEqual(json.loads(by_script.stdout)["verdict"], result["verdict"])
+        self.assertEqual(result["verdict"], "fragmentation")
 
     def test_cuda_allocator_on_a_simulated_device(self):
         run_python("""

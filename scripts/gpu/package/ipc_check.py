@@ -162,7 +162,7 @@ def main():
     check(ok_view, "gpumem child read a view with its storage offset")
     torch.cuda.synchronize()
     check(bool(torch.equal(small, torch.full((256,), 14.0, device="cuda"))), "the child's write is seen by the parent")
-    mine = reply["mine"]
+    mine = reply.pop("mine")  # the only reference: dropping it must release the child's memory
     check(bool(torch.equal(mine, pattern(BIG // 4, "cuda", 5))), "the parent read the gpumem child's tensor")
     g_in.put("read mine")
     lifetimes = get(g_out, "gpumem child")
