@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 16's GPU checks of CUDA IPC and the Python package (budget: 45 s). Nothing compiles here:
-# the wheel comes from scripts/build_wheel.sh on the CPU machine (.gpu/wheels/), the bench from
-# the staged build (BUILD, scripts/gpu/stage.sh).
+# Issue 16's GPU checks of CUDA IPC and the Python package (budget: 55 s in run_all.sh). Nothing
+# compiles here: the wheel and the binaries come from the staged build (BUILD, scripts/gpu/stage.sh,
+# which runs scripts/build_wheel.sh into BUILD/wheels; else .gpu/wheels).
 #   1. pip install --no-deps --no-index --target the wheel
 #   2. package_check.py: import gpumem, gpumem.install(), 20 training steps, stats vs torch's,
 #      snapshot + report, an OOM postmortem judged alike by gpumem.report and the gpumem tool
@@ -12,12 +12,16 @@
 # Steps 2 and 3 run at the same time (each spends most of its time starting torch and CUDA).
 #
 #   OUT=/dir scripts/gpu/package.sh        ($OUT gets package-summary.txt and package-logs.tar.gz)
-#   WHEELS=dir (default .gpu/wheels)
+#   WHEELS=dir (default BUILD/wheels, else .gpu/wheels)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$gpu_root"
 : "${OUT:?set OUT}"
-WHEELS=${WHEELS:-$gpu_root/.gpu/wheels}
+# stage.sh puts the wheel into the staged build; scripts/build_wheel.sh's default is .gpu/wheels.
+if [ -z "${WHEELS:-}" ]; then
+  WHEELS=$BUILD/wheels
+  ls "$WHEELS"/gpumem-*.whl >/dev/null 2>&1 || WHEELS=$gpu_root/.gpu/wheels
+fi
 logs=$OUT/package-logs
 mkdir -p "$logs"
 summary=$OUT/package-summary.txt
@@ -33,7 +37,12 @@ if [ -z "$wheel" ]; then
   note "package: FAILED: no gpumem wheel in $WHEELS (make it with scripts/build_wheel.sh)"; exit 1
 fi
 t0=$SECONDS
-if timeout 60 "$PY" -m pip install --quiet --no-deps --no-index --target "$site" "$wheel" >"$logs/pip.log" 2>&1; then
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  # No pip: a wheel is a zip; unpacked, it is the package without its console script.
+  "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$site" &&
+    chmod +x "$site"/gpumem/bin/gpumem
+  note "pip install $(basename "$wheel"): no pip for $PY; unpacked the wheel instead ($((SECONDS - t0)) s)"
+elif timeout 60 "$PY" -m pip install --quiet --no-deps --no-index --target "$site" "$wheel" >"$logs/pip.log" 2>&1; then
   note "pip install $(basename "$wheel"): ok ($((SECONDS - t0)) s)"
 else
   note "pip install $(basename "$wheel"): FAILED (pip.log)"; tail -20 "$logs/pip.log"; exit 1

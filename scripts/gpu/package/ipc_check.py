@@ -24,6 +24,7 @@ import time
 import traceback
 
 MIB = 1 << 20
+CHILD_WAIT_S = 45  # a child waits this long for the parent's next message, then gives up
 BIG = 64 * MIB // 4  # float32 elements
 
 
@@ -44,7 +45,7 @@ def gpumem_child(to_child, to_parent):
         import torch
 
         gpumem.install()
-        msg = to_child.get(timeout=120)
+        msg = to_child.get(timeout=CHILD_WAIT_S)
         big, small, view = msg["big"], msg["small"], msg["view"]
         ok_big = bool(torch.equal(big, pattern(BIG, "cuda", 1)))
         ok_small = bool(torch.equal(small, torch.full((256,), 7.0, device="cuda")))
@@ -57,12 +58,12 @@ def gpumem_child(to_child, to_parent):
         to_parent.put({"ok": (ok_big, ok_small, ok_view), "mine": mine, "pid": os.getpid()})
         # Our own tensor: once the parent has read it we drop ours; it stays allocated here while
         # the parent holds it, and returns when the parent drops it.
-        assert to_child.get(timeout=120) == "read mine"
+        assert to_child.get(timeout=CHILD_WAIT_S) == "read mine"
         del mine
         torch.cuda.ipc_collect()
         held = gpumem.stats()["allocated_bytes.all.current"]
         to_parent.put({"child_held": held, "child_before": before})
-        assert to_child.get(timeout=120) == "dropped mine"
+        assert to_child.get(timeout=CHILD_WAIT_S) == "dropped mine"
         for _ in range(100):  # the parent's release reaches us through PyTorch's reference counting
             torch.cuda.ipc_collect()
             if gpumem.stats()["allocated_bytes.all.current"] <= before - (BIG // 4) * 4:
@@ -70,7 +71,7 @@ def gpumem_child(to_child, to_parent):
             time.sleep(0.05)
         to_parent.put({"child_after": gpumem.stats()["allocated_bytes.all.current"]})
         # Hold the parent's tensors until told; then release them.
-        assert to_child.get(timeout=120) == "release yours"
+        assert to_child.get(timeout=CHILD_WAIT_S) == "release yours"
         del big, small, view, msg
         torch.cuda.synchronize()
         to_parent.put("released")
@@ -84,7 +85,7 @@ def native_child(to_child, to_parent):
         import torch
 
         try:  # the tensor is rebuilt (the handle opened) while the message is unpickled
-            msg = to_child.get(timeout=120)
+            msg = to_child.get(timeout=CHILD_WAIT_S)
             t = msg["t"]
             result = {"read": bool(torch.equal(t, pattern(BIG // 8, "cuda", 9)))}
             del t, msg
@@ -102,7 +103,7 @@ def native_child(to_child, to_parent):
         except gpumem.InstallError as e:
             result["late_install"] = "refused: " + str(e)
         to_parent.put(result)
-        assert to_child.get(timeout=120) == "done"
+        assert to_child.get(timeout=CHILD_WAIT_S) == "done"
     except Exception:
         to_parent.put({"error": traceback.format_exc()})
 
@@ -127,8 +128,9 @@ def main():
     ctx = mp.get_context("spawn")
     g_in, g_out, n_in, n_out = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
     t0 = time.time()
-    g = ctx.Process(target=gpumem_child, args=(g_in, g_out))
-    n = ctx.Process(target=native_child, args=(n_in, n_out))
+    # Daemons: if the parent stops early, its children go with it.
+    g = ctx.Process(target=gpumem_child, args=(g_in, g_out), daemon=True)
+    n = ctx.Process(target=native_child, args=(n_in, n_out), daemon=True)
     g.start()
     n.start()
 
