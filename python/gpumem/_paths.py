@@ -8,19 +8,24 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 
 
+def _shipped(variable: str, relative: str, what: str) -> str:
+    """The file the package ships at ``relative``, or the one the environment variable names."""
+    override = os.environ.get(variable)
+    path = Path(override) if override else _HERE / relative
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"gpumem: {path} is missing; reinstall the package (pip install --no-build-isolation .) "
+            f"or point {variable} at a built {what}"
+        )
+    return str(path)
+
+
 def library_path() -> str:
     """Path of ``libgpumem_torch.so``, the torch adapter this package loads.
 
     ``GPUMEM_LIBRARY`` overrides it (a library from a build tree, for development).
     """
-    override = os.environ.get("GPUMEM_LIBRARY")
-    path = Path(override) if override else _HERE / "lib" / "libgpumem_torch.so"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"gpumem: {path} is missing; reinstall the package (pip install --no-build-isolation .) "
-            "or point GPUMEM_LIBRARY at a built libgpumem_torch.so"
-        )
-    return str(path)
+    return _shipped("GPUMEM_LIBRARY", "lib/libgpumem_torch.so", "libgpumem_torch.so")
 
 
 def cli_path() -> str:
@@ -28,14 +33,7 @@ def cli_path() -> str:
 
     ``GPUMEM_CLI`` overrides it (a program from a build tree, for development).
     """
-    override = os.environ.get("GPUMEM_CLI")
-    path = Path(override) if override else _HERE / "bin" / "gpumem"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"gpumem: {path} is missing; reinstall the package (pip install --no-build-isolation .) "
-            "or point GPUMEM_CLI at a built gpumem program"
-        )
-    return str(path)
+    return _shipped("GPUMEM_CLI", "bin/gpumem", "gpumem program")
 
 
 def bundled_lib_dir() -> str:
