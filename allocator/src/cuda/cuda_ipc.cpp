@@ -94,7 +94,8 @@ std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::
   }
   const std::size_t total = piece_bytes * fds.size();
   CUdeviceptr base = 0;
-  CUresult r = d.mem_address_reserve(&base, total, piece_bytes, 0, 0);
+  // Alignment 0: the granularity (a piece size of 20 MiB is no power of two, which an alignment must be).
+  CUresult r = d.mem_address_reserve(&base, total, 0, 0, 0);
   if (r != CUDA_SUCCESS) {
     *error = fmt::format("cuMemAddressReserve(size={}) on device {} failed: {}", total, device, d.error_name(r));
     return nullptr;
