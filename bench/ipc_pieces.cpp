@@ -104,7 +104,8 @@ void share_and_import(int device, std::size_t piece_bytes, int pieces) {
   for (const auto& p : first.value) fds.push_back(::dup(p.fd));
   std::string error;
   t0 = Clock::now();
-  auto imported = CudaImportedPieces::import(device, piece_bytes, fds, &error);
+  const std::vector<std::size_t> sizes(fds.size(), piece_bytes);
+  auto imported = CudaImportedPieces::import(device, sizes, fds, &error);
   const double import_us = us_since(t0);
   if (!imported) die("import: " + error);
   std::vector<unsigned char> back(pattern.size());

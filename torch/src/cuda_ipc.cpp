@@ -65,11 +65,12 @@ std::variant<std::unique_ptr<ImportedMemory>, std::string> open_handle(const std
   auto taken = take_fds(p.pid, std::span<const int>(p.fds.data(), p.fds.size()));
   if (auto* why = std::get_if<std::string>(&taken))
     return "gpumem: cannot open a CUDA IPC handle of process " + std::to_string(p.pid) + " (" +
-           std::to_string(p.fds.size()) + " pieces of " + std::to_string(p.piece_bytes) + " bytes): " + *why +
+           std::to_string(p.fds.size()) + " pieces): " + *why +
            ". The sending process must still hold the tensor; if it runs PyTorch's own allocator, allow "
            "pidfd_getfd (ptrace permission) or send from a gpumem process";
   auto& fds = std::get<std::vector<int>>(taken);
-  auto imported = alloc::CudaImportedPieces::import(device, p.piece_bytes, fds, &error);
+  const std::vector<std::size_t> sizes(p.sizes_bytes.begin(), p.sizes_bytes.end());
+  auto imported = alloc::CudaImportedPieces::import(device, sizes, fds, &error);
   if (!imported)
     return "gpumem: cannot map the CUDA IPC handle of process " + std::to_string(p.pid) + " on device " +
            std::to_string(device) + ": " + error;

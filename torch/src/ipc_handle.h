@@ -9,6 +9,10 @@
 //          ShareHeader {int32 pid, 4 zero bytes, uint64 piece_bytes, uint64 count} (native byte
 //          order, PyTorch's struct layout), then count int32 file descriptors, the exporting
 //          process's numbers, taken with pidfd_getfd (or gpumem's socket, fd_passing.h).
+//     'g'  gpumem's pieces of different sizes (pieces:adaptive), which 'e' cannot describe: the
+//          same header with piece_bytes 0, the count descriptors, then count uint64 piece sizes.
+//          Only gpumem opens it (PyTorch's allocator refuses the type byte); blocks on pieces of
+//          one size are sent as 'e'.
 //
 // The storage offset is not in the handle: shareIpcHandle returns it beside the bytes (offset of
 // the block from the allocation or first piece). The consumer caches imports by the handle's
@@ -30,6 +34,7 @@ namespace gpumem::torch::detail {
 inline constexpr char kIpcHandleVersion = 2;
 inline constexpr char kIpcTypeCudaMalloc = 'c';
 inline constexpr char kIpcTypePieces = 'e';
+inline constexpr char kIpcTypeMixedPieces = 'g';
 inline constexpr std::size_t kCudaIpcHandleBytes = 64;
 inline constexpr std::size_t kIpcShareHeaderBytes = 24;
 // Limits a handle read from outside must respect (a corrupt count must not allocate terabytes).
@@ -37,8 +42,10 @@ inline constexpr std::uint64_t kIpcMaxPieces = std::uint64_t{1} << 20;
 
 struct IpcPieces {
   std::int32_t pid = 0;            // the exporting process
-  std::uint64_t piece_bytes = 0;   // every piece has this size
-  std::vector<std::int32_t> fds;   // the exporter's descriptor numbers, in address order
+  std::vector<std::int32_t> fds;           // the exporter's descriptor numbers, in address order
+  std::vector<std::uint64_t> sizes_bytes;  // each piece's size, same order and length as fds
+  // Whether every piece has one size (sent as PyTorch's 'e'; else gpumem's 'g').
+  bool one_size() const noexcept;
 };
 
 struct IpcHandle {
@@ -67,8 +74,8 @@ struct PieceShare {
 };
 
 // The handle for the block [block_addr, block_addr + block_bytes) mapped by `pieces` (address
-// order, as CudaVmmSource::export_pieces returns them): they must be back to back, cover the block
-// and all have one size (PyTorch's format has one piece size). Otherwise one sentence why not.
+// order, as CudaVmmSource::export_pieces returns them): they must be back to back and cover the
+// block. Otherwise one sentence why not.
 std::variant<PieceShare, std::string> plan_piece_share(std::uintptr_t block_addr, std::size_t block_bytes,
                                                        const std::vector<SharedPiece>& pieces, std::int32_t pid);
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
@@ -56,7 +57,7 @@ bool send_if_exported(std::span<const int> fds, const std::function<bool(std::sp
 
 // ---- CudaImportedPieces
 
-std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::size_t piece_bytes,
+std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::span<const std::size_t> sizes_bytes,
                                                                std::span<const int> fds, std::string* error) {
   auto close_from = [&](std::size_t i) {
     for (; i < fds.size(); ++i) ::close(fds[i]);
@@ -67,9 +68,11 @@ std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::
     *error = d.missing;
     return nullptr;
   }
-  if (fds.empty() || piece_bytes == 0) {
+  if (fds.empty() || sizes_bytes.size() != fds.size() ||
+      std::find(sizes_bytes.begin(), sizes_bytes.end(), std::size_t{0}) != sizes_bytes.end()) {
     close_from(0);
-    *error = "no pieces to import (an empty IPC handle)";
+    *error = fmt::format("no pieces to import ({} descriptors, {} sizes, or a piece of 0 bytes)", fds.size(),
+                         sizes_bytes.size());
     return nullptr;
   }
   DeviceGuard guard(device, true);
@@ -78,7 +81,8 @@ std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::
     *error = fmt::format("cudaSetDevice({}) failed: {}", device, detail::runtime_error_words(guard.status()));
     return nullptr;
   }
-  std::unique_ptr<CudaImportedPieces> out(new CudaImportedPieces(device, piece_bytes));
+  std::unique_ptr<CudaImportedPieces> out(
+      new CudaImportedPieces(device, std::vector<std::size_t>(sizes_bytes.begin(), sizes_bytes.end())));
   for (std::size_t i = 0; i < fds.size(); ++i) {
     CUmemGenericAllocationHandle handle = 0;
     const CUresult r = d.mem_import_from_shareable_handle(
@@ -92,7 +96,7 @@ std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::
     }
     out->handles_.push_back(handle);
   }
-  const std::size_t total = piece_bytes * fds.size();
+  const std::size_t total = out->total_bytes_;
   CUdeviceptr base = 0;
   // Alignment 0: the granularity (a piece size of 20 MiB is no power of two, which an alignment must be).
   CUresult r = d.mem_address_reserve(&base, total, 0, 0, 0);
@@ -101,14 +105,16 @@ std::unique_ptr<CudaImportedPieces> CudaImportedPieces::import(int device, std::
     return nullptr;
   }
   out->base_ = static_cast<std::uintptr_t>(base);
+  std::size_t at = 0;
   for (std::size_t i = 0; i < out->handles_.size(); ++i) {
-    r = d.mem_map(base + i * piece_bytes, piece_bytes, 0, out->handles_[i], 0);
+    r = d.mem_map(base + at, sizes_bytes[i], 0, out->handles_[i], 0);
     if (r != CUDA_SUCCESS) {
       *error = fmt::format("cuMemMap (piece {} of {}, {} bytes) on device {} failed: {}", i + 1, fds.size(),
-                           piece_bytes, device, d.error_name(r));
+                           sizes_bytes[i], device, d.error_name(r));
       return nullptr;
     }
     ++out->mapped_;
+    at += sizes_bytes[i];
   }
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -129,10 +135,14 @@ void CudaImportedPieces::undo() noexcept {
   if (mapped_ > 0) {
     // cuMemUnmap does not wait for kernels still reading the range.
     if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-    for (std::size_t i = 0; i < mapped_; ++i) (void)d.mem_unmap(base_ + i * piece_bytes_, piece_bytes_);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < mapped_; ++i) {
+      (void)d.mem_unmap(base_ + at, sizes_[i]);
+      at += sizes_[i];
+    }
   }
   for (auto handle : handles_) (void)d.mem_release(handle);
-  if (base_ != 0) (void)d.mem_address_free(base_, piece_bytes_ * handles_.size());
+  if (base_ != 0) (void)d.mem_address_free(base_, total_bytes_);
   mapped_ = 0;
   handles_.clear();
   base_ = 0;

@@ -40,10 +40,11 @@ bool send_if_exported(std::span<const int> fds, const std::function<bool(std::sp
 // mapped back to back into a fresh address range, read/write for `device`.
 class CudaImportedPieces {
  public:
-  // Imports and maps; closes every descriptor in fds whatever happens. On failure returns null
-  // and sets *error to one sentence (the driver call that failed and why).
-  static std::unique_ptr<CudaImportedPieces> import(int device, std::size_t piece_bytes, std::span<const int> fds,
-                                                    std::string* error);
+  // Imports and maps the pieces back to back, piece i of sizes_bytes[i] bytes (multiples of the
+  // device's granularity); closes every descriptor in fds whatever happens. On failure returns
+  // null and sets *error to one sentence (the driver call that failed and why).
+  static std::unique_ptr<CudaImportedPieces> import(int device, std::span<const std::size_t> sizes_bytes,
+                                                    std::span<const int> fds, std::string* error);
   // Waits for the device's work (the driver does not order unmapping after running kernels),
   // unmaps, releases the imported handles and frees the address range. Errors are ignored.
   ~CudaImportedPieces();
@@ -51,14 +52,17 @@ class CudaImportedPieces {
   CudaImportedPieces& operator=(const CudaImportedPieces&) = delete;
 
   std::uintptr_t base() const noexcept { return base_; }
-  std::size_t size_bytes() const noexcept { return piece_bytes_ * handles_.size(); }
+  std::size_t size_bytes() const noexcept { return total_bytes_; }
 
  private:
-  CudaImportedPieces(int device, std::size_t piece_bytes) : device_(device), piece_bytes_(piece_bytes) {}
+  CudaImportedPieces(int device, std::vector<std::size_t> sizes) : device_(device), sizes_(std::move(sizes)) {
+    for (auto s : sizes_) total_bytes_ += s;
+  }
   void undo() noexcept;
 
   int device_;
-  std::size_t piece_bytes_;
+  std::vector<std::size_t> sizes_;  // of each piece, in address order
+  std::size_t total_bytes_ = 0;
   std::uintptr_t base_ = 0;   // the reserved range (0 until reserved)
   std::size_t mapped_ = 0;    // handles mapped so far, from base_
   std::vector<unsigned long long> handles_;  // CUmemGenericAllocationHandle, imported
