@@ -320,6 +320,8 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     return {share.offset_bytes, std::move(share.handle)};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    const std::string malformed = detail::check_ipc_handle(handle);
+    TORCH_CHECK(malformed.empty(), malformed);
     auto opened = ipc_imports_->get(handle, c10::cuda::current_device());
     if (auto* why = std::get_if<std::string>(&opened)) TORCH_CHECK(false, *why);
     return std::get<std::shared_ptr<void>>(std::move(opened));

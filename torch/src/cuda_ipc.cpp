@@ -80,12 +80,12 @@ std::variant<std::unique_ptr<ImportedMemory>, std::string> open_handle(const std
 }  // namespace
 
 std::variant<IpcShare, std::string> share_block(DeviceEngine& de, void* ptr) {
-  if (de.simulated)
-    return std::string("the simulated device (source:sim) has no memory another process could map");
   const auto found = de.engine->lookup(ptr);
   if (!found || found->block_addr != reinterpret_cast<std::uintptr_t>(ptr))
     return "cannot share " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
            ": it is not the start of a live gpumem allocation";
+  if (de.simulated)
+    return std::string("the simulated device (source:sim) has no memory another process could map");
   alloc::MemorySource& source = de.source->inner();
   IpcShare share;
   if (auto* vmm = dynamic_cast<alloc::CudaVmmSource*>(&source)) {
@@ -124,5 +124,11 @@ std::variant<IpcShare, std::string> share_block(DeviceEngine& de, void* ptr) {
 }
 
 IpcOpener cuda_ipc_opener() { return &open_handle; }
+
+std::string check_ipc_handle(const std::string& bytes) {
+  auto decoded = decode_ipc_handle(bytes);
+  if (auto* why = std::get_if<std::string>(&decoded)) return "gpumem: cannot open a CUDA IPC handle: " + *why;
+  return {};
+}
 
 }  // namespace gpumem::torch::detail

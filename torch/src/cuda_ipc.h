@@ -31,4 +31,8 @@ std::variant<IpcShare, std::string> share_block(DeviceEngine& de, void* ptr);
 // CudaImportedPieces), from gpumem or from PyTorch's own allocator.
 IpcOpener cuda_ipc_opener();
 
+// Empty if bytes decode as a CUDA IPC handle, else the sentence the caller raises (before it asks
+// CUDA for anything).
+std::string check_ipc_handle(const std::string& bytes);
+
 }  // namespace gpumem::torch::detail
