@@ -124,22 +124,6 @@ void read_gpumem_additions(const PickleValue& root, Snapshot& snap) {
   info.cap_bytes = u64_of(g->find("cap"));
   if (const PickleValue* f = g->find("op_frames"); f && f->is_bool()) info.op_frames = f->as_bool();
   if (info.op_frames) strip_op_frames(snap);
-  if (const PickleValue* ops = g->find("ops"); ops && ops->is_sequence()) {
-    for (const auto& r : ops->items()) {
-      OpRow row;
-      row.name = str_of(r.find("name"));
-      row.calls = u64_of(r.find("calls"));
-      row.allocs = u64_of(r.find("allocs"));
-      row.allocated_bytes = u64_of(r.find("allocated_bytes"));
-      row.live_bytes = u64_of(r.find("live_bytes"));
-      row.peak_contribution_bytes = u64_of(r.find("peak_contribution_bytes"));
-      row.reserved_growth_bytes = u64_of(r.find("reserved_growth_bytes"));
-      row.frag_delta_bytes = i64_of(r.find("frag_delta_bytes"));
-      row.worst_call_frag_before_bytes = i64_of(r.find("worst_call_frag_before_bytes"));
-      row.worst_call_frag_after_bytes = i64_of(r.find("worst_call_frag_after_bytes"));
-      info.ops.push_back(std::move(row));
-    }
-  }
 }
 
 Snapshot parse_snapshot(std::string_view bytes, const std::string& source) {
