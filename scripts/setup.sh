@@ -54,6 +54,13 @@ if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ]; then
   fi
 fi
 
+# scikit-build-core: the build backend of the Python package (pyproject.toml); tests/python builds
+# its wheel with the venv's python (pip --no-build-isolation, so the wheel links this torch).
+if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ] && ! "$venv/bin/python" -c 'import scikit_build_core' 2>/dev/null; then
+  log "installing scikit-build-core into $venv (the Python package's build backend)"
+  "$venv/bin/python" -m pip install -q "scikit-build-core>=0.10,<2" || log "WARNING: could not install scikit-build-core; the python_package test will fail"
+fi
+
 cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${GPUMEM_BUILD_TYPE:-RelWithDebInfo})
 if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ]; then
   torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')

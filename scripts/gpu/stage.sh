@@ -25,6 +25,12 @@ mkdir -p "$stage/lib"
 for lib in $(find "$stage" -type f -exec sh -c 'ldd "$1" 2>/dev/null' _ {} \; | awk '/libfmt\.so/ { print $3 }' | sort -u); do
   cp -L "$lib" "$stage/lib/"
 done
+# The Python package (issue 16) as a wheel made from this build tree (seconds, compiles nothing):
+# py3-none-linux_x86_64, so the GPU machine's Python 3.12 installs what this venv's 3.11 built.
+# scripts/gpu/package.sh installs it from BUILD/wheels with pip --no-deps --no-index --target.
+if [ -f "$build/torch/libgpumem_torch.so" ] && [ -x "$build/cli/gpumem" ]; then
+  "$root/scripts/build_wheel.sh" "$build" "$stage/wheels" || echo "stage: WARNING: scripts/build_wheel.sh failed; package.sh will report no wheel" >&2
+fi
 mkdir -p "$root/.gpu"
 tar cJf "$root/.gpu/build.tar.xz" -C "$stage" .
 echo "stage: $n binaries from $build -> .gpu/build.tar.xz ($(du -h "$root/.gpu/build.tar.xz" | cut -f1))"

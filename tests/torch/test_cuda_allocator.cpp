@@ -259,7 +259,7 @@ TEST_CASE("gpu 6: unsupported features raise one clear error naming them", "[gpu
     return std::string();
   };
   const auto ipc = message_of([] { cca::getIpcDevPtr("x"); });
-  CHECK(ipc.find("gpumem does not support CUDA IPC") != std::string::npos);
+  CHECK(ipc.find("cannot open a CUDA IPC handle") != std::string::npos);  // malformed (IPC: scripts/gpu/package.sh)
   const auto pool = message_of([] { cca::beginAllocateToPool(0, {1, 0}, [](cudaStream_t) { return true; }); });
   CHECK(pool.find("gpumem does not support CUDA-graph private memory pools") != std::string::npos);
   const auto checkpoint = message_of([] { cca::getCheckpointState(0, {1, 0}); });

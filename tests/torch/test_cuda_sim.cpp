@@ -283,8 +283,16 @@ TEST_CASE("sim 5: empty_cache, expandable sizes, base allocations, cacheInfo, re
 
 TEST_CASE("sim 6: unsupported features raise one error naming the feature; bad pointers are refused") {
   auto& a = sim_allocator();
-  CHECK(error_of([&] { a.getIpcDevPtr("handle"); }).find("gpumem does not support CUDA IPC handles") != std::string::npos);
-  CHECK(error_of([&] { a.shareIpcHandle(nullptr); }).find("CUDA IPC") != std::string::npos);
+  // CUDA IPC: a malformed handle and a pointer gpumem did not allocate are refused with words; a
+  // simulated device's memory cannot be mapped by another process.
+  CHECK(error_of([&] { a.getIpcDevPtr("handle"); }).find("cannot open a CUDA IPC handle") != std::string::npos);
+  CHECK(error_of([&] { a.shareIpcHandle(nullptr); }).find("not the start of a live gpumem allocation") !=
+        std::string::npos);
+  {
+    void* shared = gpumem_malloc(4096, 0, nullptr);
+    CHECK(error_of([&] { a.shareIpcHandle(shared); }).find("simulated device") != std::string::npos);
+    gpumem_free(shared, 4096, 0, nullptr);
+  }
   CHECK(error_of([&] { gpumem_free(reinterpret_cast<void*>(0x42), 0, 0, nullptr); }).find("cannot free") !=
         std::string::npos);
   void* p = gpumem_malloc(4096, 0, nullptr);

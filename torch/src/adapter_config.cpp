@@ -62,6 +62,8 @@ void apply_graph_capture_record_stream_reuse(const Entry& e, const KeyInfo& k, A
   c.graph_capture_record_stream_reuse = want_bool(e, k);
 }
 
+void apply_ipc_handles(const Entry& e, const KeyInfo& k, AdapterConfig& c) { c.ipc_handles = want_bool(e, k); }
+
 void apply_source(const Entry& e, const KeyInfo& k, AdapterConfig& c) {
   const std::string& v = alloc::config_syntax::want_scalar(e, k);
   for (SourceKind s : {SourceKind::cuda_vmm, SourceKind::cuda_malloc, SourceKind::host_vmm, SourceKind::sim}) {
@@ -104,6 +106,7 @@ constexpr Key<AdapterConfig> kKeys[] = {
      apply_graph_capture_record_stream_reuse},
     {{"source", "", "cuda_vmm, cuda_malloc, host_vmm or sim", "source:cuda_vmm"}, apply_source},
     {{"pinned_allocator", "", "native (PyTorch's) or gpumem", "pinned_allocator:gpumem"}, apply_pinned_allocator},
+    {{"ipc_handles", "", "True or False", "ipc_handles:False"}, apply_ipc_handles},
 };
 
 }  // namespace
@@ -135,11 +138,11 @@ std::string to_string(const AdapterConfig& c) {
   return fmt::format(
       "release_lock_on_cudamalloc:{},pinned_use_cuda_host_register:{},pinned_num_register_threads:{},"
       "pinned_reserve_segment_size_mb:{},pinned_use_background_threads:{},graph_capture_record_stream_reuse:{},"
-      "source:{},pinned_allocator:{}",
+      "source:{},pinned_allocator:{},ipc_handles:{}",
       bool_text(c.release_lock_on_cudamalloc), bool_text(c.pinned_use_cuda_host_register),
       c.pinned_num_register_threads, c.pinned_reserve_segment_size_bytes >> 20,
       bool_text(c.pinned_use_background_threads), bool_text(c.graph_capture_record_stream_reuse), to_string(c.source),
-      to_string(c.pinned_allocator));
+      to_string(c.pinned_allocator), bool_text(c.ipc_handles));
 }
 
 }  // namespace gpumem::torch

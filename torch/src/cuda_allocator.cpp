@@ -31,9 +31,11 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "c10_stats.h"
+#include "cuda_ipc.h"
 #include "format_size.h"
 #include "device_engine.h"
 #include "engines.h"
@@ -87,9 +89,6 @@ constexpr const char* kCustomPoolAllocator =
     "ncclMemAlloc through a CUDAPluggableAllocator)";
 constexpr const char* kPoolUseOnOom = "torch.cuda.MemPool(use_on_oom=True): a pool used as the last resort of an OOM";
 constexpr const char* kPoolNoSplit = "torch.cuda.MemPool(no_split=True): a pool that never splits a segment";
-constexpr const char* kIpc =
-    "CUDA IPC handles (sharing CUDA tensors between processes: torch.multiprocessing, DataLoader "
-    "workers returning CUDA tensors)";
 
 cda::TraceEntry::Action to_action(alloc::EventKind kind, bool* known) {
   *known = true;
@@ -159,7 +158,8 @@ struct SlotDeviceGuard {
 
 class GpumemCudaAllocator final : public cca::CUDAAllocator {
  public:
-  explicit GpumemCudaAllocator(Config config) : config_(std::move(config)) {}
+  explicit GpumemCudaAllocator(Config config)
+      : config_(std::move(config)), ipc_imports_(std::make_shared<detail::IpcImports>(detail::cuda_ipc_opener())) {}
 
   const Config& config() const noexcept { return config_; }
 
@@ -326,8 +326,24 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
                                 const std::unordered_set<void*>& expected_live_allocations) override;
 
-  cca::ShareableHandle shareIpcHandle(void*) override { unsupported(kIpc, "shareIpcHandle"); }
-  std::shared_ptr<void> getIpcDevPtr(std::string) override { unsupported(kIpc, "getIpcDevPtr"); }
+  // CUDA IPC (torch.multiprocessing): see Note [IPC of pieces] in docs/notes/cuda-ipc.md.
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    DeviceSlot* slot = slot_of(ptr);
+    TORCH_CHECK(slot != nullptr, "gpumem: shareIpcHandle: ", ptr,
+                " is not memory gpumem allocated (a tensor from another allocator?)");
+    auto shared = detail::share_block(*slot->de, ptr);
+    if (auto* why = std::get_if<std::string>(&shared))
+      TORCH_CHECK(false, "gpumem: cannot share the CUDA tensor at ", ptr, " with another process: ", *why);
+    auto& share = std::get<detail::IpcShare>(shared);
+    return {share.offset_bytes, std::move(share.handle)};
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    const std::string malformed = detail::check_ipc_handle(handle);
+    TORCH_CHECK(malformed.empty(), malformed);
+    auto opened = ipc_imports_->get(handle, c10::cuda::current_device());
+    if (auto* why = std::get_if<std::string>(&opened)) TORCH_CHECK(false, *why);
+    return std::get<std::shared_ptr<void>>(std::move(opened));
+  }
 
   bool isHistoryEnabled() override { return record_history_.load(); }
 
@@ -531,6 +547,8 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
                               const detail::PrivatePool* pool);
 
   const Config config_;
+  // Memory of other processes this one opened (getIpcDevPtr), shared by handle.
+  const std::shared_ptr<detail::IpcImports> ipc_imports_;
   std::array<std::atomic<DeviceSlot*>, kMaxDevices> slots_{};
   std::atomic<DeviceSlot*> only_slot_{nullptr};  // set while exactly one slot exists
   std::mutex slots_mutex_;

@@ -83,7 +83,9 @@ std::unique_ptr<DeviceEngine> make_cuda_engine(const Config& config, int device,
     return nullptr;
   }
   const bool vmm = kind == SourceKind::cuda_vmm;
-  auto source = alloc::make_cuda_source(vmm, device);
+  alloc::CudaVmmOptions vmm_options;
+  vmm_options.exportable = config.adapter.ipc_handles;
+  auto source = alloc::make_cuda_source(vmm, device, vmm_options);
   alloc::SourceStatus status = alloc::SourceStatus::ok;
   if (auto* s = dynamic_cast<alloc::CudaVmmSource*>(source.get())) status = s->init_status();
   if (auto* s = dynamic_cast<alloc::CudaMallocSource*>(source.get())) status = s->init_status();

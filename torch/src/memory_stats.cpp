@@ -5,6 +5,8 @@
 
 #include "c10_stats.h"
 #include "engines.h"
+#include "gpumem/forensics/engine_snapshot.h"
+#include "gpumem/forensics/snapshot_writer.h"
 
 namespace gpumem::torch {
 namespace {
@@ -53,6 +55,27 @@ std::vector<alloc::AllocEvent> trace_events(c10::Device device) {
     for (const auto& record : de->trace->history()) events.push_back(record.event);
   }
   return events;
+}
+
+void write_snapshot(c10::Device device, const std::string& path) {
+  detail::DeviceEngine& de = existing_engine(device);
+  forensics::Snapshot snap;
+  if (de.forensics) {
+    snap = de.forensics->snapshot();
+  } else {
+    forensics::EngineSnapshotExtras extras;
+    const alloc::ProviderMemInfo mem = de.source->mem_info();
+    extras.device_total_bytes = mem.total_bytes;
+    extras.device_free_bytes = mem.free_bytes;
+    const std::vector<forensics::TraceRecord> records = de.trace->history();
+    snap = forensics::snapshot_from_engine(de.engine->snapshot(), records, extras);
+    snap.gpumem.settings = to_string(de.config);
+  }
+  try {
+    forensics::write_snapshot(snap, path);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "gpumem: cannot write the snapshot of ", device.str(), ": ", e.what());
+  }
 }
 
 alloc::CachingAllocator* engine(c10::Device device) {

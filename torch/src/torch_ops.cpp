@@ -7,6 +7,11 @@
 //   torch.ops.gpumem.install_cpu(config)
 //   torch.ops.gpumem.memory_stats(device) -> dict[str, int]   # torch.cuda.memory_stats's keys
 //   torch.ops.gpumem.reset_peak_stats(device)
+//   torch.ops.gpumem.check_config(config) -> str   # the parser's error for a bad string, "" if valid
+//   torch.ops.gpumem.cpu_installed() -> bool
+//   torch.ops.gpumem.write_snapshot(device, path)  # gpumem/torch/memory_stats.h's write_snapshot
+//
+// The Python package (python/gpumem) is built on these.
 //
 // memory_stats works under every install path, CUDAPluggableAllocator included (where
 // torch.cuda.memory_stats raises), and for the CPU engine (device "cpu").
@@ -58,6 +63,16 @@ c10::Dict<std::string, int64_t> op_memory_stats(c10::Device device) {
 
 void op_reset_peak_stats(c10::Device device) { reset_peak_stats(device); }
 
+std::string op_check_config(std::string config) {
+  auto parsed = parse_config(config);
+  if (auto* error = std::get_if<ConfigError>(&parsed)) return error->message;
+  return {};
+}
+
+bool op_cpu_installed() { return cpu_installed(); }
+
+void op_write_snapshot(c10::Device device, std::string path) { write_snapshot(device, path); }
+
 // Installs at load time when GPUMEM_ALLOC_CONF is set. A failure cannot be thrown out of dlopen,
 // so it is printed on stderr and kept for torch.ops.gpumem.load_error().
 const bool g_installed_on_load = [] {
@@ -87,4 +102,7 @@ TORCH_LIBRARY(gpumem, m) {
   m.def("install_cpu(str config) -> ()", &gpumem::torch::op_install_cpu);
   m.def("memory_stats(Device device) -> Dict(str, int)", &gpumem::torch::op_memory_stats);
   m.def("reset_peak_stats(Device device) -> ()", &gpumem::torch::op_reset_peak_stats);
+  m.def("check_config(str config) -> str", &gpumem::torch::op_check_config);
+  m.def("cpu_installed() -> bool", &gpumem::torch::op_cpu_installed);
+  m.def("write_snapshot(Device device, str path) -> ()", &gpumem::torch::op_write_snapshot);
 }

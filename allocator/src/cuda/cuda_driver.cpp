@@ -44,6 +44,8 @@ CudaDriver resolve_all() {
   ok &= resolve("cuMemMap", d.mem_map, d.missing);
   ok &= resolve("cuMemUnmap", d.mem_unmap, d.missing);
   ok &= resolve("cuMemSetAccess", d.mem_set_access, d.missing);
+  ok &= resolve("cuMemExportToShareableHandle", d.mem_export_to_shareable_handle, d.missing);
+  ok &= resolve("cuMemImportFromShareableHandle", d.mem_import_from_shareable_handle, d.missing);
   if (!ok) {
     std::string missing = std::move(d.missing);
     d = CudaDriver{};  // all or nothing: no caller may use a partial table

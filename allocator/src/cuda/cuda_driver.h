@@ -27,6 +27,9 @@ struct CudaDriver {
   decltype(&::cuMemMap) mem_map = nullptr;
   decltype(&::cuMemUnmap) mem_unmap = nullptr;
   decltype(&::cuMemSetAccess) mem_set_access = nullptr;
+  // For IPC (cuda_ipc.h): pieces exported as POSIX file descriptors and imported in another process.
+  decltype(&::cuMemExportToShareableHandle) mem_export_to_shareable_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) mem_import_from_shareable_handle = nullptr;
 
   // Empty when every entry point above was found; otherwise why not (and all are null).
   std::string missing;

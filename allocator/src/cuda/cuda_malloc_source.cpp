@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -206,6 +208,27 @@ int cuda_device_count() noexcept {
     return 0;
   }
   return count;
+}
+
+SourceResult<CudaIpcMemHandle> CudaMallocSource::ipc_mem_handle(std::uintptr_t addr) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  if (s.init_status != SourceStatus::ok) return {s.init_status, {}};
+  auto it = s.segments.upper_bound(addr);
+  if (it == s.segments.begin() || addr >= std::prev(it)->first + std::prev(it)->second.size_bytes)
+    return {s.fail(SourceStatus::invalid_argument,
+                   fmt::format("ipc_mem_handle: {:#x} is not inside a range this source reserved", addr)),
+            {}};
+  const Impl::Segment& seg = std::prev(it)->second;
+  DeviceGuard guard(s.device, false);
+  cudaIpcMemHandle_t handle{};
+  const cudaError_t err = cudaIpcGetMemHandle(&handle, seg.raw);
+  if (err != cudaSuccess) return {s.fail_cuda(err, fmt::format("cudaIpcGetMemHandle({})", seg.raw)), {}};
+  CudaIpcMemHandle out;
+  out.allocation_base = reinterpret_cast<std::uintptr_t>(seg.raw);
+  static_assert(sizeof(handle) == sizeof(out.bytes));
+  std::memcpy(out.bytes, &handle, sizeof(handle));
+  return {SourceStatus::ok, out};
 }
 
 }  // namespace gpumem::alloc

@@ -1,10 +1,14 @@
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <unordered_map>
 
 #include "cuda_driver.h"
+#include "exported_fds.h"
 #include "gpumem/alloc/cuda_sources.h"
 #include "source_ledger.h"
 
@@ -22,20 +26,33 @@ bool is_power_of_two(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 }  // namespace
 
 struct CudaVmmSource::Impl {
-  explicit Impl(int dev) : device(dev), ledger(kFallbackGranularity) {}
+  Impl(int dev, CudaVmmOptions opts) : device(dev), options(opts), ledger(kFallbackGranularity) {}
 
   int device;
+  CudaVmmOptions options;
   SourceStatus init_status = SourceStatus::ok;
   const CudaDriver* driver = nullptr;
   CUmemAllocationProp prop{};
   std::size_t granularity_bytes = kFallbackGranularity;
+  // Pieces are created exportable (requestedHandleTypes = POSIX file descriptor); see
+  // Note [IPC of pieces] in cuda_ipc.h.
+  bool exportable = false;
+  std::string not_exportable_why;
 
   mutable std::mutex mutex;
   detail::SourceLedger ledger;
+  std::unordered_map<CUmemGenericAllocationHandle, int> exported_fds;  // piece -> its exported fd
   std::string last_error;
   CudaVmmCallTimes times;
 
   void init();
+  // Closes the piece's exported descriptor, if it has one (before cuMemRelease).
+  void close_exported(CUmemGenericAllocationHandle handle) {
+    auto it = exported_fds.find(handle);
+    if (it == exported_fds.end()) return;
+    detail::close_exported_fd(it->second);
+    exported_fds.erase(it);
+  }
 
   SourceStatus fail(SourceStatus status, std::string message) {
     last_error = std::move(message);
@@ -72,7 +89,9 @@ struct CudaVmmSource::Impl {
   }
 };
 
-CudaVmmSource::CudaVmmSource(int device) : impl_(std::make_unique<Impl>(device)) { impl_->init(); }
+CudaVmmSource::CudaVmmSource(int device, CudaVmmOptions options) : impl_(std::make_unique<Impl>(device, options)) {
+  impl_->init();
+}
 
 // Finds the driver, the device and its granularity; on the first thing missing, records why and
 // leaves the source answering init_status to every call.
@@ -121,6 +140,23 @@ void CudaVmmSource::Impl::init() {
   s.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   s.prop.location.id = device;
   s.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  if (!options.exportable) {
+    s.not_exportable_why = "the source was made with exportable pieces off (ipc_handles:False)";
+  } else {
+    int fd_supported = 0;
+    r = driver.device_get_attribute(&fd_supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                    cu_device);
+    if (r == CUDA_SUCCESS && fd_supported != 0) {
+      s.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      s.exportable = true;
+    } else {
+      s.not_exportable_why =
+          r != CUDA_SUCCESS
+              ? fmt::format("cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) failed: {}",
+                            driver.error_name(r))
+              : std::string("the device cannot export memory as POSIX file descriptors");
+    }
+  }
   std::size_t granularity = 0;
   r = driver.mem_get_allocation_granularity(&granularity, &s.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS || granularity == 0)
@@ -136,6 +172,8 @@ CudaVmmSource::~CudaVmmSource() {
   std::lock_guard lock(s.mutex);
   DeviceGuard guard(s.device, true);
   const CudaDriver& d = *s.driver;
+  for (const auto& [handle, fd] : s.exported_fds) detail::close_exported_fd(fd);
+  s.exported_fds.clear();
   for (const auto& [va, handle] : s.ledger.mappings()) (void)d.mem_unmap(va, s.ledger.piece(handle).size_bytes);
   for (const auto& [handle, piece] : s.ledger.pieces()) (void)d.mem_release(handle);
   for (const auto& [base, size] : s.ledger.ranges()) (void)d.mem_address_free(base, size);
@@ -201,7 +239,16 @@ SourceResult<PhysHandle> CudaVmmSource::create(std::size_t size_bytes) {
   DeviceGuard guard(s.device, true);
   if (!s.enter(guard)) return {SourceStatus::driver_error, 0};
   CUmemGenericAllocationHandle handle = 0;
-  const CUresult r = s.timed(s.times.create, [&] { return s.driver->mem_create(&handle, size_bytes, &s.prop, 0); });
+  CUresult r = s.timed(s.times.create, [&] { return s.driver->mem_create(&handle, size_bytes, &s.prop, 0); });
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && s.exportable) {
+    // The driver refuses exportable pieces (a container without the IPC permissions, an old
+    // driver): create plain pieces from now on; only IPC of this source's memory is lost.
+    s.exportable = false;
+    s.not_exportable_why = fmt::format("cuMemCreate with a POSIX file descriptor handle type failed: {}",
+                                       s.driver->error_name(r));
+    s.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    r = s.timed(s.times.create, [&] { return s.driver->mem_create(&handle, size_bytes, &s.prop, 0); });
+  }
   if (r != CUDA_SUCCESS) return {s.fail_cu(r, fmt::format("cuMemCreate(size={})", size_bytes)), 0};
   s.ledger.add_piece(handle, size_bytes, handle);
   s.ledger.debug_check_invariants();
@@ -215,6 +262,7 @@ SourceStatus CudaVmmSource::destroy(PhysHandle handle) {
   if (auto why = s.ledger.check_destroy(handle); !why.empty()) return s.fail(SourceStatus::invalid_argument, std::move(why));
   DeviceGuard guard(s.device, true);
   if (!s.enter(guard)) return SourceStatus::driver_error;
+  s.close_exported(handle);
   const CUresult r = s.timed(s.times.release, [&] { return s.driver->mem_release(handle); });
   if (r != CUDA_SUCCESS) return s.fail_cu(r, fmt::format("cuMemRelease(handle {:#x})", handle));
   s.ledger.remove_piece(handle);
@@ -294,8 +342,62 @@ std::size_t CudaVmmSource::mapped_bytes() const {
   return impl_->ledger.mapped_bytes();
 }
 
-std::unique_ptr<MemorySource> make_cuda_source(bool vmm, int device) {
-  if (vmm) return std::make_unique<CudaVmmSource>(device);
+bool CudaVmmSource::exportable() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->init_status == SourceStatus::ok && impl_->exportable;
+}
+
+SourceResult<std::vector<ExportedPiece>> CudaVmmSource::export_pieces(std::uintptr_t va, std::size_t size_bytes) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  if (s.init_status != SourceStatus::ok) return {s.init_status, {}};
+  if (!s.exportable)
+    return {s.fail(SourceStatus::unsupported,
+                   fmt::format("export_pieces: device {}'s pieces are not exportable: {}", s.device,
+                               s.not_exportable_why)),
+            {}};
+  if (size_bytes == 0)
+    return {s.fail(SourceStatus::invalid_argument, "export_pieces: the range is empty"), {}};
+  // The mapping at or below va, then every mapping up to va + size_bytes, with no gap.
+  const auto& mappings = s.ledger.mappings();
+  auto it = mappings.upper_bound(va);
+  std::vector<ExportedPiece> pieces;
+  const std::uintptr_t end = va + size_bytes;
+  std::uintptr_t covered = va;
+  if (it != mappings.begin()) --it;
+  for (; it != mappings.end() && it->first < end; ++it) {
+    const std::size_t piece_bytes = s.ledger.piece(it->second).size_bytes;
+    if (it->first + piece_bytes <= covered) continue;  // the mapping below va ends before it
+    if (it->first > covered) break;                    // a gap: reported below
+    pieces.push_back({it->first, piece_bytes, -1});
+    covered = it->first + piece_bytes;
+  }
+  if (covered < end)
+    return {s.fail(SourceStatus::invalid_argument,
+                   fmt::format("export_pieces: [{:#x}, +{}) is not wholly mapped by this source ({:#x} is not)", va,
+                               size_bytes, covered)),
+            {}};
+  DeviceGuard guard(s.device, true);
+  if (!s.enter(guard)) return {SourceStatus::driver_error, {}};
+  for (auto& piece : pieces) {
+    const CUmemGenericAllocationHandle handle = s.ledger.handle_at(piece.va);
+    auto found = s.exported_fds.find(handle);
+    if (found == s.exported_fds.end()) {
+      int fd = -1;
+      const CUresult r =
+          s.driver->mem_export_to_shareable_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (r != CUDA_SUCCESS)
+        return {s.fail_cu(r, fmt::format("cuMemExportToShareableHandle(handle {:#x}, POSIX fd)", handle)), {}};
+      detail::add_exported_fd(fd);
+      found = s.exported_fds.emplace(handle, fd).first;
+    }
+    piece.fd = found->second;
+  }
+  return {SourceStatus::ok, std::move(pieces)};
+}
+
+std::unique_ptr<MemorySource> make_cuda_source(bool vmm, int device, CudaVmmOptions options) {
+  if (vmm) return std::make_unique<CudaVmmSource>(device, options);
   return std::make_unique<CudaMallocSource>(device);
 }
 

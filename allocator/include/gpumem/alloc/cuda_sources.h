@@ -12,6 +12,12 @@
 // The source does not synchronize: the engine waits for the streams that touched a piece
 // (StreamEvents::synchronize_stream) before it unmaps it.
 //
+// Exportable pieces (IPC, CudaVmmOptions::exportable, on by default as in PyTorch's expandable
+// segments): pieces are created with a POSIX file descriptor handle type when the device supports
+// it, and export_pieces() hands out their descriptors so another process can map them (see
+// Note [IPC of pieces] in gpumem/alloc/cuda_ipc.h). If the driver refuses such pieces, the source
+// creates plain ones and only export_pieces() fails, saying why.
+//
 // CudaMallocSource: classic cudaMalloc segments (caps().virtual_memory == false). reserve() backs
 // the whole range with cudaMalloc, release() is cudaFree; create/map/unmap/destroy are unsupported.
 // Granularity is 2 MiB, the size PyTorch rounds its cudaMalloc segments to.
@@ -59,9 +65,21 @@ struct CudaVmmCallTimes {
   CudaCallTime address_reserve, address_free, create, release, map, set_access, unmap;
 };
 
+struct CudaVmmOptions {
+  // Create pieces exportable to other processes (POSIX file descriptors) where the device allows.
+  bool exportable = true;
+};
+
+// A piece mapped in a CudaVmmSource, exported for another process.
+struct ExportedPiece {
+  std::uintptr_t va = 0;       // where it is mapped in this process
+  std::size_t size_bytes = 0;  // the whole piece
+  int fd = -1;                 // its exported descriptor; owned by the source, open until the piece is destroyed
+};
+
 class CudaVmmSource final : public MemorySource {
  public:
-  explicit CudaVmmSource(int device);
+  explicit CudaVmmSource(int device, CudaVmmOptions options = {});
   // Unmaps, releases and frees whatever is still live (best effort; errors are ignored).
   ~CudaVmmSource() override;
   CudaVmmSource(const CudaVmmSource&) = delete;
@@ -84,9 +102,23 @@ class CudaVmmSource final : public MemorySource {
   std::size_t physical_bytes() const;
   std::size_t mapped_bytes() const;
 
+  // Whether the pieces created so far (and from now on) can be exported.
+  bool exportable() const;
+  // The pieces mapped over [va, va + size_bytes), in address order, each with its exported file
+  // descriptor (exported on first request, kept open by the source until the piece is destroyed).
+  // unsupported (with the reason in last_error) if pieces are not exportable; invalid_argument if
+  // a byte of the range is not mapped by this source.
+  SourceResult<std::vector<ExportedPiece>> export_pieces(std::uintptr_t va, std::size_t size_bytes);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A cudaMalloc allocation shared through cudaIpcGetMemHandle.
+struct CudaIpcMemHandle {
+  std::uintptr_t allocation_base = 0;  // what cudaMalloc returned: the opened handle maps this address
+  char bytes[64] = {};                 // cudaIpcMemHandle_t
 };
 
 class CudaMallocSource final : public MemorySource {
@@ -109,6 +141,10 @@ class CudaMallocSource final : public MemorySource {
   SourceStatus init_status() const noexcept;
   int device() const noexcept;
   std::size_t physical_bytes() const;  // bytes of live ranges
+
+  // cudaIpcGetMemHandle of the allocation holding addr (a live range of this source);
+  // invalid_argument if there is none.
+  SourceResult<CudaIpcMemHandle> ipc_mem_handle(std::uintptr_t addr);
 
  private:
   struct Impl;
@@ -143,6 +179,6 @@ int cuda_device_count() noexcept;
 
 // A CudaVmmSource (vmm) or CudaMallocSource on device; never null. Without a usable driver or
 // device its calls answer unsupported and last_error() says why.
-std::unique_ptr<MemorySource> make_cuda_source(bool vmm, int device);
+std::unique_ptr<MemorySource> make_cuda_source(bool vmm, int device, CudaVmmOptions options = {});
 
 }  // namespace gpumem::alloc

@@ -33,6 +33,11 @@ struct AdapterConfig {
   SourceKind source = SourceKind::cuda_vmm;
   // pinned_allocator:native|gpumem.
   PinnedAllocatorKind pinned_allocator = PinnedAllocatorKind::native;
+  // ipc_handles:True|False. source:cuda_vmm creates its pieces exportable to other processes, so
+  // torch.multiprocessing can send CUDA tensors (CUDA IPC). PyTorch's expandable segments do the
+  // same by default (TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC). False creates plain pieces; sharing a
+  // tensor then raises, naming this key.
+  bool ipc_handles = true;
   // Accepted for compatibility (PyTorch 2.11's keys); kept and reported in snapshots'
   // allocator_settings.
   bool release_lock_on_cudamalloc = false;

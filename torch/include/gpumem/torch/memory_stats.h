@@ -51,6 +51,12 @@ alloc::EngineSnapshot engine_snapshot(c10::Device device);
 // or torch.cuda.memory._record_memory_history on CUDA), oldest first. Empty when tracing is off.
 std::vector<alloc::AllocEvent> trace_events(c10::Device device);
 
+// Writes the snapshot of device's engine to path: PyTorch's snapshot layout (what
+// torch.cuda.memory._dump_snapshot writes, with the trace kept for the device) plus gpumem's
+// additions (ops, settings), as a pickle, or JSON when the name ends in ".json". `gpumem report`
+// and PyTorch's memory_viz read it. Throws c10::Error naming the device or the path.
+void write_snapshot(c10::Device device, const std::string& path);
+
 // The engine itself (for attaching observers and introspection); null if it does not exist yet.
 alloc::CachingAllocator* engine(c10::Device device);
 
