@@ -78,12 +78,6 @@ struct UnixClock {
   }
 };
 
-[[noreturn]] void unsupported(const char* feature, const char* call) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "gpumem does not support ", feature, " (", call,
-                              " was called). Run this part of the program with PyTorch's native CUDA allocator "
-                              "(do not install gpumem: unset GPUMEM_ALLOC_CONF / do not load libgpumem_torch.so).");
-}
-
 constexpr const char* kCustomPoolAllocator =
     "torch.cuda.MemPool(allocator=...): a private pool whose memory comes from another allocator (for example "
     "ncclMemAlloc through a CUDAPluggableAllocator)";
