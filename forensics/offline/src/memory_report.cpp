@@ -208,6 +208,12 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
                                   "the moment (block sizes rounded to 512 B; {} entries could not be applied)",
                                   r.moment.moment_entries, r.moment.skipped_entries));
   }
+  if (!r.moment.reconstructed && r.moment.skipped_entries > 0) {
+    r.notes.push_back(fmt::format("{} trace entries could not be applied to the file's segments (allocations "
+                                  "outside every segment, frees of unknown blocks): the memory numbers below leave "
+                                  "them out",
+                                  r.moment.skipped_entries));
+  }
   if (r.moment.rolled_back_entries > 0) {
     r.notes.push_back(fmt::format("the snapshot was taken after the OOM: {} trace entries recorded after the oom "
                                   "entry were rolled back ({} frees undone) so segments and numbers are those the "

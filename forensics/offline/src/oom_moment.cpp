@@ -52,6 +52,11 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
     return out;
   }
 
+  if (!has_segments) {
+    // Neither segments nor segment entries: the trace's allocations lie in no memory the file
+    // describes. Count them, so that the report says so instead of showing 0 B allocated.
+    for (std::size_t i = 0; i < out.moment_entries; ++i) out.skipped_entries += trace[i].action == TraceAction::alloc;
+  }
   detail::SegmentMap map(device, snapshot.segments);
   if (out.oom_entry) {
     for (std::size_t i = trace.size(); i-- > *out.oom_entry + 1;) {
@@ -79,7 +84,7 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
     }
   }
   out.segments = map.segments();
-  out.skipped_entries = map.skipped;
+  out.skipped_entries += map.skipped;
   return out;
 }
 

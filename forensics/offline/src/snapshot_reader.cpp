@@ -19,8 +19,11 @@ struct FieldPath {
   const char* key = nullptr;  // ".key", or [index] when null
   std::size_t index = 0;
 
-  FieldPath operator/(const char* k) const { return {this, k, 0}; }
-  FieldPath operator[](std::size_t i) const { return {this, nullptr, i}; }
+  // A path points at its parent: never derive one from a temporary (it would dangle).
+  FieldPath operator/(const char* k) const& { return {this, k, 0}; }
+  FieldPath operator[](std::size_t i) const& { return {this, nullptr, i}; }
+  FieldPath operator/(const char* k) const&& = delete;
+  FieldPath operator[](std::size_t i) const&& = delete;
   std::string str() const {
     if (!parent && !key) return {};  // the root: the snapshot itself
     std::string head = parent ? parent->str() : std::string();
@@ -217,13 +220,14 @@ class SnapshotDecoder {
       return std::tie(segments[a].device, segments[a].address) < std::tie(segments[b].device, segments[b].address);
     });
     detail::SizeSum total;
+    const FieldPath top;
+    const FieldPath root = top / "segments";
     for (std::size_t k = 0; k < order.size(); ++k) {
       const SnapshotSegment& s = segments[order[k]];
-      if (!total.add(s.total_size_bytes)) fail_damaged(FieldPath{} / "segments", detail::total_too_large("segments"));
+      if (!total.add(s.total_size_bytes)) fail_damaged(root, detail::total_too_large("segments"));
       if (k == 0) continue;
       const SnapshotSegment& prev = segments[order[k - 1]];
       if (prev.device == s.device && prev.address + prev.total_size_bytes > s.address) {
-        const FieldPath root = FieldPath{} / "segments";
         fail_damaged(root[order[k]], fmt::format("the segment [{:#x}, +{} B) overlaps segments[{}] [{:#x}, +{} B) on "
                                                  "device {}",
                                                  s.address, s.total_size_bytes, order[k - 1], prev.address,
