@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "catch.h"
 #include "gpumem/forensics/trace.h"
 
 namespace gpumem::forensics::testing {
@@ -24,6 +25,18 @@ inline std::optional<std::string> shared_dir() {
 }
 
 // $GPUMEM_PYTHON, if set and runnable.
+// The trace the repository ships (traces/resnet50.native.trace.csv.gz, with its measured .json
+// beside it: PyTorch 2.11 native on the H200, the same file as the shared one), so that the tests
+// of real traces check something in a clone without ../shared (CI). A test calling this fails,
+// loudly, when GPUMEM_SOURCE_DIR (set by ctest) is unset or the file is missing.
+inline std::string repo_trace() {
+  const char* d = std::getenv("GPUMEM_SOURCE_DIR");
+  if (!d || !*d) FAIL("GPUMEM_SOURCE_DIR is not set (ctest sets it to the source tree; export it to run by hand)");
+  const std::string path = std::string(d) + "/traces/resnet50.native.trace.csv.gz";
+  if (!std::filesystem::exists(path)) FAIL("the repository's trace " << path << " is missing");
+  return path;
+}
+
 inline std::optional<std::string> python() {
   const char* p = std::getenv("GPUMEM_PYTHON");
   if (!p || !*p || !std::filesystem::exists(p)) return std::nullopt;
