@@ -1,23 +1,29 @@
 // zero_train: trains a small GPT-style transformer with gpumem::zero::ShardedTrainer at a chosen
-// ZeRO stage, and prints loss, step time and per-rank model-state memory against the ZeRO
-// formulas.
+// ZeRO stage, and prints the global batch's loss, step time, and per rank the peak memory and
+// the model-state bytes against the ZeRO formulas.
 //
-// Launch like any torchrun job (one process per GPU):
-//     torchrun --nproc-per-node 8 ... zero_train --stage 3          (sets RANK, WORLD_SIZE, ...)
+// Launch like any torchrun job, one process per GPU:
+//     torchrun --nproc-per-node 8 --no-python zero_train --stage 3     (RANK, WORLD_SIZE, ...)
 //     zero_train --stage 2 --device cuda                              (one process, world of one)
 //     zero_train --stage 3 --device cpu --steps 20 --layers 2         (CPU, world of one)
+// Stage 0 is plain all-reduce data parallelism, the baseline the other stages are timed against.
 //
 // Data: token sequences from a fixed random Markov chain (each token has 4 possible successors
 // with probabilities .55/.25/.15/.05), so the loss falls from ln(vocab) towards the chain's
-// entropy (1.11 nats). Every rank draws the same global batch per step and trains on its slice.
+// entropy (1.11 nats). Every rank draws the same global batch per step (before the step's clock
+// starts) and trains on its slice; the loss printed is the mean over the ranks' slices, which is
+// the global batch's loss whatever the number of ranks.
 //
-// Memory, measured twice: the trainer counts the bytes of the model-state tensors it holds, and
-// the allocator's statistics give the bytes allocated after the last step, when nothing but the
-// model states is alive. With --allocator gpumem (the default) gpumem is installed before
-// anything touches the device (gpumem::torch::install on CUDA, install_cpu on the CPU) and its
-// statistics are read; --allocator native keeps libtorch's allocators (statistics on CUDA only).
+// Memory, per rank: the trainer counts the bytes of the model-state tensors it holds, the
+// allocator's statistics give the bytes allocated after the last step (when nothing but the
+// model states is alive), and peak reserved and peak allocated bytes over training (peaks are
+// reset once the trainer is built). With --allocator gpumem (the default) gpumem is installed
+// before anything touches the device (gpumem::torch::install on CUDA, install_cpu on the CPU);
+// --allocator native keeps libtorch's allocators (statistics on CUDA only). Rank 0 prints every
+// rank's numbers, and one RESULT line per rank for scripts (scripts/gpu/zero_fsdp2.sh).
 // --record-native-history FILE (with --allocator native, on CUDA) records the native allocator's
-// history for the whole run and writes it as a snapshot pickle (see native_history.h).
+// history for the whole run and writes it as a snapshot pickle (FILE.rankR per rank when
+// WORLD_SIZE > 1; see native_history.h).
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
@@ -74,6 +80,8 @@ struct Args {
   double bucket_mb = 25;
   std::string allocator = "gpumem";
   int log_every = 20;
+  int micro_batches = 1;
+  bool no_decay_below_2d = false;
   std::uint64_t seed = 0;
   std::string record_native_history;  // snapshot pickle path; empty: no recording
 };
@@ -83,10 +91,11 @@ const char* kUsage =
     "                  [--width W] [--heads H] [--vocab V] [--lr X] [--clip NORM (0 = off)]\n"
     "                  [--dtype bf16|fp32] [--device auto|cpu|cuda] [--no-reshard-after-forward]\n"
     "                  [--no-prefetch] [--bucket-mb MB] [--allocator gpumem|native]\n"
-    "                  [--log-every N] [--seed S]\n"
+    "                  [--micro-batches K] [--no-decay-below-2d] [--log-every N] [--seed S]\n"
     "                  [--record-native-history FILE (with --allocator native)]\n"
     "Launcher variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) select\n"
-    "the rank; without them the process is a world of one.\n";
+    "the rank; without them the process is a world of one. One process per GPU:\n"
+    "    torchrun --nproc-per-node N --no-python zero_train --stage 3 ...\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
   throw std::invalid_argument(what + "\n" + kUsage);
@@ -162,6 +171,10 @@ Args parse_args(int argc, char** argv) {
       a.prefetch = false;
     } else if (flag == "--bucket-mb") {
       a.bucket_mb = number<double>(flag, value(), 0.001, 1e6);
+    } else if (flag == "--micro-batches") {
+      a.micro_batches = number<int>(flag, value(), 1, 1 << 16);
+    } else if (flag == "--no-decay-below-2d") {
+      a.no_decay_below_2d = true;
     } else if (flag == "--log-every") {
       a.log_every = number<int>(flag, value(), 1, 1'000'000);
     } else if (flag == "--seed") {
@@ -223,11 +236,13 @@ class MarkovData {
 // ---------------------------------------------------------------------------------------------
 
 struct AllocatorReading {
-  double current = 0, peak = 0;
+  double allocated = 0;       // bytes allocated now
+  double peak_allocated = 0;  // since the last reset_allocator_peaks()
+  double peak_reserved = 0;   // device memory the allocator held at most
 };
 
-// Allocated bytes (all pools) from gpumem's engine when it is installed, else from libtorch's
-// CUDA allocator; c10's CPU allocator keeps no statistics.
+// Statistics from gpumem's engine when it is installed, else from libtorch's CUDA caching
+// allocator; c10's CPU allocator keeps none.
 std::optional<AllocatorReading> read_allocator(const at::Device& device, bool gpumem) {
   c10::CachingDeviceAllocator::DeviceStats stats;
   if (gpumem) {
@@ -235,13 +250,28 @@ std::optional<AllocatorReading> read_allocator(const at::Device& device, bool gp
     stats = gpumem::torch::stats(device);
 #endif
   } else if (device.is_cuda()) {
+    // libtorch's CUDA allocator sizes its per-device state when CUDA is initialized lazily
+    // (the first CUDA tensor); before that its statistics fail with "Invalid device argument".
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
   } else {
     return std::nullopt;
   }
-  const auto& s =
-      stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-  return AllocatorReading{static_cast<double>(s.current), static_cast<double>(s.peak)};
+  constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return AllocatorReading{static_cast<double>(stats.allocated_bytes[kAll].current),
+                          static_cast<double>(stats.allocated_bytes[kAll].peak),
+                          static_cast<double>(stats.reserved_bytes[kAll].peak)};
+}
+
+void reset_allocator_peaks(const at::Device& device, bool gpumem) {
+  if (gpumem) {
+#if GPUMEM_ZERO_HAVE_GPUMEM_TORCH
+    gpumem::torch::reset_peak_stats(device);
+#endif
+  } else if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    c10::getDeviceAllocator(device.type())->resetPeakStats(device.index());
+  }
 }
 
 void install_gpumem(c10::DeviceType type) {
@@ -269,29 +299,53 @@ void synchronize(const at::Device& device) {
 
 double mib(double bytes) { return bytes / (1 << 20); }
 
-int run(const Args& args) {
-  const zero::LaunchEnv env = zero::launch_env_from_environment();
-  c10::DeviceType type = c10::DeviceType::CPU;
-  if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available())) {
-    type = c10::DeviceType::CUDA;
+// One rank's numbers, gathered to every rank (a collective) for rank 0's per-rank report.
+struct RankNumbers {
+  double peak_reserved = -1, peak_allocated = -1, ms_per_step = 0, state_bytes = 0,
+         formula_bytes = 0, allocator_state_bytes = -1, transient_peak_bytes = 0;
+};
+constexpr int kRankFields = 7;
+
+std::vector<RankNumbers> gather_numbers(const zero::DistributedContext& ctx, const RankNumbers& n) {
+  const int world = ctx.env.world_size;
+  at::Tensor mine = at::tensor({n.peak_reserved, n.peak_allocated, n.ms_per_step, n.state_bytes,
+                                n.formula_bytes, n.allocator_state_bytes,
+                                n.transient_peak_bytes},
+                               at::TensorOptions().dtype(at::kDouble))
+                        .to(ctx.device);
+  at::Tensor all = at::empty({world * kRankFields}, mine.options());
+  ctx.backend->_allgather_base(all, mine)->wait();
+  const at::Tensor host = all.cpu();
+  const double* v = host.data_ptr<double>();
+  std::vector<RankNumbers> out(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const double* f = v + r * kRankFields;
+    out[static_cast<std::size_t>(r)] = RankNumbers{f[0], f[1], f[2], f[3], f[4], f[5], f[6]};
   }
+  return out;
+}
+
+// The mean over ranks of a per-rank value: each rank's loss is its slice's mean, the slices are
+// equal, so this is the loss of the global batch (comparable across world sizes).
+double global_mean(const zero::DistributedContext& ctx, double value) {
+  if (ctx.env.world_size == 1) return value;
+  std::vector<at::Tensor> t{at::full({1}, value, at::TensorOptions().dtype(at::kDouble))
+                                .to(ctx.device)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  ctx.backend->allreduce(t, opts)->wait();
+  return t[0].item<double>() / ctx.env.world_size;
+}
+
+int run(const Args& args, zero::DistributedContext& ctx,
+        std::optional<gpumem::examples::NativeHistoryRecorder>& history) {
+  const zero::LaunchEnv& env = ctx.env;
   const bool gpumem = args.allocator == "gpumem";
-  if (gpumem) install_gpumem(type);  // before anything allocates on the device
-  std::optional<gpumem::examples::NativeHistoryRecorder> history;
-  if (!args.record_native_history.empty()) {
-    if (type != c10::DeviceType::CUDA) {
-      throw std::invalid_argument("--record-native-history needs the CUDA device (--device cuda)");
-    }
-    // One file per rank when there are several (RANK is known before the process group).
-    history.emplace(env.world_size > 1 ? fmt::format("{}.rank{}", args.record_native_history, env.rank)
-                                       : args.record_native_history,
-                    env.local_rank);
-  }
-  zero::DistributedContext ctx = zero::init_distributed(env, type);
-  const int rank = ctx.env.rank, world = ctx.env.world_size;
-  if (args.batch % world != 0) {
-    throw std::invalid_argument(
-        fmt::format("--batch {} must be divisible by WORLD_SIZE={}", args.batch, world));
+  const int rank = env.rank, world = env.world_size;
+  if (args.batch % (world * args.micro_batches) != 0) {
+    throw std::invalid_argument(fmt::format(
+        "--batch {} must be divisible by WORLD_SIZE={} x --micro-batches {}", args.batch, world,
+        args.micro_batches));
   }
   const bool lead = rank == 0;
   auto say = [&](const std::string& s) {
@@ -312,6 +366,7 @@ int run(const Args& args) {
   opts.adamw.lr = args.lr;
   opts.adamw.weight_decay = 0.1;
   opts.adamw.beta2 = 0.95;
+  if (args.no_decay_below_2d) opts.param_groups.push_back(zero::no_weight_decay_below_2d());
   opts.max_grad_norm = args.clip;
   opts.bucket_size_bytes = static_cast<std::int64_t>(args.bucket_mb * (1 << 20));
   opts.reshard_after_forward = args.reshard_after_forward;
@@ -321,51 +376,63 @@ int run(const Args& args) {
       args.stage == 3 ? model->units() : std::vector<std::shared_ptr<nn::Module>>{});
   synchronize(device);
   const std::optional<AllocatorReading> after_setup = read_allocator(device, gpumem);
+  // Peaks from here on are training's (the fp32 model built before wrapping is gone).
+  if (history) history->note_peaks_before_reset();  // its file keeps the whole run's peaks
+  reset_allocator_peaks(device, gpumem);
   say(fmt::format(
       "model: {} layers, width {}, {} heads, vocab {}, sequence {}: {} parameters ({:.1f} M)\n",
       args.model.layers, args.model.width, args.model.heads, args.model.vocab, args.model.max_seq,
       trainer.num_params(), trainer.num_params() / 1e6));
-  say(fmt::format("ZeRO stage {}, compute {}, {} units{}{}, global batch {} ({} per rank)\n",
+  const std::int64_t rows = args.batch / world / args.micro_batches;  // per rank, per micro-batch
+  say(fmt::format("ZeRO stage {}, compute {}, {} units{}{}, global batch {} ({} per rank{})\n",
                   args.stage, args.dtype, trainer.num_units(),
                   args.stage == 3 ? (args.reshard_after_forward ? ", reshard after forward"
                                                                 : ", keep after forward")
                                   : "",
                   args.stage == 3 ? (args.prefetch ? ", prefetch" : ", no prefetch") : "",
-                  args.batch, args.batch / world));
+                  args.batch, args.batch / world,
+                  args.micro_batches > 1
+                      ? fmt::format(" in {} micro-batches of {}", args.micro_batches, rows)
+                      : std::string()));
 
   MarkovData data(args.model.vocab, 42);
   say(fmt::format("data: Markov chain, loss floor {:.3f} nats, start ln(vocab) = {:.3f}\n",
                   MarkovData::entropy_nats(), std::log(static_cast<double>(args.model.vocab))));
-  const std::int64_t rows = args.batch / world;
   double first_loss = 0, last_loss = 0, timed_seconds = 0;
   int timed_steps = 0;
-  std::optional<AllocatorReading> after_step;
+  const int warmup = std::min(5, args.steps - 1);  // NCCL setup, allocator growth
   for (int step = 0; step < args.steps; ++step) {
+    // This rank's rows of the global batch, made before the clock starts.
+    const at::Tensor mine = data.batch(step, args.batch, args.model.max_seq)
+                                .narrow(0, rank * rows * args.micro_batches,
+                                        rows * args.micro_batches)
+                                .to(device);
+    synchronize(device);
     const auto start = std::chrono::steady_clock::now();
     double loss_value = 0;
-    {
-      const at::Tensor tokens =
-          data.batch(step, args.batch, args.model.max_seq).narrow(0, rank * rows, rows).to(device);
+    for (int m = 0; m < args.micro_batches; ++m) {
+      const at::Tensor tokens = mine.narrow(0, m * rows, rows);
       const at::Tensor x = tokens.narrow(1, 0, args.model.max_seq);
       const at::Tensor y = tokens.narrow(1, 1, args.model.max_seq);
-      const at::Tensor logits =
-          model->forward_with(x, [](auto& unit, const at::Tensor& in) { return zero::call(unit, in); });
-      const at::Tensor loss = nn::functional::cross_entropy(
+      const at::Tensor logits = model->forward_with(
+          x, [](auto& unit, const at::Tensor& in) { return zero::call(unit, in); });
+      at::Tensor loss = nn::functional::cross_entropy(
           logits.reshape({-1, args.model.vocab}).to(at::kFloat), y.reshape({-1}));
+      if (args.micro_batches > 1) loss = loss / args.micro_batches;
       trainer.backward(loss);
-      trainer.step();
-      loss_value = loss.item<double>();
+      loss_value += loss.item<double>();
     }
+    trainer.step();
     synchronize(device);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (step >= std::min(5, args.steps - 1)) {  // leave out warm-up (NCCL setup, allocator growth)
+    if (step >= warmup) {
       timed_seconds += seconds;
       ++timed_steps;
     }
+    loss_value = global_mean(ctx, loss_value);  // outside the clock
     if (step == 0) first_loss = loss_value;
     last_loss = loss_value;
-    if (step == 0) after_step = read_allocator(device, gpumem);
     if (step % args.log_every == 0 || step == args.steps - 1) {
       say(fmt::format("step {:5d}  loss {:.4f}  {:8.2f} ms\n", step, loss_value, seconds * 1e3));
     }
@@ -381,46 +448,103 @@ int run(const Args& args) {
                   args.steps, zero::format_model_state_table(measured, formula)));
   say(fmt::format("transient peak (gradient buckets, gathered units): {:.1f} MiB\n",
                   mib(trainer.transient_peak_bytes())));
-  double allocator_states = -1;
-  if (before && after_setup && at_end) {
-    allocator_states = at_end->current - before->current;
-    say(
-        fmt::format("allocator ({} statistics): allocated after setup {:.1f} MiB, "
-                    "after the last step {:.1f} MiB "
-                    "(formula {:.1f} MiB, {:+.2f}%), peak {:.1f} MiB\n",
-                    gpumem ? "gpumem" : "libtorch", mib(after_setup->current - before->current),
-                    mib(allocator_states),
-                    mib(formula.total_bytes()),
-                    (allocator_states - formula.total_bytes()) / formula.total_bytes() * 100,
-                    mib(at_end->peak)));
+  RankNumbers mine;
+  mine.ms_per_step = ms_per_step;
+  mine.state_bytes = measured.total_bytes();
+  mine.formula_bytes = formula.total_bytes();
+  mine.transient_peak_bytes = trainer.transient_peak_bytes();
+  if (at_end) {
+    mine.peak_reserved = at_end->peak_reserved;
+    mine.peak_allocated = at_end->peak_allocated;
   }
-  say(fmt::format("loss {:.4f} -> {:.4f}; {:.2f} ms/step, {:.0f} tokens/s over {} timed steps\n",
+  if (before && after_setup && at_end) {
+    // After the last step nothing but the model states (and the data set's few bytes) is alive.
+    mine.allocator_state_bytes = at_end->allocated - before->allocated;
+    say(fmt::format("allocator ({} statistics): allocated after setup {:.1f} MiB, after the last "
+                    "step {:.1f} MiB (formula {:.1f} MiB, {:+.2f}%)\n",
+                    gpumem ? "gpumem" : "libtorch", mib(after_setup->allocated - before->allocated),
+                    mib(mine.allocator_state_bytes), mib(formula.total_bytes()),
+                    (mine.allocator_state_bytes - formula.total_bytes()) /
+                        formula.total_bytes() * 100));
+  }
+  say(fmt::format("loss (global batch) {:.4f} -> {:.4f}; {:.2f} ms/step, {:.0f} tokens/s over {} "
+                  "timed steps\n",
                   first_loss, last_loss, ms_per_step, tokens_per_s, timed_steps));
-  say(
-      fmt::format("RESULT allocator={} stage={} world={} params={} dtype={} first_loss={:.4f} last_loss={:.4f} "
-                  "ms_per_step={:.3f} "
-                  "state_bytes={:.0f} formula_bytes={:.0f} allocator_state_bytes={:.0f} "
-                  "peak_allocated_bytes={:.0f} "
-                  "transient_peak_bytes={:.0f}\n",
-                  args.allocator, args.stage, world, trainer.num_params(), args.dtype, first_loss,
-                  last_loss,
-                  ms_per_step, measured.total_bytes(), formula.total_bytes(), allocator_states,
-                  at_end ? at_end->peak : -1.0, trainer.transient_peak_bytes()));
-  (void)after_step;
+  if (args.micro_batches > 1) {
+    say("(with --micro-batches > 1 the gradients include the fp32 accumulator, 4 bytes per "
+        "parameter / WORLD_SIZE beyond the formula)\n");
+  }
+  const std::vector<RankNumbers> ranks = gather_numbers(ctx, mine);
+  say(fmt::format("\n{:>5}{:>19}{:>16}{:>10}{:>18}{:>14}{:>10}\n", "rank", "peak reserved MiB",
+                  "peak alloc MiB", "ms/step", "states MiB", "formula MiB", "error"));
+  for (int r = 0; r < world; ++r) {
+    const RankNumbers& n = ranks[static_cast<std::size_t>(r)];
+    auto mib_or_na = [](double bytes) {  // c10's CPU allocator keeps no statistics
+      return bytes < 0 ? std::string("n/a") : fmt::format("{:.1f}", mib(bytes));
+    };
+    say(fmt::format("{:>5}{:>19}{:>16}{:>10.2f}{:>18.1f}{:>14.1f}{:>9.2f}%\n", r,
+                    mib_or_na(n.peak_reserved), mib_or_na(n.peak_allocated), n.ms_per_step,
+                    mib(n.state_bytes), mib(n.formula_bytes),
+                    (n.state_bytes - n.formula_bytes) / n.formula_bytes * 100));
+  }
+  for (int r = 0; r < world; ++r) {
+    const RankNumbers& n = ranks[static_cast<std::size_t>(r)];
+    say(fmt::format(
+        "RESULT impl=zero_train allocator={} stage={} world={} rank={} params={} dtype={} "
+        "micro_batches={} first_loss={:.4f} last_loss={:.4f} ms_per_step={:.3f} "
+        "peak_reserved_bytes={:.0f} peak_allocated_bytes={:.0f} state_bytes={:.0f} "
+        "formula_bytes={:.0f} allocator_state_bytes={:.0f} transient_peak_bytes={:.0f}\n",
+        args.allocator, args.stage, world, r, trainer.num_params(), args.dtype,
+        args.micro_batches, first_loss, last_loss, n.ms_per_step, n.peak_reserved,
+        n.peak_allocated, n.state_bytes, n.formula_bytes, n.allocator_state_bytes,
+        n.transient_peak_bytes));
+  }
   if (history) {
     synchronize(device);
     history->write();
     say(fmt::format("native allocator history written to {}\n", history->path()));
   }
-  ctx.backend->shutdown();  // ProcessGroupNCCL wants an orderly shutdown before destruction
+  ctx.finish();  // barrier, watchdog off, orderly backend shutdown (ProcessGroupNCCL wants it)
   return 0;
 }
 
 int main(int argc, char** argv) {
+  Args args;
+  zero::DistributedContext ctx;
+  std::optional<gpumem::examples::NativeHistoryRecorder> history;
   try {
-    return run(parse_args(argc, argv));
+    args = parse_args(argc, argv);
+    const zero::LaunchEnv env = zero::launch_env_from_environment();
+    c10::DeviceType type = c10::DeviceType::CPU;
+    if (args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available())) {
+      type = c10::DeviceType::CUDA;
+    }
+    if (args.allocator == "gpumem") install_gpumem(type);  // before anything allocates
+    if (!args.record_native_history.empty()) {
+      if (type != c10::DeviceType::CUDA) {
+        throw std::invalid_argument(
+            "--record-native-history needs the CUDA device (--device cuda)");
+      }
+      // One file per rank when there are several (RANK is known before the process group).
+      history.emplace(env.world_size > 1
+                          ? fmt::format("{}.rank{}", args.record_native_history, env.rank)
+                          : args.record_native_history,
+                      env.local_rank);
+    }
+    ctx = zero::init_distributed(env, type);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_train: %s\n", e.what());
+    return 1;
+  }
+  try {
+    return run(args, ctx, history);
+  } catch (const std::exception& e) {
+    // With several ranks: what every rank reported, the first failure first.
+    std::fprintf(stderr, "zero_train: %s\n", ctx.report_failure(e.what()).c_str());
+    try {
+      if (ctx.backend) ctx.backend->abort();  // NCCL: abort in-flight collectives, do not wait
+    } catch (...) {
+    }
     return 1;
   }
 }

@@ -5,8 +5,11 @@
 //            classic segment (expandable == false: backed as a whole, by one physical piece on a
 //            virtual-memory source or by the reservation itself on a cudaMalloc-style source) or an
 //            expandable region (one per (stream, pool), physical pieces mapped slot by slot).
-//   slot     A piece-sized, piece-aligned part of an expandable region; it is mapped (backed by a
-//            physical piece) or not.
+//   slot     A slot_bytes-long, slot-aligned part of an expandable region (2 MiB by default: the
+//            smallest piece); it is mapped or not.
+//   piece    A physical piece: one MemorySource handle of a whole number of slots, mapped by one
+//            map() call over consecutive slots and unmapped as a whole. Pieces of one region may
+//            differ in length (growth_policy.h says how long each is).
 //   block    A contiguous address range inside a region with one state. The blocks of a region tile
 //            it exactly, in address order, through prev/next.
 //   claim    A block in state `claimed`: taken out of every container by a growth or a release in
@@ -18,13 +21,16 @@
 //   * blocks tile [region.base, region.base + region.size_bytes), prev/next consistent;
 //   * every slot overlapped by an allocated, pending_free or free block is mapped; unmapped blocks
 //     start and end on slot boundaries and every slot they cover is unmapped;
+//   * the mapped slots of an expandable region are tiled by pieces: slot s of a piece starting at
+//     slot f with n slots has first == f, count == n and the piece's handle, for f <= s < f + n;
+//     region.pieces counts them;
 //   * no two neighbouring blocks are both free, nor both unmapped (they are merged);
 //   * a free block is in exactly one FreeIndex; an unmapped block is in its region's unmapped set;
 //     allocated, pending_free and cached blocks are in the live-block table; nothing else is in
 //     those; a cached block is in exactly one ThreadCache bin; a claimed block is in none of them;
 //   * a claimed block of an expandable region covers only mapped or only unmapped slots, and
 //     region.claims counts the claimed blocks of the region;
-//   * region.mapped_bytes == (mapped slots) x piece_bytes, or size_bytes for a classic segment.
+//   * region.mapped_bytes == (mapped slots) x slot_bytes, or size_bytes for a classic segment.
 #pragma once
 
 #include <boost/intrusive/set.hpp>
@@ -90,9 +96,13 @@ struct Block {
   std::uintptr_t end() const noexcept { return addr + size_bytes; }
 };
 
+// One slot of an expandable region (or the one piece of a classic segment on a virtual-memory
+// source): which piece maps it.
 struct PieceSlot {
-  PhysHandle handle = 0;
-  bool mapped = false;
+  PhysHandle handle = 0;    // the piece's handle (mapped slots)
+  std::uint32_t first = 0;  // the piece's first slot
+  std::uint32_t count = 0;  // the piece's length in slots; 0: the slot is unmapped
+  bool mapped() const noexcept { return count != 0; }
 };
 
 // Unmapped blocks of one region, by address.
@@ -108,8 +118,11 @@ struct Region {
   PoolKind pool = PoolKind::large;
   StreamId stream = 0;
   bool expandable = false;
-  std::size_t piece_bytes = 0;          // expandable: slot size; classic: == va.size_bytes
-  std::vector<PieceSlot> slots;         // expandable: one per slot; classic on a VMM source: one
+  std::size_t slot_bytes = 0;           // expandable: slot size; classic: == va.size_bytes
+  // Expandable: one per slot up to the highest slot ever mapped (grown on demand; the slots past
+  // its end are unmapped). Classic on a virtual-memory source: one, the segment's piece.
+  std::vector<PieceSlot> slots;
+  std::size_t pieces = 0;               // expandable: pieces mapped
   bool backed_by_reservation = false;   // classic segment on a non-virtual-memory source
   std::size_t mapped_bytes = 0;
   std::uint64_t created_seq = 0;
@@ -117,8 +130,13 @@ struct Region {
   Block* first = nullptr;
   UnmappedSet unmapped;
 
-  std::size_t slot_of(std::uintptr_t addr) const noexcept { return (addr - va.base) / piece_bytes; }
-  std::uintptr_t slot_addr(std::size_t slot) const noexcept { return va.base + slot * piece_bytes; }
+  std::size_t slot_of(std::uintptr_t addr) const noexcept { return (addr - va.base) / slot_bytes; }
+  std::uintptr_t slot_addr(std::size_t slot) const noexcept { return va.base + slot * slot_bytes; }
+  std::size_t slot_count() const noexcept { return va.size_bytes / slot_bytes; }
+  bool slot_mapped(std::size_t slot) const noexcept { return slot < slots.size() && slots[slot].mapped(); }
+  // The piece holding mapped slot `slot`: its first slot and length.
+  std::size_t piece_first(std::size_t slot) const noexcept { return slots[slot].first; }
+  std::size_t piece_slots(std::size_t slot) const noexcept { return slots[slot].count; }
 };
 
 }  // namespace gpumem::alloc::detail

@@ -338,7 +338,7 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
   t.cap_bytes = m.cap;
   t.segments = m.map.regions.size();
   for (const auto& [base, r] : m.map.regions)
-    t.pieces_mapped += r->expandable ? r->mapped_bytes / r->piece_bytes : 1;
+    t.pieces_mapped += r->expandable ? r->pieces : 1;
   return t;
 }
 
@@ -381,7 +381,8 @@ EngineSnapshot CachingAllocator::snapshot() {
         sv.blocks.push_back(BlockView{b->addr, b->size_bytes, b->requested_bytes, m.view_state_locked(*b), b->alloc_seq});
       if (r.expandable)
         for (std::size_t s = 0; s < r.slots.size(); ++s)
-          if (r.slots[s].mapped) sv.pieces.push_back(PieceView{r.slot_addr(s), r.piece_bytes, true});
+          if (r.slots[s].mapped() && r.slots[s].first == s)
+            sv.pieces.push_back(PieceView{r.slot_addr(s), r.slots[s].count * r.slot_bytes, true});
       snap.segments.push_back(std::move(sv));
     }
     m.emit(batch, EventKind::snapshot, PoolKind::large, 0, snap.totals.active_bytes, 0, 0);

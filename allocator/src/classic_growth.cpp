@@ -76,7 +76,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_classic_dropping_loc
   }
   Region* r = map.add_region(w.va, pool, stream, false, w.size_bytes);
   if (w.virtual_memory) {
-    r->slots.push_back(detail::PieceSlot{w.handle, true});
+    r->slots.push_back(detail::PieceSlot{w.handle, 0, 1});
   } else {
     r->backed_by_reservation = true;
   }

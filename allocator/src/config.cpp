@@ -166,6 +166,17 @@ void apply_small_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
   c.small_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
 }
 
+void apply_pieces(const Entry& e, const KeyInfo& k, Config& c) {
+  const std::string v = want_scalar(e, k);
+  if (v == "adaptive") {
+    c.pieces = PieceSizing::adaptive;
+  } else if (v == "fixed") {
+    c.pieces = PieceSizing::fixed;
+  } else {
+    fail_value(e, k, "is not a piece sizing");
+  }
+}
+
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
 void apply_thread_cache(const Entry& e, const KeyInfo& k, Config& c) { c.thread_cache = want_bool(e, k); }
@@ -212,6 +223,7 @@ constexpr Key<Config> kKeys[] = {
     {{"small_piece_size_mb", "", "a positive multiple of 2 MiB (the CUDA mapping granularity)",
       "small_piece_size_mb:2"},
      apply_small_piece_size},
+    {{"pieces", "", "adaptive or fixed", "pieces:adaptive"}, apply_pieces},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
     {{"va_reserve_mb", "",
@@ -261,6 +273,7 @@ std::string to_string(const Config& c) {
   put("per_process_memory_fraction", c.per_process_memory_fraction);
   put("memory_limit_mb", mib(c.memory_limit_bytes));
   put("small_piece_size_mb", mib(c.small_piece_bytes));
+  put("pieces", c.pieces == PieceSizing::fixed ? "fixed" : "adaptive");
   put("recycle", bool_text(c.recycle));
   put("thread_cache", bool_text(c.thread_cache));
   put("va_reserve_mb", mib(c.va_reserve_bytes));

@@ -153,7 +153,7 @@ BlockState CachingAllocator::Impl::view_state_locked(const Block& b) const {
       return BlockState::free;
     case BlockState::claimed: {
       const Region& r = *b.region;
-      return !r.expandable || r.slots[r.slot_of(b.addr)].mapped ? BlockState::free : BlockState::unmapped;
+      return !r.expandable || r.slot_mapped(r.slot_of(b.addr)) ? BlockState::free : BlockState::unmapped;
     }
     default:
       return BlockState(b.state);
@@ -165,8 +165,8 @@ void CachingAllocator::Impl::release_all_locked() {
     Region& r = *rp;
     if (r.unmapped.size()) r.unmapped.clear();
     for (std::size_t s = 0; s < r.slots.size(); ++s) {
-      if (!r.slots[s].mapped) continue;
-      const std::size_t sz = r.expandable ? r.piece_bytes : r.va.size_bytes;
+      if (!r.slots[s].mapped() || r.slots[s].first != s) continue;
+      const std::size_t sz = r.expandable ? r.slots[s].count * r.slot_bytes : r.va.size_bytes;
       source.unmap(r.slot_addr(s), sz);
       source.destroy(r.slots[s].handle);
     }

@@ -13,10 +13,24 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
   r.thread_cache = config.thread_cache;
   r.check_invariants = config.check_invariants;
   const std::size_t g = caps.granularity_bytes ? caps.granularity_bytes : policy::kMinBlockBytes;
-  r.piece_bytes[0] = policy::round_up(std::max(config.small_piece_bytes, g), g);
-  r.piece_bytes[1] = policy::round_up(std::max(config.large_segment_size_bytes, g), g);
+  r.slot_bytes = policy::round_up(std::max(config.small_piece_bytes, g), g);
+  policy::PieceRules& small = r.pieces[static_cast<int>(PoolKind::small)];
+  policy::PieceRules& large = r.pieces[static_cast<int>(PoolKind::large)];
+  if (config.pieces == PieceSizing::fixed) {
+    // PyTorch's pages: the small pool's are one slot, the large pool's large_segment_size_mb.
+    small.mode = large.mode = policy::PieceMode::fixed;
+    small.fixed_slots = 1;
+    large.fixed_slots = policy::round_up(config.large_segment_size_bytes, r.slot_bytes) / r.slot_bytes;
+    small.recycle_across_pools = large.recycle_across_pools = false;
+  } else {
+    // Pieces follow the requests, at most kAdaptiveMaxPieceBytes long (docs/notes/allocation-policy.md).
+    small.mode = large.mode = policy::PieceMode::adaptive;
+    small.max_piece_slots = 1;
+    large.max_piece_slots = std::max<std::size_t>(policy::kAdaptiveMaxPieceBytes / r.slot_bytes, 1);
+  }
   for (int p = 0; p < 2; ++p)
-    r.region_va_bytes[p] = policy::region_va_bytes(config.va_reserve_bytes, provider_total_bytes, r.piece_bytes[p]);
+    r.region_va_bytes[p] = policy::region_va_bytes(config.va_reserve_bytes, provider_total_bytes,
+                                                   r.slot_bytes * policy::unit_slots(r.pieces[p]));
   r.large_segment_bytes = config.large_segment_size_bytes;
   r.granularity_bytes = caps.granularity_bytes;
   r.split.max_split_bytes = config.max_split_size_bytes;

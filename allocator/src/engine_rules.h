@@ -2,8 +2,9 @@
 // once from the Config, the source's capabilities and the provider's total memory. It is the only
 // place where the engine reads its Config (besides reporting it in snapshots), so the mechanism
 // never reads configuration mid-algorithm.
-// Invariants: piece_bytes[p] is a positive multiple of the source's granularity (or of 512 bytes
-// when the source reports none); region_va_bytes[p] is a positive multiple of piece_bytes[p].
+// Invariants: slot_bytes is a positive multiple of the source's granularity (or of 512 bytes when
+// the source reports none); region_va_bytes[p] is a positive multiple of slot_bytes x
+// unit_slots(pieces[p]).
 // Thread-safety: immutable after construction.
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include "gpumem/alloc/config.h"
 #include "gpumem/alloc/memory_source.h"
+#include "growth_policy.h"
 #include "size_policy.h"
 
 namespace gpumem::alloc::detail {
@@ -22,7 +24,8 @@ struct EngineRules {
   bool recycle = true;
   bool thread_cache = true;
   bool check_invariants = false;
-  std::size_t piece_bytes[2] = {};         // by PoolKind: physical piece of an expandable region
+  std::size_t slot_bytes = 0;              // slot of every expandable region (the smallest piece)
+  policy::PieceRules pieces[2];            // by PoolKind: how pieces are sized
   std::size_t region_va_bytes[2] = {};     // by PoolKind: address space of an expandable region
   std::size_t large_segment_bytes = 0;     // classic 1-10 MiB segment size
   std::size_t granularity_bytes = 0;       // the source's

@@ -1,5 +1,6 @@
 // Growth of an expandable region: where a request lands (placement), which wholly free pieces move
-// there (recycling), how many pieces are created, then the driver calls. See Note [Physical page
+// there (recycling) and which pieces are created, of what length (growth_policy.h), then the driver
+// calls. See Note [Physical page
 // recycling] (docs/notes/physical-page-recycling.md) for the design and Note [Engine locking]
 // (engine.h, docs/notes/engine-locking.md) for plan -> act -> commit:
 //
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "cap_policy.h"
 #include "growth_policy.h"
 
 namespace gpumem::alloc {
@@ -32,17 +34,26 @@ using detail::RegionMap;
 
 namespace {
 
+// How many placements (besides those at a region's end) growth plans in full before choosing.
+constexpr std::size_t kPlacementsPlanned = 8;
+
 struct Placement {
   Region* region = nullptr;
   Block* hole_first = nullptr;  // the lowest block of the hole the placement lies in
   std::uintptr_t addr = 0;
-  std::size_t need = 0;         // unmapped slots under [addr, addr + size)
+  std::size_t need = 0;         // unmapped slots of the unit-aligned range [addr, addr + size)
 };
 
-std::size_t unmapped_slots_in(const Region& r, std::uintptr_t addr, std::size_t size) {
+// The unit-aligned slots a request at [addr, addr + size) covers.
+policy::SlotRange unit_range(const Region& r, std::uintptr_t addr, std::size_t size, std::size_t unit) {
+  const std::size_t first = r.slot_of(addr) / unit * unit;
+  const std::size_t last = std::min((r.slot_of(addr + size - 1) / unit + 1) * unit, r.slot_count());
+  return {first, last};
+}
+
+std::size_t unmapped_slots_in(const Region& r, policy::SlotRange range) {
   std::size_t n = 0;
-  const std::size_t first = r.slot_of(addr), last = r.slot_of(addr + size - 1);
-  for (std::size_t s = first; s <= last; ++s) n += r.slots[s].mapped ? 0 : 1;
+  for (std::size_t s = range.lo; s < range.hi; ++s) n += r.slot_mapped(s) ? 0 : 1;
   return n;
 }
 
@@ -50,11 +61,10 @@ bool is_hole_state(const Block* b) {
   return b && (b->state == BlockState::free || b->state == BlockState::unmapped);
 }
 
-// Gathers every place `size` bytes could land in a region of (pool, stream) — either end of each
-// run of free and unmapped blocks ("hole") — and asks the policy which is best.
-std::optional<Placement> find_placement(RegionMap& map, PoolKind pool, StreamId stream, std::size_t size) {
-  std::vector<policy::PlacementCandidate> candidates;
-  std::vector<std::pair<Region*, Block*>> where;  // parallel to candidates: region, hole's first block
+// Every place `size` bytes could land in a region of (pool, stream): either end of each run of
+// free and unmapped blocks ("hole").
+void gather_placements(RegionMap& map, PoolKind pool, StreamId stream, std::size_t size, std::size_t unit,
+                       std::vector<Placement>& places, std::vector<policy::PlacementCandidate>& candidates) {
   for (auto& [base, rp] : map.regions) {
     Region& r = *rp;
     if (!r.expandable || r.pool != pool || r.stream != stream) continue;
@@ -66,67 +76,88 @@ std::optional<Placement> find_placement(RegionMap& map, PoolKind pool, StreamId 
       const Block* hi = &u;
       while (is_hole_state(hi->next)) hi = hi->next;
       last_hole_end = hi->end();
+      const bool at_end = hi->end() == r.va.end();
       const policy::PlacementAddresses at = policy::placement_addresses(lo->addr, hi->end(), size);
       for (int i = 0; i < at.count; ++i) {
-        candidates.push_back({at.addr[i], unmapped_slots_in(r, at.addr[i], size), hi->end() - lo->addr});
-        where.emplace_back(&r, lo);
+        const std::size_t need = unmapped_slots_in(r, unit_range(r, at.addr[i], size, unit));
+        candidates.push_back({at.addr[i], need, hi->end() - lo->addr, at_end});
+        places.push_back({&r, lo, at.addr[i], need});
       }
     }
   }
-  const std::optional<std::size_t> best = policy::choose_placement(candidates);
-  if (!best) return std::nullopt;
-  return Placement{where[*best].first, where[*best].second, candidates[*best].addr, candidates[*best].pieces_needed};
+}
+
+// The maximal runs of unmapped slots in `range`, with whether their ends hold memory outside
+// [addr, addr + size).
+std::vector<policy::TargetRun> target_runs(const Region& r, policy::SlotRange range, std::uintptr_t addr,
+                                           std::size_t size) {
+  std::vector<policy::TargetRun> runs;
+  const std::uintptr_t end = addr + size;
+  for (std::size_t s = range.lo; s < range.hi;) {
+    if (r.slot_mapped(s)) {
+      ++s;
+      continue;
+    }
+    std::size_t e = s + 1;
+    while (e < range.hi && !r.slot_mapped(e)) ++e;
+    policy::TargetRun run;
+    run.slots = {s, e};
+    run.head_shared = r.slot_addr(s) < addr;
+    run.tail_shared = r.slot_addr(e) > end;
+    runs.push_back(run);
+    s = e;
+  }
+  return runs;
 }
 
 // The driver work of one growth, as plain values: the act phase touches no engine structure.
 struct GrowthWork {
-  std::size_t piece_bytes = 0;
-  std::size_t create = 0;                 // pieces to create
-  std::vector<StreamId> sync_streams;     // streams whose pieces move (synchronized first)
-  std::vector<std::uintptr_t> unmap_at;   // recycled pieces, in the order chosen
-  std::vector<PhysHandle> unmap_handles;  // their handles
-  std::vector<std::uintptr_t> map_at;     // target slots, ascending
-  // Results.
-  std::vector<std::pair<PhysHandle, bool>> handles;  // (handle, created): the created, then the recycled
-  std::size_t unmapped = 0;  // recycled pieces unmapped
-  std::size_t mapped = 0;    // handles[i] is mapped at map_at[i] for i < mapped; the others were destroyed
-  GrowFailure fail;          // status ok iff every step succeeded
+  struct Piece {
+    std::size_t bytes = 0;
+    bool created = false;       // created here; else recycled: mapped at `from` now
+    std::uintptr_t from = 0;
+    PhysHandle handle = 0;      // recycled: its handle; created: set once created
+    std::uintptr_t to = 0;      // where it is mapped
+    // Results.
+    bool have = false;          // created, or unmapped from `from`
+    bool mapped = false;        // mapped at `to`
+    bool destroyed = false;     // had, but not mapped: destroyed
+  };
+  std::vector<StreamId> sync_streams;  // streams whose pieces move (synchronized first)
+  std::vector<Piece> pieces;           // the created ones first, then the recycled ones
+  GrowFailure fail;                    // status ok iff every step succeeded
 };
 
-void destroy_from(MemorySource& source, GrowthWork& w, std::size_t first) {
-  for (std::size_t i = first; i < w.handles.size(); ++i) source.destroy(w.handles[i].first);
-}
-
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
-  auto failed = [&](SourceStatus status) {
+  auto fail_and_clean_up = [&](SourceStatus status) {
     w.fail.status = status;
     w.fail.detail = source.last_error();
+    for (auto& p : w.pieces)
+      if (p.have && !p.mapped) {
+        source.destroy(p.handle);
+        p.destroyed = true;
+      }
   };
   // Create first: if the provider refuses, nothing has moved yet.
-  for (std::size_t i = 0; i < w.create; ++i) {
-    auto h = source.create(w.piece_bytes);
-    if (!h.ok()) {
-      failed(h.status);
-      return destroy_from(source, w, 0);
-    }
-    w.handles.emplace_back(h.value, true);
+  for (auto& p : w.pieces) {
+    if (!p.created) continue;
+    auto h = source.create(p.bytes);
+    if (!h.ok()) return fail_and_clean_up(h.status);
+    p.handle = h.value;
+    p.have = true;
   }
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
-  for (; w.unmapped < w.unmap_at.size(); ++w.unmapped) {
-    const SourceStatus st = source.unmap(w.unmap_at[w.unmapped], w.piece_bytes);
-    if (st != SourceStatus::ok) {
-      failed(st);
-      return destroy_from(source, w, 0);
-    }
-    w.handles.emplace_back(w.unmap_handles[w.unmapped], false);
+  for (auto& p : w.pieces) {
+    if (p.created) continue;
+    const SourceStatus st = source.unmap(p.from, p.bytes);
+    if (st != SourceStatus::ok) return fail_and_clean_up(st);
+    p.have = true;
   }
-  for (; w.mapped < w.map_at.size(); ++w.mapped) {
-    const SourceStatus st = source.map(w.map_at[w.mapped], w.piece_bytes, w.handles[w.mapped].first);
-    if (st != SourceStatus::ok) {
-      failed(st);
-      return destroy_from(source, w, w.mapped);
-    }
+  for (auto& p : w.pieces) {
+    const SourceStatus st = source.map(p.to, p.bytes, p.handle);
+    if (st != SourceStatus::ok) return fail_and_clean_up(st);
+    p.mapped = true;
   }
 }
 
@@ -137,22 +168,26 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   growth_mutex.assert_held();
   mutex.assert_held();
   const int p = static_cast<int>(pool);
-  const std::size_t piece = rules.piece_bytes[p];
+  const std::size_t slot = rules.slot_bytes;
+  const policy::PieceRules& pieces = rules.pieces[p];
+  const std::size_t unit = policy::unit_slots(pieces);
 
   // ---- plan
-  std::optional<Placement> place = find_placement(map, pool, stream, rounded);
-  if (!place) {
+  std::vector<Placement> places;
+  std::vector<policy::PlacementCandidate> candidates;
+  gather_placements(map, pool, stream, rounded, unit, places, candidates);
+  if (places.empty()) {
     if (rounded > rules.region_va_bytes[p]) {
       fail.status = SourceStatus::out_of_memory;
       fail.detail = fmt::format("the request is larger than the address space of a region ({} bytes)",
                                 rules.region_va_bytes[p]);
       return nullptr;
     }
-    // A new region. Expandable regions are aligned to a power of two at least a piece (sources
+    // A new region. Expandable regions are aligned to a power of two at least a unit (sources
     // take only powers of two); slots are counted from the region's base, so any alignment would
     // be correct.
     lock.unlock();
-    const auto reserved = source.reserve(rules.region_va_bytes[p], std::bit_ceil(piece));
+    const auto reserved = source.reserve(rules.region_va_bytes[p], std::bit_ceil(slot * unit));
     const std::string error = reserved.ok() ? std::string() : source.last_error();
     lock.lock();
     if (!reserved.ok()) {
@@ -160,66 +195,129 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
       fail.detail = error;
       return nullptr;
     }
-    Region* r = map.add_region(reserved.value, pool, stream, true, piece);
-    place = Placement{r, r->first, r->va.base, policy::round_up(rounded, piece) / piece};
+    Region* r = map.add_region(reserved.value, pool, stream, true, slot);
+    const std::size_t need = unit_range(*r, r->va.base, rounded, unit).size();
+    places.push_back({r, r->first, r->va.base, need});
+    candidates.push_back({r->va.base, need, r->va.size_bytes, true});
   }
-  Region& r = *place->region;
-  const std::uintptr_t ex_lo = place->addr, ex_hi = place->addr + rounded;
 
-  std::vector<Block*> extent_blocks;
-  std::vector<policy::RecycleChoice> recycle;
-  if (rules.recycle && place->need > 0) {
-    std::vector<policy::FreeExtent> extents;
-    for (Block& b : map.free_index[p].blocks()) {
-      if (b.size_bytes < piece || !b.region->expandable) continue;
-      extents.push_back({b.addr, b.size_bytes, b.stream, b.region->va.base});
-      extent_blocks.push_back(&b);
+  // Wholly free pieces that could move (the growing pool's, and the other pool's when the rules
+  // allow it), each with the block holding it.
+  struct PieceRef {
+    Block* block;
+    std::size_t first_slot;
+  };
+  std::vector<PieceRef> refs;
+  std::vector<policy::FreePiece> all_pieces;
+  if (rules.recycle) {
+    for (int q = 0; q < 2; ++q) {
+      if (q != p && !pieces.recycle_across_pools) continue;
+      for (Block& b : map.free_index[q].blocks()) {
+        const Region& br = *b.region;
+        if (!br.expandable || b.size_bytes < br.slot_bytes || br.slot_bytes != slot) continue;
+        for (std::size_t s = br.slot_of(b.addr + br.slot_bytes - 1); s < br.slot_count() && br.slot_addr(s) < b.end();) {
+          if (!br.slot_mapped(s)) break;  // cannot happen inside a free block
+          const std::size_t f = br.piece_first(s), n = br.piece_slots(s);
+          const std::uintptr_t lo = br.slot_addr(f);
+          if (f == s && lo + n * slot <= b.end()) {
+            const bool edge = f == 0 || !br.slot_mapped(f - 1) || f + n >= br.slot_count() || !br.slot_mapped(f + n);
+            refs.push_back({&b, f});
+            all_pieces.push_back({n, b.size_bytes, br.stream, lo, edge});
+          }
+          s = f + n;
+        }
+      }
     }
-    recycle = policy::choose_recycled_pieces(extents, piece, ex_lo, ex_hi, place->need);
   }
-  policy::GrowthInputs in;
-  in.pieces_needed = place->need;
-  in.pieces_recyclable = recycle.size();
-  in.piece_bytes = piece;
-  in.reserved_bytes = map.reserved_bytes;
-  in.cap_bytes = cap;
-  in.recycle_enabled = rules.recycle;
-  const policy::GrowthPlan plan = policy::plan_growth(in);
-  if (plan.over_cap) {
+
+  // Plan the growth at the most promising places; take the best.
+  struct Planned {
+    std::size_t place = 0;
+    std::vector<policy::TargetRun> runs;
+    std::uintptr_t claim_lo = 0, claim_hi = 0;  // the request and the slots it maps
+    std::vector<std::size_t> piece_refs;         // the free pieces offered (indices into refs)
+    policy::GrowthLayout layout;
+  };
+  std::vector<Planned> planned;
+  std::vector<policy::GrowthOption> options;
+  std::vector<policy::FreePiece> offered;
+  for (std::size_t i : policy::shortlist_placements(candidates, kPlacementsPlanned)) {
+    const Placement& pl = places[i];
+    const Region& r = *pl.region;
+    Planned x;
+    x.place = i;
+    x.runs = target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded);
+    x.claim_lo = pl.addr;
+    x.claim_hi = pl.addr + rounded;
+    if (!x.runs.empty()) {
+      x.claim_lo = std::min(x.claim_lo, r.slot_addr(x.runs.front().slots.lo));
+      x.claim_hi = std::max(x.claim_hi, r.slot_addr(x.runs.back().slots.hi));
+    }
+    offered.clear();
+    if (pl.need > 0)
+      for (std::size_t k = 0; k < refs.size(); ++k) {
+        const policy::FreePiece& fp = all_pieces[k];
+        const bool inside = refs[k].block->region == &r && fp.addr < x.claim_hi && fp.addr + fp.slots * slot > x.claim_lo;
+        if (inside) continue;  // where the request lands
+        x.piece_refs.push_back(k);
+        offered.push_back(fp);
+      }
+    x.layout = policy::plan_growth(offered, x.runs, pieces, rules.recycle);
+    for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
+    options.push_back({x.layout.created_slots(),
+                       x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
+    planned.push_back(std::move(x));
+  }
+  const Planned& best = planned[*policy::choose_growth(options)];
+  const Placement* place = &places[best.place];
+  Region& r = *place->region;
+  const std::uintptr_t claim_lo = best.claim_lo, claim_hi = best.claim_hi;
+  const policy::GrowthLayout& layout = best.layout;
+  std::vector<PieceRef> candidates_refs;
+  std::vector<policy::FreePiece> free_pieces;
+  for (std::size_t k : best.piece_refs) {
+    candidates_refs.push_back(refs[k]);
+    free_pieces.push_back(all_pieces[k]);
+  }
+  if (policy::exceeds_cap(map.reserved_bytes, layout.created_slots() * slot, cap)) {
     fail.cap_reached = true;
     fail.status = SourceStatus::out_of_memory;
     return nullptr;
   }
 
-  // Claim the pieces to recycle (each is taken from the front part of its extent's block, which
-  // keeps the Block: the policy takes an extent's pieces from the highest down) ...
   GrowthWork w;
-  w.piece_bytes = piece;
-  w.create = plan.create;
-  std::vector<Block*> recycled;
-  for (std::size_t i = 0; i < plan.recycle; ++i) {
-    Block* from = extent_blocks[recycle[i].extent];
-    Region& rr = *from->region;
-    const std::size_t slot = rr.slot_of(recycle[i].slot_addr);
-    w.unmap_at.push_back(recycle[i].slot_addr);
-    w.unmap_handles.push_back(rr.slots[slot].handle);
-    recycled.push_back(map.claim_slot(from, slot));
-    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), rr.stream) == w.sync_streams.end())
-      w.sync_streams.push_back(rr.stream);
+  for (const policy::SlotRange& c : layout.created) {
+    GrowthWork::Piece piece;
+    piece.bytes = c.size() * slot;
+    piece.to = r.slot_addr(c.lo);
+    piece.created = true;
+    w.pieces.push_back(piece);
   }
-  // ... and the target: [ex_lo, ex_hi), widened to whole slots where they are unmapped.
-  const std::size_t first = r.slot_of(ex_lo), last = r.slot_of(ex_hi - 1);
-  const std::uintptr_t claim_lo = r.slots[first].mapped ? ex_lo : r.slot_addr(first);
-  const std::uintptr_t claim_hi = r.slots[last].mapped ? ex_hi : r.slot_addr(last) + piece;
+  // Claim the pieces to recycle, the highest first: claim_piece keeps the part of the block below
+  // the piece in the same Block, so a lower piece of the same free block is still found through it.
+  std::vector<std::size_t> order(layout.recycled.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return free_pieces[layout.recycled[a].piece].addr > free_pieces[layout.recycled[b].piece].addr;
+  });
+  std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
+  for (std::size_t i : order) {
+    const policy::RecycleChoice& c = layout.recycled[i];
+    const PieceRef& cand = candidates_refs[c.piece];
+    Region& from = *cand.block->region;
+    GrowthWork::Piece piece;
+    piece.bytes = free_pieces[c.piece].slots * slot;
+    piece.from = free_pieces[c.piece].addr;
+    piece.handle = from.slots[cand.first_slot].handle;
+    piece.to = r.slot_addr(c.target_slot);
+    w.pieces.push_back(piece);
+    recycled.push_back(map.claim_piece(cand.block, cand.first_slot));
+    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), from.stream) == w.sync_streams.end())
+      w.sync_streams.push_back(from.stream);
+  }
+  // ... and the target.
   std::vector<Block*> target;
   map.claim_range(place->hole_first, claim_lo, claim_hi, target);
-  std::vector<std::size_t> target_slots;
-  for (std::size_t s = first; s <= last; ++s)
-    if (!r.slots[s].mapped) {
-      target_slots.push_back(s);
-      w.map_at.push_back(r.slot_addr(s));
-    }
-  if (target_slots.size() != place->need) detail::invariant_failed("growth: placement's piece count changed");
 
   // ---- act
   lock.unlock();
@@ -227,24 +325,24 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   lock.lock();
 
   // ---- commit
+  const std::size_t created = layout.created.size();
   for (std::size_t i = 0; i < recycled.size(); ++i) {
+    const GrowthWork::Piece& piece = w.pieces[created + i];
     Block* b = recycled[i];
-    if (i >= w.unmapped) {
+    if (!piece.have) {
       map.unclaim(b);  // never unmapped: still free memory
       continue;
     }
-    const Region& rr = *b->region;
-    const std::uintptr_t sa = b->addr;
-    const bool destroyed = plan.create + i >= w.mapped;  // its handle was not mapped, so destroyed
-    map.record_slot_unmapped(b);
-    if (destroyed) map.reserved_bytes -= piece;
-    emit(batch, EventKind::segment_unmap, rr.pool, sa, piece, 0, rr.stream, destroyed ? 1 : 0);
+    const Region& from = *b->region;
+    map.record_piece_unmapped(b);
+    if (piece.destroyed) map.reserved_bytes -= piece.bytes;
+    emit(batch, EventKind::segment_unmap, from.pool, piece.from, piece.bytes, 0, from.stream, piece.destroyed ? 1 : 0);
   }
-  for (std::size_t j = 0; j < w.mapped; ++j) {
-    const auto [h, created] = w.handles[j];
-    map.record_slot_mapped(r, target_slots[j], h);
-    if (created) map.reserved_bytes += piece;
-    emit(batch, EventKind::segment_map, r.pool, r.slot_addr(target_slots[j]), piece, 0, r.stream, created ? 1 : 0);
+  for (const GrowthWork::Piece& piece : w.pieces) {
+    if (!piece.mapped) continue;
+    map.record_piece_mapped(r, r.slot_of(piece.to), piece.bytes / slot, piece.handle);
+    if (piece.created) map.reserved_bytes += piece.bytes;
+    emit(batch, EventKind::segment_map, r.pool, piece.to, piece.bytes, 0, r.stream, piece.created ? 1 : 0);
   }
   Block* merged = nullptr;
   for (Block* b : target)
@@ -253,7 +351,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     fail = std::move(w.fail);
     return nullptr;
   }
-  // Every slot of [ex_lo, ex_hi) is mapped and free now: one free block holds the range.
+  // Every slot of [addr, addr + rounded) is mapped and free now: one free block holds the range.
+  const std::uintptr_t ex_lo = place->addr, ex_hi = place->addr + rounded;
   if (!merged || merged->addr > ex_lo || merged->end() < ex_hi)
     detail::invariant_failed("growth placement is not free memory");
   map.index_of(r).erase(*merged);

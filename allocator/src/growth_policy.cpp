@@ -1,7 +1,7 @@
 #include "growth_policy.h"
 
 #include <algorithm>
-#include <queue>
+#include <map>
 #include <tuple>
 
 #include "cap_policy.h"
@@ -10,10 +10,10 @@
 namespace gpumem::alloc::policy {
 
 std::size_t region_va_bytes(std::size_t va_reserve_bytes, std::size_t provider_total_bytes,
-                            std::size_t piece_bytes) noexcept {
+                            std::size_t unit_bytes) noexcept {
   std::size_t va = va_reserve_bytes;
   if (va == 0) va = provider_total_bytes ? provider_total_bytes + provider_total_bytes / 8 : kUnknownTotalRegionVaBytes;
-  return round_up(std::max(va, piece_bytes), piece_bytes);
+  return round_up(std::max(va, unit_bytes), unit_bytes);
 }
 
 std::size_t classic_segment_bytes(std::size_t rounded_bytes, std::size_t large_segment_bytes,
@@ -29,76 +29,138 @@ std::size_t classic_segment_bytes(std::size_t rounded_bytes, std::size_t large_s
   return granularity_bytes ? round_up(seg, granularity_bytes) : seg;
 }
 
-PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t hole_hi, std::size_t size_bytes) noexcept {
+PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t hole_hi, std::size_t size_bytes,
+                                       bool both_ends) noexcept {
   PlacementAddresses out;
   if (hole_hi - hole_lo < size_bytes) return out;
   out.addr[out.count++] = hole_lo;
+  if (!both_ends) return out;
   const std::uintptr_t high = (hole_hi - size_bytes) & ~(kMinBlockBytes - 1);
   if (high > hole_lo) out.addr[out.count++] = high;
   return out;
 }
 
-std::optional<std::size_t> choose_placement(std::span<const PlacementCandidate> candidates) noexcept {
-  std::optional<std::size_t> best;
-  auto key = [](const PlacementCandidate& c) { return std::tie(c.pieces_needed, c.hole_bytes, c.addr); };
-  for (std::size_t i = 0; i < candidates.size(); ++i)
-    if (!best || key(candidates[i]) < key(candidates[*best])) best = i;
-  return best;
-}
-
-std::optional<std::uintptr_t> highest_recyclable_slot(const FreeExtent& e, std::size_t piece_bytes,
-                                                      std::uintptr_t exclude_lo, std::uintptr_t exclude_hi) noexcept {
-  const SlotSpan span = whole_slots(e.addr, e.size_bytes, e.region_base, piece_bytes);
-  for (std::uintptr_t hi = span.hi; hi >= span.lo + piece_bytes; hi -= piece_bytes) {
-    const std::uintptr_t s = hi - piece_bytes;
-    if (s + piece_bytes <= exclude_lo || s >= exclude_hi) return s;
-  }
-  return std::nullopt;
-}
-
-std::vector<RecycleChoice> choose_recycled_pieces(std::span<const FreeExtent> extents, std::size_t piece_bytes,
-                                                  std::uintptr_t exclude_lo, std::uintptr_t exclude_hi,
-                                                  std::size_t max_count) {
-  std::vector<RecycleChoice> out;
-  if (max_count == 0 || piece_bytes == 0) return out;
-  // Extents holding a recyclable piece, smallest first: (size, stream, addr) is unique per extent.
-  struct Entry {
-    std::size_t size_bytes;
-    StreamId stream;
-    std::uintptr_t addr;
-    std::size_t extent;
-    std::uintptr_t slot;
-    bool operator>(const Entry& o) const noexcept {
-      return std::tie(size_bytes, stream, addr) > std::tie(o.size_bytes, o.stream, o.addr);
-    }
+std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit) {
+  std::vector<std::size_t> order(candidates.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](std::size_t i) {
+    const PlacementCandidate& c = candidates[i];
+    return std::tie(c.slots_needed, c.hole_bytes, c.addr);
   };
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-  for (std::size_t i = 0; i < extents.size(); ++i) {
-    const FreeExtent& e = extents[i];
-    if (auto s = highest_recyclable_slot(e, piece_bytes, exclude_lo, exclude_hi))
-      heap.push({e.size_bytes, e.stream, e.addr, i, *s});
-  }
-  while (!heap.empty() && out.size() < max_count) {
-    const Entry top = heap.top();
-    heap.pop();
-    out.push_back({top.extent, top.slot});
-    // What lies below the piece is a smaller extent; above it nothing is recyclable (the piece was
-    // the highest that is).
-    if (top.slot > top.addr) {
-      const FreeExtent below{top.addr, top.slot - top.addr, top.stream, extents[top.extent].region_base};
-      if (auto s = highest_recyclable_slot(below, piece_bytes, exclude_lo, exclude_hi))
-        heap.push({below.size_bytes, below.stream, below.addr, top.extent, *s});
-    }
-  }
+  const std::size_t n = std::min(limit, order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                    [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+  std::vector<std::size_t> out(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n));
+  for (std::size_t k = n; k < order.size(); ++k)
+    if (candidates[order[k]].at_region_end) out.push_back(order[k]);
   return out;
 }
 
-GrowthPlan plan_growth(const GrowthInputs& in) noexcept {
-  GrowthPlan plan;
-  plan.recycle = in.recycle_enabled ? std::min(in.pieces_needed, in.pieces_recyclable) : 0;
-  plan.create = in.pieces_needed - plan.recycle;
-  if (plan.create > 0) plan.over_cap = exceeds_cap(in.reserved_bytes, plan.create * in.piece_bytes, in.cap_bytes);
-  return plan;
+std::optional<std::size_t> choose_growth(std::span<const GrowthOption> options) noexcept {
+  std::optional<std::size_t> best;
+  auto key = [](const GrowthOption& o) { return std::tie(o.created_slots, o.pieces_moved, o.hole_bytes, o.addr); };
+  for (std::size_t i = 0; i < options.size(); ++i)
+    if (!best || key(options[i]) < key(options[*best])) best = i;
+  return best;
+}
+
+std::size_t GrowthLayout::created_slots() const noexcept {
+  std::size_t n = 0;
+  for (const SlotRange& r : created) n += r.size();
+  return n;
+}
+
+std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const PieceRules& rules) {
+  std::vector<SlotRange> out;
+  if (gap.size() == 0) return out;
+  if (rules.mode == PieceMode::fixed) {
+    const std::size_t unit = std::max<std::size_t>(rules.fixed_slots, 1);
+    for (std::size_t s = gap.lo; s < gap.hi; s += unit) out.push_back({s, std::min(s + unit, gap.hi)});
+    return out;
+  }
+  std::size_t lo = gap.lo, hi = gap.hi;
+  const bool head = head_shared, tail = tail_shared && hi - lo > (head ? 1u : 0u);
+  if (head) ++lo;
+  if (tail) --hi;
+  if (head) out.push_back({gap.lo, gap.lo + 1});
+  if (hi > lo) {
+    const std::size_t n = hi - lo;
+    const std::size_t longest = rules.max_piece_slots ? rules.max_piece_slots : n;
+    const std::size_t count = (n + longest - 1) / longest;
+    // count pieces of near-equal length: the first n % count are one slot longer.
+    std::size_t at = lo;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t len = n / count + (i < n % count ? 1 : 0);
+      out.push_back({at, at + len});
+      at += len;
+    }
+  }
+  if (tail) out.push_back({gap.hi - 1, gap.hi});
+  return out;
+}
+
+GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
+                         const PieceRules& rules, bool recycle) {
+  GrowthLayout out;
+  const bool edge_first = rules.hole_edge_first;
+  // Free pieces by length; within a length in the order they are taken.
+  std::map<std::size_t, std::vector<std::size_t>> by_length;  // each vector: last = next taken
+  if (recycle && !free_pieces.empty()) {
+    std::vector<std::size_t> order(free_pieces.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto key = [&](std::size_t i) {
+      const FreePiece& p = free_pieces[i];
+      return std::make_tuple(edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr);
+    };
+    // Descending, so that the vector's back is the first to take.
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) > key(b); });
+    for (std::size_t i : order)
+      if (free_pieces[i].slots > 0) by_length[free_pieces[i].slots].push_back(i);
+  }
+  // Takes the longest free piece of at most `room` slots, if any.
+  auto take = [&](std::size_t room) -> std::optional<std::size_t> {
+    auto it = by_length.upper_bound(room);
+    if (it == by_length.begin()) return std::nullopt;
+    --it;
+    const std::size_t i = it->second.back();
+    it->second.pop_back();
+    if (it->second.empty()) by_length.erase(it);
+    return i;
+  };
+  for (const TargetRun& run : runs) {
+    if (run.slots.size() == 0) continue;
+    const bool adaptive = rules.mode == PieceMode::adaptive;
+    std::size_t lo = run.slots.lo, hi = run.slots.hi;
+    const bool head = adaptive && run.head_shared;
+    const bool tail = adaptive && run.tail_shared && hi - lo > (head ? 1u : 0u);
+    if (head) ++lo;
+    if (tail) --hi;
+    // The inside, from its start.
+    std::size_t at = lo;
+    while (at < hi) {
+      const auto i = take(hi - at);
+      if (!i) break;
+      out.recycled.push_back({*i, at});
+      at += free_pieces[*i].slots;
+    }
+    // The shared ends: one-slot pieces.
+    bool head_done = false, tail_done = false;
+    if (head)
+      if (const auto i = take(1)) {
+        out.recycled.push_back({*i, run.slots.lo});
+        head_done = true;
+      }
+    if (tail)
+      if (const auto i = take(1)) {
+        out.recycled.push_back({*i, run.slots.hi - 1});
+        tail_done = true;
+      }
+    // What is left: [head slot] [at, hi) [tail slot].
+    if (head && !head_done) out.created.push_back({run.slots.lo, run.slots.lo + 1});
+    for (const SlotRange& r : plan_new_pieces({at, hi}, false, false, rules)) out.created.push_back(r);
+    if (tail && !tail_done) out.created.push_back({run.slots.hi - 1, run.slots.hi});
+  }
+  return out;
 }
 
 }  // namespace gpumem::alloc::policy

@@ -1,6 +1,7 @@
 // Growth policy: how the engine grows when no cached block fits. Pure functions of plain values:
 // the mechanism (expandable_growth.cpp, classic_growth.cpp) gathers the candidates, asks, and
-// acts. See Note [Physical page recycling] in docs/notes/physical-page-recycling.md.
+// acts. See Note [Physical page recycling] in docs/notes/physical-page-recycling.md and Note
+// [Allocation policy] in docs/notes/allocation-policy.md (the corpus the choices were measured on).
 // Thread-safety: pure functions, callable from anywhere.
 #pragma once
 
@@ -16,11 +17,11 @@
 namespace gpumem::alloc::policy {
 
 // Address space an expandable region reserves: va_reserve_bytes if set, else 1.125 x the provider's
-// total (PyTorch's choice), else (total unknown, 0) kUnknownTotalRegionVaBytes; at least one piece,
-// rounded up to whole pieces.
+// total (PyTorch's choice), else (total unknown, 0) kUnknownTotalRegionVaBytes; at least one unit
+// (the longest fixed piece, or a slot), rounded up to whole units.
 inline constexpr std::size_t kUnknownTotalRegionVaBytes = std::size_t{256} << 30;
 std::size_t region_va_bytes(std::size_t va_reserve_bytes, std::size_t provider_total_bytes,
-                            std::size_t piece_bytes) noexcept;
+                            std::size_t unit_bytes) noexcept;
 
 // Classic (non-expandable) segment size for a rounded request: 2 MiB for the small pool, the large
 // segment size for 1-10 MiB, else rounded up to 2 MiB (then to the source's granularity).
@@ -30,71 +31,131 @@ std::size_t classic_segment_bytes(std::size_t rounded_bytes, std::size_t large_s
 // ---- placement: where in an expandable region a request lands
 
 // Where a request of size_bytes may go in a hole [hole_lo, hole_hi) (a run of free and unmapped
-// blocks at least size_bytes long): at its start, or at its end (rounded down to 512 bytes).
+// blocks at least size_bytes long): at its start, so that it shares its first granule with the
+// memory below the hole instead of opening a new partly used granule; with both_ends, also at its
+// end (rounded down to 512 bytes). The engine places at the start only: on the corpus, placing at
+// either end left more partly used granules at the peak (docs/notes/allocation-policy.md).
 struct PlacementAddresses {
   std::uintptr_t addr[2] = {};
   int count = 0;
 };
-PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t hole_hi, std::size_t size_bytes) noexcept;
+PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t hole_hi, std::size_t size_bytes,
+                                       bool both_ends = false) noexcept;
 
 struct PlacementCandidate {
   std::uintptr_t addr = 0;
-  std::size_t pieces_needed = 0;  // unmapped pieces under [addr, addr + size)
-  std::size_t hole_bytes = 0;     // size of the hole it lies in
+  std::size_t slots_needed = 0;  // unmapped slots the request needs mapped there (unit-aligned)
+  std::size_t hole_bytes = 0;    // size of the hole it lies in
+  bool at_region_end = false;    // the hole reaches the end of its region (the frontier)
 };
 
-// The candidate needing the fewest new pieces; ties go to the smaller hole (keeps large holes for
-// large requests), then the lower address (keeps regions compact). nullopt if there is none.
-std::optional<std::size_t> choose_placement(std::span<const PlacementCandidate> candidates) noexcept;
+// The candidates worth planning in full (plan_growth for each, then choose_growth): the `limit`
+// needing the fewest new slots (ties: the smaller hole, then the lower address), and every
+// candidate at a region's end, where any free piece fits. Indices, without repeats.
+std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit);
 
-// ---- recycling: which wholly free pieces move to where the request lands
+// ---- pieces: how the slots a request needs are backed
 
-// A free block of an expandable region of the growing pool, as the recycling choice sees it.
-struct FreeExtent {
-  std::uintptr_t addr = 0;
-  std::size_t size_bytes = 0;
+// Slots [lo, hi) of a region, counted from its base.
+struct SlotRange {
+  std::size_t lo = 0;
+  std::size_t hi = 0;
+  std::size_t size() const noexcept { return hi - lo; }
+  friend bool operator==(const SlotRange&, const SlotRange&) = default;
+};
+
+enum class PieceMode : std::uint8_t {
+  // Pieces follow the requests: the slots inside a request are backed by as few pieces as the
+  // longest-piece rule allows, and a slot the request shares with memory around it (its first or
+  // last, when the request starts or ends inside it) by a piece of one slot. A piece that backs
+  // only the inside of a request is wholly free once the request is, so it can move.
+  adaptive,
+  // Every piece is fixed_slots long and aligned to that many slots (PyTorch's expandable segments
+  // map 20 MiB pages this way).
+  fixed,
+};
+
+struct PieceRules {
+  PieceMode mode = PieceMode::adaptive;
+  std::size_t fixed_slots = 1;        // fixed: the length of every piece
+  std::size_t max_piece_slots = 0;    // adaptive: the longest piece (0 = no limit)
+  bool recycle_across_pools = true;   // adaptive: the other pool's wholly free pieces may move too
+  // Recycling takes the free pieces that border unmapped slots (or their region's end) first:
+  // moving one widens a hole instead of opening a new one, and every hole's edges leave partly
+  // used granules behind.
+  bool hole_edge_first = true;
+};
+
+// The engine's longest adaptive piece of the large pool. Shorter pieces fit more of the holes a
+// recycled piece could fill (lower peaks), longer ones need fewer driver calls; 8 MiB is the
+// corpus's choice (docs/notes/allocation-policy.md has the table).
+inline constexpr std::size_t kAdaptiveMaxPieceBytes = std::size_t{8} << 20;
+
+// Growth maps whole units: fixed_slots in fixed mode, one slot in adaptive mode.
+inline std::size_t unit_slots(const PieceRules& rules) noexcept {
+  return rules.mode == PieceMode::fixed ? rules.fixed_slots : 1;
+}
+
+// A maximal run of unmapped slots that a growth maps (the unmapped slots of the unit-aligned range
+// a request covers). head_shared / tail_shared: its first / last slot also holds memory outside
+// the request (the request starts / ends inside that slot, or, in fixed mode, the unit reaches
+// past the request).
+struct TargetRun {
+  SlotRange slots;
+  bool head_shared = false;
+  bool tail_shared = false;
+};
+
+// A wholly free mapped piece that could move to where the request lands.
+struct FreePiece {
+  std::size_t slots = 0;         // its length
+  std::size_t extent_bytes = 0;  // the free block holding it
   StreamId stream = 0;
-  std::uintptr_t region_base = 0;  // pieces are counted from here
+  std::uintptr_t addr = 0;
+  bool at_hole_edge = false;     // an unmapped slot (or its region's start or end) borders it
 };
 
 struct RecycleChoice {
-  std::size_t extent = 0;          // index into the extents given
-  std::uintptr_t slot_addr = 0;    // the piece [slot_addr, slot_addr + piece_bytes) to move
+  std::size_t piece = 0;        // index into the free pieces given
+  std::size_t target_slot = 0;  // the first slot it is mapped at
 };
 
-// The highest whole piece of e outside [exclude_lo, exclude_hi) (the range the request takes), or
-// nullopt.
-std::optional<std::uintptr_t> highest_recyclable_slot(const FreeExtent& e, std::size_t piece_bytes,
-                                                      std::uintptr_t exclude_lo, std::uintptr_t exclude_hi) noexcept;
-
-// Up to max_count pieces to recycle, in the order they are taken: each time the highest recyclable
-// piece of the *smallest* extent that holds one (ties: lower stream, then lower address), so large
-// mapped free runs stay whole for large requests. Taking a piece leaves the part of the extent
-// below it as a smaller extent (what is above it holds no recyclable piece). Every piece chosen is
-// distinct; the result holds min(max_count, recyclable pieces) choices.
-std::vector<RecycleChoice> choose_recycled_pieces(std::span<const FreeExtent> extents, std::size_t piece_bytes,
-                                                  std::uintptr_t exclude_lo, std::uintptr_t exclude_hi,
-                                                  std::size_t max_count);
-
-// ---- how many pieces to recycle and to create
-
-struct GrowthInputs {
-  std::size_t pieces_needed = 0;
-  std::size_t pieces_recyclable = 0;  // wholly free mapped pieces of the same pool elsewhere
-  std::size_t piece_bytes = 0;
-  std::size_t reserved_bytes = 0;
-  std::size_t cap_bytes = kNoLimit;
-  bool recycle_enabled = true;
+// What one growth maps: free pieces moved (unmapped where they are, mapped at target_slot) and new
+// pieces created. Together they cover every slot of the target runs exactly once.
+struct GrowthLayout {
+  std::vector<RecycleChoice> recycled;
+  std::vector<SlotRange> created;
+  std::size_t created_slots() const noexcept;
 };
 
-struct GrowthPlan {
-  std::size_t recycle = 0;  // pieces to unmap elsewhere and map here
-  std::size_t create = 0;   // new pieces to create
-  bool over_cap = false;    // creating them would pass the cap
+// New pieces for slots [gap.lo, gap.hi) of one target run. Fixed mode: units of fixed_slots (the
+// gap is unit-aligned). Adaptive mode: a one-slot piece for a shared first or last slot (head /
+// tail: the gap begins / ends at such a slot), the rest in the fewest pieces no longer than
+// max_piece_slots, of near-equal length. In address order; they tile the gap.
+std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const PieceRules& rules);
+
+// The layout of one growth. With recycle, free pieces are moved before anything is created:
+// each run's inside slots (all of them in fixed mode; adaptive: without the shared first and last
+// slot) are filled from its start with the longest free piece that fits in what is left (ties: with
+// hole_edge_first, a piece at a hole's edge; then the piece in the smaller free block, so large free
+// runs stay whole; then the lower stream, then the higher address), then its shared slots with
+// one-slot pieces. What is left is created with
+// plan_new_pieces. free_pieces must not lie where the request lands.
+GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
+                         const PieceRules& rules, bool recycle);
+
+// ---- which planned growth to take
+
+struct GrowthOption {
+  std::size_t created_slots = 0;  // new physical memory it needs
+  std::size_t pieces_moved = 0;   // pieces created or recycled (each a map call, and a create or an unmap)
+  std::size_t hole_bytes = 0;
+  std::uintptr_t addr = 0;
 };
 
-// Recycle before creating: physical memory that is already held serves the request first, so
-// reserved grows only when every piece of the pool is in use. Creating is refused past the cap.
-GrowthPlan plan_growth(const GrowthInputs& in) noexcept;
+// The option creating the fewest slots (physical memory grows least); ties: the fewest pieces
+// moved (driver calls), then the smaller hole (large holes stay for large requests), then the lower
+// address (regions stay compact). nullopt if there is none.
+std::optional<std::size_t> choose_growth(std::span<const GrowthOption> options) noexcept;
 
 }  // namespace gpumem::alloc::policy

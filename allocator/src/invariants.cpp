@@ -33,9 +33,26 @@ void CachingAllocator::Impl::check_locked() const {
     if (base != r.va.base) broken("region keyed by the wrong base");
     va += r.va.size_bytes;
     std::uintptr_t at = r.va.base;
-    std::size_t mapped_slots = 0;
-    for (const PieceSlot& s : r.slots) mapped_slots += s.mapped ? 1 : 0;
-    const std::size_t mapped = r.expandable ? mapped_slots * r.piece_bytes : r.va.size_bytes;
+    std::size_t mapped_slots = 0, pieces = 0;
+    if (r.expandable) {
+      if (r.slots.size() > r.slot_count()) broken(fmt::format("region {:#x}: more slots than its range holds", base));
+      for (std::size_t s = 0; s < r.slots.size(); ++s) {
+        const PieceSlot& x = r.slots[s];
+        if (!x.mapped()) continue;
+        ++mapped_slots;
+        if (x.first > s || s >= std::size_t{x.first} + x.count)
+          broken(fmt::format("region {:#x}: slot {} lies outside its piece", base, s));
+        const PieceSlot& head = r.slots[x.first];
+        if (head.first != x.first || head.count != x.count || head.handle != x.handle)
+          broken(fmt::format("region {:#x}: slot {} disagrees with its piece's first slot", base, s));
+        if (x.first == s) {
+          ++pieces;
+          if (s + x.count > r.slots.size()) broken(fmt::format("region {:#x}: piece at slot {} runs past the slots", base, s));
+        }
+      }
+      if (pieces != r.pieces) broken(fmt::format("region {:#x}: {} pieces, pieces says {}", base, pieces, r.pieces));
+    }
+    const std::size_t mapped = r.expandable ? mapped_slots * r.slot_bytes : r.va.size_bytes;
     if (mapped != r.mapped_bytes) broken(fmt::format("region {:#x}: mapped_bytes {} != {}", base, r.mapped_bytes, mapped));
     reserved += mapped;
     std::size_t unmapped_blocks = 0, region_claims = 0;
@@ -52,19 +69,19 @@ void CachingAllocator::Impl::check_locked() const {
       if (r.expandable) {
         const std::size_t s0 = r.slot_of(b->addr), s1 = r.slot_of(b->end() - 1);
         if (state == BlockState::unmapped) {
-          if ((b->addr - r.va.base) % r.piece_bytes || b->size_bytes % r.piece_bytes)
+          if ((b->addr - r.va.base) % r.slot_bytes || b->size_bytes % r.slot_bytes)
             broken(fmt::format("unmapped block {:#x} not slot-aligned", b->addr));
-          for (std::size_t s = s0; s <= s1; ++s)
-            if (r.slots[s].mapped) broken(fmt::format("unmapped block {:#x} covers a mapped slot", b->addr));
+          for (std::size_t s = s0; s <= s1 && s < r.slots.size(); ++s)
+            if (r.slots[s].mapped()) broken(fmt::format("unmapped block {:#x} covers a mapped slot", b->addr));
         } else if (state == BlockState::claimed) {
           for (std::size_t s = s0; s <= s1; ++s)
-            if (r.slots[s].mapped != r.slots[s0].mapped)
+            if (r.slot_mapped(s) != r.slot_mapped(s0))
               broken(fmt::format("claimed block {:#x} covers mapped and unmapped slots", b->addr));
-          if (!r.slots[s0].mapped && ((b->addr - r.va.base) % r.piece_bytes || b->size_bytes % r.piece_bytes))
+          if (!r.slot_mapped(s0) && ((b->addr - r.va.base) % r.slot_bytes || b->size_bytes % r.slot_bytes))
             broken(fmt::format("claimed unmapped block {:#x} not slot-aligned", b->addr));
         } else {
           for (std::size_t s = s0; s <= s1; ++s)
-            if (!r.slots[s].mapped)
+            if (!r.slot_mapped(s))
               broken(fmt::format("{} block {:#x} covers an unmapped slot", to_string(state), b->addr));
         }
       } else if (state == BlockState::unmapped) {

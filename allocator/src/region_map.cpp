@@ -10,7 +10,7 @@ void invariant_failed(const char* what) {
   std::abort();
 }
 
-Region* RegionMap::add_region(VaRange va, PoolKind pool, StreamId stream, bool expandable, std::size_t piece_bytes) {
+Region* RegionMap::add_region(VaRange va, PoolKind pool, StreamId stream, bool expandable, std::size_t slot_bytes) {
   auto r = std::make_unique<Region>();
   r->va = va;
   r->pool = pool;
@@ -24,12 +24,11 @@ Region* RegionMap::add_region(VaRange va, PoolKind pool, StreamId stream, bool e
   b->region = r.get();
   r->first = b;
   if (expandable) {
-    r->piece_bytes = piece_bytes;
-    r->slots.resize(va.size_bytes / piece_bytes);
+    r->slot_bytes = slot_bytes;
     b->state = BlockState::unmapped;
     r->unmapped.insert(*b);
   } else {
-    r->piece_bytes = va.size_bytes;
+    r->slot_bytes = va.size_bytes;
     r->mapped_bytes = va.size_bytes;
     b->state = BlockState::free;
   }
@@ -90,21 +89,23 @@ void RegionMap::note_claimed(Block* b) noexcept {
   ++claimed_blocks;
 }
 
-Block* RegionMap::claim_slot(Block* b, std::size_t slot) {
+Block* RegionMap::claim_piece(Block* b, std::size_t slot) {
   Region& r = *b->region;
-  const std::uintptr_t sa = r.slot_addr(slot);
-  if (b->state != BlockState::free || !r.expandable || sa < b->addr || sa + r.piece_bytes > b->end())
-    invariant_failed("claim_slot: the block is not free or does not hold the whole slot");
+  if (!r.expandable || !r.slot_mapped(slot) || r.piece_first(slot) != slot)
+    invariant_failed("claim_piece: the slot is not the first of a mapped piece");
+  const std::uintptr_t lo = r.slot_addr(slot), hi = lo + r.piece_slots(slot) * r.slot_bytes;
+  if (b->state != BlockState::free || lo < b->addr || hi > b->end())
+    invariant_failed("claim_piece: the block is not free or does not hold the whole piece");
   FreeIndex& idx = index_of(r);
   idx.erase(*b);
   Block* mid = b;
-  if (sa > b->addr) {
-    mid = split_at(b, sa);
+  if (lo > b->addr) {
+    mid = split_at(b, lo);
     b->free_seq = tick;
     idx.insert(*b);
   }
-  if (mid->end() > sa + r.piece_bytes) {
-    Block* rest = split_at(mid, sa + r.piece_bytes);
+  if (mid->end() > hi) {
+    Block* rest = split_at(mid, hi);
     rest->free_seq = tick;
     idx.insert(*rest);
   }
@@ -135,7 +136,7 @@ void RegionMap::claim_range(Block* from, std::uintptr_t lo, std::uintptr_t hi, s
       x->free_seq = tick;
       idx.insert(*x);
     } else {
-      if ((x->addr - r.va.base) % r.piece_bytes || x->size_bytes % r.piece_bytes)
+      if ((x->addr - r.va.base) % r.slot_bytes || x->size_bytes % r.slot_bytes)
         invariant_failed("claim_range: an unmapped block split off a slot boundary");
       r.unmapped.insert(*x);
     }
@@ -170,9 +171,9 @@ Block* RegionMap::unclaim(Block* b) {
     bool mapped = true;
     if (r.expandable) {
       const std::size_t first = r.slot_of(b->addr), last = r.slot_of(b->end() - 1);
-      mapped = r.slots[first].mapped;
+      mapped = r.slot_mapped(first);
       std::size_t s = first + 1;
-      while (s <= last && r.slots[s].mapped == mapped) ++s;
+      while (s <= last && r.slot_mapped(s) == mapped) ++s;
       if (s <= last) rest = split_at(b, r.slot_addr(s));
     }
     if (mapped) {
@@ -187,17 +188,27 @@ Block* RegionMap::unclaim(Block* b) {
   return last_free;
 }
 
-void RegionMap::record_slot_mapped(Region& r, std::size_t slot, PhysHandle handle) noexcept {
-  r.slots[slot] = PieceSlot{handle, true};
-  r.mapped_bytes += r.piece_bytes;
+void RegionMap::record_piece_mapped(Region& r, std::size_t first, std::size_t count, PhysHandle handle) {
+  if (count == 0 || first + count > r.slot_count()) invariant_failed("record_piece_mapped: slots outside the region");
+  if (r.slots.size() < first + count) r.slots.resize(first + count);
+  for (std::size_t s = first; s < first + count; ++s) {
+    if (r.slots[s].mapped()) invariant_failed("record_piece_mapped: a slot is mapped already");
+    r.slots[s] = PieceSlot{handle, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count)};
+  }
+  r.mapped_bytes += count * r.slot_bytes;
+  ++r.pieces;
 }
 
-void RegionMap::record_slot_unmapped(Block* b) {
+void RegionMap::record_piece_unmapped(Block* b) {
   Region& r = *b->region;
-  if (b->state != BlockState::claimed || b->size_bytes != r.piece_bytes || (b->addr - r.va.base) % r.piece_bytes)
-    invariant_failed("record_slot_unmapped: not a claimed one-slot block");
-  r.slots[r.slot_of(b->addr)] = PieceSlot{};
-  r.mapped_bytes -= r.piece_bytes;
+  const std::size_t first = r.slot_of(b->addr);
+  if (b->state != BlockState::claimed || (b->addr - r.va.base) % r.slot_bytes || !r.slot_mapped(first) ||
+      r.piece_first(first) != first || b->size_bytes != r.piece_slots(first) * r.slot_bytes)
+    invariant_failed("record_piece_unmapped: not a claimed block of exactly one piece");
+  const std::size_t count = r.piece_slots(first);
+  for (std::size_t s = first; s < first + count; ++s) r.slots[s] = PieceSlot{};
+  r.mapped_bytes -= count * r.slot_bytes;
+  --r.pieces;
   --r.claims;
   --claimed_blocks;
   b->state = BlockState::unmapped;

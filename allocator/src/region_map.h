@@ -60,7 +60,8 @@ class RegionMap {
   // set, no slot mapped. Classic: one free block in no container (the caller carves it or hands it
   // out), mapped_bytes = the whole range. created_seq = tick + 1 (the next event's tick).
   // reserved_bytes is the caller's to change.
-  Region* add_region(VaRange va, PoolKind pool, StreamId stream, bool expandable, std::size_t piece_bytes);
+  // slot_bytes: an expandable region's slot size (ignored for a classic segment).
+  Region* add_region(VaRange va, PoolKind pool, StreamId stream, bool expandable, std::size_t slot_bytes);
   // Removes a region whose only block is free (classic; in the free index or not), unmapped
   // (expandable; in its set) or claimed, and that has no other claim. reserved_bytes is the
   // caller's to change.
@@ -182,10 +183,11 @@ class RegionMap {
 
   // ---- claims: blocks an operation in progress owns while the engine's lock is dropped
 
-  // b is free, in the free index, in an expandable region, and holds the whole slot `slot`: claims
-  // that slot's block (returned). What b held below and above the slot stays free in the index;
-  // b itself keeps the part below (so b is still the block to claim the next lower slot from).
-  Block* claim_slot(Block* b, std::size_t slot);
+  // b is free, in the free index, in an expandable region, and holds the whole piece that starts at
+  // slot `slot`: claims that piece's block (returned). What b held below and above the piece stays
+  // free in the index; b itself keeps the part below (so b is still the block to claim the next
+  // lower piece from).
+  Block* claim_piece(Block* b, std::size_t slot);
   // b is free and in the free index: claims it whole.
   void claim_block(Block* b);
   // Claims [lo, hi) of one region, starting the search at `from` (a block at or below lo): every
@@ -198,12 +200,12 @@ class RegionMap {
   // inserted into its container. Returns the last free block it produced (merged), or null.
   Block* unclaim(Block* b);
 
-  // Commit: the piece `handle` is now mapped at slot `slot` of r (an unmapped slot under a claimed
-  // block). The block stays claimed until unclaim().
-  void record_slot_mapped(Region& r, std::size_t slot, PhysHandle handle) noexcept;
-  // Commit: b is a claimed block of exactly one slot whose piece has been unmapped: the slot is
+  // Commit: the piece `handle` is now mapped over slots [first, first + count) of r (unmapped slots
+  // under claimed blocks). The blocks stay claimed until unclaim().
+  void record_piece_mapped(Region& r, std::size_t first, std::size_t count, PhysHandle handle);
+  // Commit: b is a claimed block of exactly one piece, which has been unmapped: its slots are
   // cleared and b becomes unmapped, merged into the region's unmapped set.
-  void record_slot_unmapped(Block* b);
+  void record_piece_unmapped(Block* b);
 
  private:
   void note_claimed(Block* b) noexcept;

@@ -126,14 +126,20 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
     for (Block* b : candidates) {
       Region& r = *b->region;
       if (r.expandable) {
-        const policy::SlotSpan span = policy::whole_slots(b->addr, b->size_bytes, r.va.base, r.piece_bytes);
-        if (span.count(r.piece_bytes) == 0) continue;
+        // The pieces wholly inside b, from the highest down (claim_piece keeps the part below in b).
+        std::vector<std::size_t> firsts;
+        for (std::size_t s = r.slot_of(b->addr + r.slot_bytes - 1); s < r.slot_count() && r.slot_addr(s) < b->end();) {
+          if (!r.slot_mapped(s)) break;
+          const std::size_t f = r.piece_first(s), n = r.piece_slots(s);
+          if (f == s && r.slot_addr(f + n) <= b->end()) firsts.push_back(f);
+          s = f + n;
+        }
+        if (firsts.empty()) continue;
         note_stream(w.sync_streams, r.stream);
         ++group;
-        for (std::uintptr_t s = span.hi; s >= span.lo + r.piece_bytes; s -= r.piece_bytes) {
-          const std::size_t slot = r.slot_of(s - r.piece_bytes);
-          w.pieces.push_back({s - r.piece_bytes, r.piece_bytes, r.slots[slot].handle, group, false});
-          claims.push_back({map.claim_slot(b, slot), false});
+        for (auto it = firsts.rbegin(); it != firsts.rend(); ++it) {
+          w.pieces.push_back({r.slot_addr(*it), r.piece_slots(*it) * r.slot_bytes, r.slots[*it].handle, group, false});
+          claims.push_back({map.claim_piece(b, *it), false});
         }
       } else if (b->prev == nullptr && b->next == nullptr) {
         note_stream(w.sync_streams, r.stream);
@@ -168,9 +174,9 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
       map.unclaim(c.block);
       continue;
     }
-    map.record_slot_unmapped(c.block);
-    map.reserved_bytes -= r.piece_bytes;
-    emit(batch, EventKind::segment_unmap, r.pool, p.addr, r.piece_bytes, 0, r.stream, 1);
+    map.record_piece_unmapped(c.block);
+    map.reserved_bytes -= p.size_bytes;
+    emit(batch, EventKind::segment_unmap, r.pool, p.addr, p.size_bytes, 0, r.stream, 1);
   }
 
   // Expandable regions with nothing mapped (and nothing in progress) give their address space back.

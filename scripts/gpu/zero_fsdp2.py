@@ -18,7 +18,8 @@ Mixed precision as zero_train's: bf16 forward and backward, gradients reduced in
 weights and AdamW moments (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)).
 
 --allocator native keeps PyTorch's CUDA caching allocator; --allocator gpumem loads
-libgpumem_torch.so (--lib) before CUDA starts, so gpumem is torch's CUDA allocator.
+libgpumem_torch.so (--lib) and installs it (torch.ops.gpumem.install, GPUMEM_ALLOC_CONF's settings
+if set) before CUDA starts, so gpumem is torch's CUDA allocator; the run stops if it is not.
 
 Prints per rank: peak reserved and peak allocated bytes, step time (mean over the steps after
 the warm-up), first and last loss of the global batch (the mean over the ranks' slices, so runs on
@@ -65,7 +66,17 @@ import torch  # noqa: E402
 
 if args.allocator == "gpumem":
     # Before anything touches CUDA: gpumem becomes torch's CUDA allocator.
-    torch.ops.load_library(args.lib)
+    torch.ops.load_library(args.lib)  # installs gpumem by itself only when GPUMEM_ALLOC_CONF is set
+    if args.device == "cuda" and not torch.ops.gpumem.installed():
+        torch.ops.gpumem.install("")  # the configuration from the environment (defaults if none)
+    if args.device == "cuda" and torch.cuda.get_allocator_backend() != "gpumem":
+        # Measuring PyTorch's allocator under gpumem's name would be worse than no number.
+        try:
+            why = torch.ops.gpumem.load_error()
+        except Exception as err:  # noqa: BLE001 - the library may not have registered its ops
+            why = f"torch.ops.gpumem.load_error() is unavailable: {err}"
+        sys.exit(f"zero_fsdp2.py: gpumem is not torch's CUDA allocator after loading {args.lib} "
+                 f"(backend {torch.cuda.get_allocator_backend()!r}): {why or 'no load error was recorded'}")
 
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402

@@ -18,9 +18,12 @@ namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * 1024;
 
+// The engine cases below count pieces of PyTorch's 20 MiB pages (pieces:fixed); the adaptive
+// pieces of the default have their own cases ("adaptive pieces ...").
 Config test_config(bool expandable = true) {
   Config c;
   c.expandable_segments = expandable;
+  c.pieces = PieceSizing::fixed;
   c.check_invariants = true;
   c.va_reserve_bytes = 1024 * MiB;
   return c;
@@ -174,8 +177,48 @@ TEST_CASE("without recycling expandable growth creates new pieces", "[engine][re
   CHECK(f.engine.totals().reserved_bytes == 140 * MiB);
 }
 
+TEST_CASE("adaptive pieces follow the request: at most 8 MiB inside, one slot at a shared end",
+          "[engine][recycle][pieces]") {
+  Config c = test_config();
+  c.pieces = PieceSizing::adaptive;
+  Fixture f(c);
+  void* a = f.alloc(50 * MiB);  // 25 slots, no shared end: 7 pieces of 4, 4, 4, 4, 3, 3, 3 slots
+  CHECK(f.source.counters().creates == 7);
+  CHECK(f.engine.totals().reserved_bytes == 50 * MiB);
+  void* b = f.alloc(3 * MiB + 512);  // right after a: one inside slot, and its last slot shared
+  CHECK(reinterpret_cast<std::uintptr_t>(b) == reinterpret_cast<std::uintptr_t>(a) + 50 * MiB);
+  CHECK(f.source.counters().creates == 9);
+  CHECK(f.engine.totals().reserved_bytes == 54 * MiB);
+  for (void* p : {a, b}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.check_invariants();
+  f.engine.empty_cache();
+  CHECK(f.source.physical_bytes() == 0);
+  CHECK(f.source.counters().destroys == 9);
+}
+
+TEST_CASE("adaptive pieces freed with their request move where the next request lands", "[engine][recycle][pieces]") {
+  Config c = test_config();
+  c.pieces = PieceSizing::adaptive;
+  Fixture f(c);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(f.alloc(8 * MiB));  // one 8 MiB piece each
+  CHECK(f.source.counters().creates == 5);
+  for (int i = 0; i < 5; i += 2) REQUIRE(f.engine.free(blocks[i]) == FreeStatus::ok);
+  // 24 MiB fits no free block: it lands on the last (free) block and needs 8 MiB more, which the
+  // pieces of blocks 0 and 2 provide.
+  void* big = f.alloc(24 * MiB);
+  CHECK(big == blocks[4]);
+  CHECK(f.source.counters().creates == 5);
+  CHECK(f.source.counters().unmaps == 2);
+  CHECK(f.engine.totals().reserved_bytes == 40 * MiB);
+  CHECK(f.source.physical_bytes() == 40 * MiB);
+  for (void* p : {big, blocks[1], blocks[3]}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.check_invariants();
+}
+
 TEST_CASE("a fragmenting workload keeps reserved close to allocated with recycling", "[engine][recycle]") {
   Config config = test_config();
+  config.pieces = PieceSizing::adaptive;  // the default's recycling
   config.thread_cache = std::getenv("TC") != nullptr;
   Fixture f(config);
   std::mt19937_64 rng(42);

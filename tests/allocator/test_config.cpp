@@ -366,7 +366,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 13);  // 7 PyTorch 2.11 keys + 6 of gpumem's engine
+  CHECK(keys.size() == 14);  // 7 PyTorch 2.11 keys + 7 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -193,6 +193,7 @@ TEST_CASE("recycling on host memory moves pages and keeps data intact", "[engine
   Config config;
   config.va_reserve_bytes = std::size_t{4} << 30;
   config.check_invariants = true;
+  config.pieces = PieceSizing::fixed;  // one 20 MiB piece per block
   CachingAllocator engine(source, *events, config);
   // Five one-piece blocks; free every other one, keep the rest tagged.
   std::vector<Live> blocks;

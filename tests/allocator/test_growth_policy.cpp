@@ -1,5 +1,5 @@
-// growth_policy.h: region size, classic segment size, placement choice, recycling choice and
-// plan_growth, as pure functions of plain values.
+// growth_policy.h: region size, classic segment size, placement, piece sizing, recycling (plan_growth)
+// and the growth choice, as pure functions of plain values.
 #include <algorithm>
 #include <random>
 #include <vector>
@@ -17,47 +17,6 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
 constexpr std::size_t kPiece = 20 * MiB;
 constexpr std::uintptr_t kBase = 0x7f0000000000;
-
-// What the engine did before the policy was a function: scan every extent each time, take the
-// highest recyclable piece of the smallest extent holding one (ties: lower stream, then address),
-// split the extent around it.
-std::vector<RecycleChoice> reference_recycle(std::vector<FreeExtent> extents, std::size_t piece, std::uintptr_t lo,
-                                             std::uintptr_t hi, std::size_t n) {
-  std::vector<std::size_t> origin(extents.size());
-  for (std::size_t i = 0; i < origin.size(); ++i) origin[i] = i;
-  std::vector<RecycleChoice> out;
-  while (out.size() < n) {
-    std::ptrdiff_t best = -1;
-    std::uintptr_t best_slot = 0;
-    for (std::size_t i = 0; i < extents.size(); ++i) {
-      const FreeExtent& e = extents[i];
-      auto s = highest_recyclable_slot(e, piece, lo, hi);
-      if (!s) continue;
-      if (best >= 0) {
-        const FreeExtent& b = extents[static_cast<std::size_t>(best)];
-        if (std::tie(e.size_bytes, e.stream, e.addr) >= std::tie(b.size_bytes, b.stream, b.addr)) continue;
-      }
-      best = static_cast<std::ptrdiff_t>(i);
-      best_slot = *s;
-    }
-    if (best < 0) break;
-    const std::size_t bi = static_cast<std::size_t>(best);
-    out.push_back({origin[bi], best_slot});
-    const FreeExtent e = extents[bi];
-    extents.erase(extents.begin() + best);
-    const std::size_t o = origin[bi];
-    origin.erase(origin.begin() + best);
-    if (best_slot > e.addr) {
-      extents.push_back({e.addr, best_slot - e.addr, e.stream, e.region_base});
-      origin.push_back(o);
-    }
-    if (e.addr + e.size_bytes > best_slot + piece) {
-      extents.push_back({best_slot + piece, e.addr + e.size_bytes - best_slot - piece, e.stream, e.region_base});
-      origin.push_back(o);
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -84,133 +43,197 @@ TEST_CASE("growth policy: classic segment sizes follow PyTorch", "[policy][growt
 }
 
 TEST_CASE("growth policy: a request may land at either end of a hole", "[policy][growth][placement]") {
-  PlacementAddresses a = placement_addresses(kBase, kBase + 100 * MiB, 30 * MiB);
+  PlacementAddresses a = placement_addresses(kBase, kBase + 100 * MiB, 30 * MiB, /*both_ends=*/true);
   REQUIRE(a.count == 2);
   CHECK(a.addr[0] == kBase);
   CHECK(a.addr[1] == kBase + 70 * MiB);
-  a = placement_addresses(kBase, kBase + 30 * MiB, 30 * MiB);  // exact fit: one place
+  a = placement_addresses(kBase, kBase + 30 * MiB, 30 * MiB, true);  // exact fit: one place
   CHECK(a.count == 1);
-  a = placement_addresses(kBase, kBase + 29 * MiB, 30 * MiB);  // too small
+  a = placement_addresses(kBase, kBase + 29 * MiB, 30 * MiB, true);  // too small
   CHECK(a.count == 0);
-  a = placement_addresses(kBase, kBase + 100 * MiB, 30 * MiB + 100);  // the end is 512-aligned
+  a = placement_addresses(kBase, kBase + 100 * MiB, 30 * MiB + 100, true);  // the end is 512-aligned
   REQUIRE(a.count == 2);
   CHECK(a.addr[1] % 512 == 0);
   CHECK(a.addr[1] + 30 * MiB + 100 <= kBase + 100 * MiB);
 }
 
-TEST_CASE("growth policy: placement needs the fewest new pieces, then the smallest hole, then the lowest address",
+TEST_CASE("growth policy: by default a request lands at the start of a hole only", "[policy][growth][placement]") {
+  const PlacementAddresses a = placement_addresses(kBase, kBase + 100 * MiB, 30 * MiB);
+  REQUIRE(a.count == 1);
+  CHECK(a.addr[0] == kBase);
+}
+
+TEST_CASE("growth policy: the shortlist keeps the fewest new slots and every frontier candidate",
           "[policy][growth][placement]") {
-  CHECK_FALSE(choose_placement({}).has_value());
   std::vector<PlacementCandidate> c = {
-      {kBase + 0x1000, 3, 100 * MiB},
-      {kBase + 0x2000, 1, 400 * MiB},  // fewest pieces wins over a smaller hole
-      {kBase + 0x3000, 2, 50 * MiB},
+      {kBase + 0x1000, 3, 100 * MiB, false},
+      {kBase + 0x2000, 1, 400 * MiB, false},
+      {kBase + 0x3000, 2, 50 * MiB, false},
+      {kBase + 0x4000, 9, 900 * MiB, true},  // at a region's end: always planned
+      {kBase + 0x5000, 1, 60 * MiB, false},
   };
-  CHECK(choose_placement(c) == 1u);
-  c = {{kBase + 0x4000, 1, 400 * MiB}, {kBase + 0x5000, 1, 60 * MiB}, {kBase + 0x6000, 1, 80 * MiB}};
-  CHECK(choose_placement(c) == 1u);  // equal pieces: the smaller hole
-  c = {{kBase + 0x9000, 1, 60 * MiB}, {kBase + 0x5000, 1, 60 * MiB}, {kBase + 0x7000, 1, 60 * MiB}};
-  CHECK(choose_placement(c) == 1u);  // all equal: the lowest address
+  const std::vector<std::size_t> s = shortlist_placements(c, 2);
+  REQUIRE(s.size() == 3);
+  CHECK(s[0] == 4u);  // one slot, the smaller hole
+  CHECK(s[1] == 1u);
+  CHECK(s[2] == 3u);
+  CHECK(shortlist_placements({}, 4).empty());
+  CHECK(shortlist_placements(c, 100).size() == c.size());  // no repeats
 }
 
-TEST_CASE("growth policy: the highest whole piece of an extent outside the request's range",
-          "[policy][growth][recycle]") {
-  // Extent of 3.5 pieces starting half a piece in: whole pieces 1, 2, 3.
-  const FreeExtent e{kBase + kPiece / 2, 3 * kPiece + kPiece / 2, 0, kBase};
-  CHECK(highest_recyclable_slot(e, kPiece, 0, 0) == kBase + 3 * kPiece);
-  // The request takes pieces 3 (and more): piece 2 is the highest left.
-  CHECK(highest_recyclable_slot(e, kPiece, kBase + 3 * kPiece, kBase + 10 * kPiece) == kBase + 2 * kPiece);
-  // A request range touching part of piece 1 excludes it.
-  CHECK(highest_recyclable_slot(e, kPiece, kBase + kPiece + 512, kBase + 10 * kPiece) == std::nullopt);
-  const FreeExtent small{kBase + 512, kPiece, 0, kBase};  // no whole piece
-  CHECK(highest_recyclable_slot(small, kPiece, 0, 0) == std::nullopt);
-}
-
-TEST_CASE("growth policy: recycling takes the smallest extent's highest piece first", "[policy][growth][recycle]") {
-  const std::vector<FreeExtent> extents = {
-      {kBase, 5 * kPiece, 0, kBase},                       // big run: kept for last
-      {kBase + 10 * kPiece, kPiece, 0, kBase},             // one piece
-      {kBase + 20 * kPiece, 2 * kPiece, 7, kBase},         // two pieces, another stream
+TEST_CASE("growth policy: the growth creating least, then moving fewest pieces, then the smaller hole wins",
+          "[policy][growth]") {
+  CHECK_FALSE(choose_growth({}).has_value());
+  std::vector<GrowthOption> o = {
+      {4, 1, 100 * MiB, kBase + 0x1000},
+      {2, 9, 400 * MiB, kBase + 0x2000},  // creates least: wins over fewer calls
+      {3, 1, 50 * MiB, kBase + 0x3000},
   };
-  const auto c = choose_recycled_pieces(extents, kPiece, 0, 0, 5);
-  REQUIRE(c.size() == 5);
-  CHECK(c[0].extent == 1);
-  CHECK(c[0].slot_addr == kBase + 10 * kPiece);
-  CHECK(c[1].extent == 2);  // then the two-piece extent, from the top down
-  CHECK(c[1].slot_addr == kBase + 21 * kPiece);
-  CHECK(c[2].extent == 2);  // its rest (one piece) is now the smallest
-  CHECK(c[2].slot_addr == kBase + 20 * kPiece);
-  CHECK(c[3].extent == 0);
-  CHECK(c[3].slot_addr == kBase + 4 * kPiece);
-  CHECK(c[4].slot_addr == kBase + 3 * kPiece);
-  // Asking for more than there is gives what there is; asking for none gives none.
-  CHECK(choose_recycled_pieces(extents, kPiece, 0, 0, 100).size() == 8);
-  CHECK(choose_recycled_pieces(extents, kPiece, 0, 0, 0).empty());
+  CHECK(choose_growth(o) == 1u);
+  o = {{2, 3, 10 * MiB, kBase}, {2, 1, 400 * MiB, kBase + 0x10}, {2, 1, 60 * MiB, kBase + 0x20}};
+  CHECK(choose_growth(o) == 2u);  // equal memory: fewer calls, then the smaller hole
+  o = {{0, 1, 60 * MiB, kBase + 0x9000}, {0, 1, 60 * MiB, kBase + 0x5000}};
+  CHECK(choose_growth(o) == 1u);  // all equal: the lower address
 }
 
-TEST_CASE("growth policy: recycling never takes a piece the request itself lands on", "[policy][growth][recycle]") {
-  const std::vector<FreeExtent> extents = {{kBase, 6 * kPiece, 0, kBase}};
-  const auto c = choose_recycled_pieces(extents, kPiece, kBase + 2 * kPiece, kBase + 4 * kPiece, 10);
-  REQUIRE(c.size() == 4);
-  for (const auto& x : c) CHECK((x.slot_addr + kPiece <= kBase + 2 * kPiece || x.slot_addr >= kBase + 4 * kPiece));
-  CHECK(c[0].slot_addr == kBase + 5 * kPiece);
-  CHECK(c[1].slot_addr == kBase + 4 * kPiece);
-  // Pieces 2 and 3 are the request's; below them, the part left is [0, 2): pieces 1 then 0.
-  CHECK(c[2].slot_addr == kBase + kPiece);
-  CHECK(c[3].slot_addr == kBase);
+TEST_CASE("growth policy: fixed pieces are whole units", "[policy][growth][pieces]") {
+  PieceRules r;
+  r.mode = PieceMode::fixed;
+  r.fixed_slots = 10;
+  CHECK(unit_slots(r) == 10);
+  const auto p = plan_new_pieces({20, 50}, true, true, r);
+  REQUIRE(p.size() == 3);
+  CHECK(p[0] == SlotRange{20, 30});
+  CHECK(p[1] == SlotRange{30, 40});
+  CHECK(p[2] == SlotRange{40, 50});
 }
 
-TEST_CASE("growth policy: the recycling choice equals a scan of every extent after each piece",
+TEST_CASE("growth policy: adaptive pieces give shared ends a slot and split the inside evenly",
+          "[policy][growth][pieces]") {
+  PieceRules r;  // adaptive, no longest piece
+  CHECK(unit_slots(r) == 1);
+  auto p = plan_new_pieces({0, 10}, true, true, r);
+  REQUIRE(p.size() == 3);
+  CHECK(p[0] == SlotRange{0, 1});
+  CHECK(p[1] == SlotRange{1, 9});
+  CHECK(p[2] == SlotRange{9, 10});
+  r.max_piece_slots = 3;  // 8 inside slots, at most 3 each: 3 near-equal pieces 3, 3, 2
+  p = plan_new_pieces({0, 10}, true, true, r);
+  REQUIRE(p.size() == 5);
+  CHECK(p[1] == SlotRange{1, 4});
+  CHECK(p[2] == SlotRange{4, 7});
+  CHECK(p[3] == SlotRange{7, 9});
+  p = plan_new_pieces({5, 6}, true, true, r);  // one slot shared at both ends: one piece
+  REQUIRE(p.size() == 1);
+  CHECK(p[0] == SlotRange{5, 6});
+  CHECK(plan_new_pieces({4, 4}, false, false, r).empty());
+  // Whatever the rules, the pieces tile the gap in address order.
+  for (std::size_t n = 1; n < 40; ++n)
+    for (std::size_t longest : {0u, 1u, 2u, 5u, 16u})
+      for (int ends = 0; ends < 4; ++ends) {
+        r.max_piece_slots = longest;
+        const auto q = plan_new_pieces({100, 100 + n}, ends & 1, ends & 2, r);
+        std::size_t at = 100;
+        for (const SlotRange& x : q) {
+          CHECK(x.lo == at);
+          CHECK(x.size() > 0);
+          if (longest) CHECK(x.size() <= longest);
+          at = x.hi;
+        }
+        CHECK(at == 100 + n);
+      }
+}
+
+TEST_CASE("growth policy: plan_growth recycles the longest fitting free piece before creating",
           "[policy][growth][recycle]") {
+  PieceRules r;
+  r.hole_edge_first = false;
+  const std::vector<FreePiece> free = {
+      {4, 40 * MiB, 0, kBase + 0x100000000},  // 4 slots
+      {2, 4 * MiB, 0, kBase + 0x200000000},   // 2 slots, in a small block
+      {2, 80 * MiB, 0, kBase + 0x300000000},  // 2 slots, in a large block
+      {1, 2 * MiB, 1, kBase + 0x400000000},
+  };
+  const std::vector<TargetRun> runs = {{{10, 20}, true, true}};  // 10 slots, both ends shared
+  const GrowthLayout g = plan_growth(free, runs, r, true);
+  // Inside [11, 19): the 4-slot piece, then a 2-slot piece (the one in the smaller block), then the
+  // other; the shared ends: the one-slot piece, then a new slot.
+  REQUIRE(g.recycled.size() == 4);
+  CHECK(g.recycled[0].piece == 0);
+  CHECK(g.recycled[0].target_slot == 11);
+  CHECK(g.recycled[1].piece == 1);
+  CHECK(g.recycled[1].target_slot == 15);
+  CHECK(g.recycled[2].piece == 2);
+  CHECK(g.recycled[2].target_slot == 17);
+  CHECK(g.recycled[3].piece == 3);
+  CHECK(g.recycled[3].target_slot == 10);
+  REQUIRE(g.created.size() == 1);
+  CHECK(g.created[0] == SlotRange{19, 20});
+  CHECK(g.created_slots() == 1);
+  // Without recycling everything is created.
+  const GrowthLayout n = plan_growth(free, runs, r, false);
+  CHECK(n.recycled.empty());
+  CHECK(n.created_slots() == 10);
+}
+
+TEST_CASE("growth policy: recycling takes pieces at a hole's edge first", "[policy][growth][recycle]") {
+  PieceRules r;  // hole_edge_first by default
+  const std::vector<FreePiece> free = {
+      {2, 4 * MiB, 0, kBase + 0x100000000, false},   // in the smallest block, mapped memory around it
+      {2, 80 * MiB, 0, kBase + 0x200000000, true},   // bordering an unmapped slot
+      {2, 40 * MiB, 0, kBase + 0x300000000, true},
+  };
+  const std::vector<TargetRun> runs = {{{0, 4}, false, false}};
+  GrowthLayout g = plan_growth(free, runs, r, true);
+  REQUIRE(g.recycled.size() == 2);
+  CHECK(g.recycled[0].piece == 2);  // edge pieces first, the smaller block first among them
+  CHECK(g.recycled[1].piece == 1);
+  r.hole_edge_first = false;
+  g = plan_growth(free, runs, r, true);
+  REQUIRE(g.recycled.size() == 2);
+  CHECK(g.recycled[0].piece == 0);  // without the rule: the smallest block first
+  CHECK(g.recycled[1].piece == 2);
+}
+
+TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[policy][growth][recycle]") {
   std::mt19937_64 rng(42);
-  for (int round = 0; round < 300; ++round) {
-    std::vector<FreeExtent> extents;
-    std::uintptr_t at = kBase;
-    const int n = 1 + static_cast<int>(rng() % 12);
-    for (int i = 0; i < n; ++i) {
-      at += (rng() % 3) * kPiece + (rng() % 8) * 512 * 1024;
-      const std::size_t size = 512 * (1 + rng() % (6 * kPiece / 512));
-      extents.push_back({at, size, rng() % 3, kBase});
-      at += size + 512;
+  for (int round = 0; round < 500; ++round) {
+    PieceRules r;
+    if (rng() % 3 == 0) {
+      r.mode = PieceMode::fixed;
+      r.fixed_slots = 1 + rng() % 4;
+    } else {
+      r.max_piece_slots = rng() % 6;
     }
-    const std::uintptr_t lo = kBase + (rng() % 40) * kPiece / 2;
-    const std::uintptr_t hi = lo + (rng() % 6) * kPiece;
-    const std::size_t want = rng() % 15;
-    const auto got = choose_recycled_pieces(extents, kPiece, lo, hi, want);
-    const auto ref = reference_recycle(extents, kPiece, lo, hi, want);
-    REQUIRE(got.size() == ref.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      CHECK(got[i].extent == ref[i].extent);
-      CHECK(got[i].slot_addr == ref[i].slot_addr);
+    std::vector<FreePiece> free;
+    const int nf = static_cast<int>(rng() % 8);
+    for (int i = 0; i < nf; ++i) {
+      const std::size_t len = r.mode == PieceMode::fixed ? r.fixed_slots : 1 + rng() % 5;
+      free.push_back({len, (1 + rng() % 10) * MiB, rng() % 2, kBase + 0x100000000 * (i + 1), rng() % 2 == 0});
     }
+    std::vector<TargetRun> runs;
+    std::size_t at = 0;
+    const int nr = 1 + static_cast<int>(rng() % 3);
+    for (int i = 0; i < nr; ++i) {
+      const std::size_t u = unit_slots(r);
+      at = round_up(at + rng() % 5, u);
+      const std::size_t len = u * (1 + rng() % 5);
+      runs.push_back({{at, at + len}, rng() % 2 == 0, rng() % 2 == 0});
+      at += len + u;
+    }
+    const GrowthLayout g = plan_growth(free, runs, r, rng() % 4 != 0);
+    std::vector<int> cover(at + 1, 0);
+    std::vector<int> used(free.size(), 0);
+    for (const RecycleChoice& c : g.recycled) {
+      REQUIRE(c.piece < free.size());
+      CHECK(++used[c.piece] == 1);
+      for (std::size_t s = c.target_slot; s < c.target_slot + free[c.piece].slots; ++s) ++cover[s];
+    }
+    for (const SlotRange& c : g.created)
+      for (std::size_t s = c.lo; s < c.hi; ++s) ++cover[s];
+    std::vector<int> want(at + 1, 0);
+    for (const TargetRun& t : runs)
+      for (std::size_t s = t.slots.lo; s < t.slots.hi; ++s) want[s] = 1;
+    CHECK(cover == want);
   }
-}
-
-TEST_CASE("growth policy: plan_growth recycles before creating and refuses to pass the cap", "[policy][growth]") {
-  GrowthInputs in;
-  in.pieces_needed = 5;
-  in.pieces_recyclable = 3;
-  in.piece_bytes = kPiece;
-  GrowthPlan p = plan_growth(in);
-  CHECK(p.recycle == 3);
-  CHECK(p.create == 2);
-  CHECK_FALSE(p.over_cap);
-
-  in.recycle_enabled = false;
-  p = plan_growth(in);
-  CHECK(p.recycle == 0);
-  CHECK(p.create == 5);
-
-  in.recycle_enabled = true;
-  in.reserved_bytes = 100 * MiB;
-  in.cap_bytes = 140 * MiB;  // 2 new pieces = 40 MiB: exactly reaches it
-  CHECK_FALSE(plan_growth(in).over_cap);
-  in.cap_bytes = 139 * MiB;
-  CHECK(plan_growth(in).over_cap);
-
-  in.pieces_recyclable = 9;  // everything recycled: the cap does not matter
-  p = plan_growth(in);
-  CHECK(p.recycle == 5);
-  CHECK(p.create == 0);
-  CHECK_FALSE(p.over_cap);
 }

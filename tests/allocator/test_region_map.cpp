@@ -48,11 +48,11 @@ std::string layout(RegionMap& map, const Region& r) {
   return out;
 }
 
-// Maps slots [first, last] the way growth does: claim, record each piece mapped, unclaim.
+// Maps slots [first, last] the way growth does: claim, record each one-slot piece mapped, unclaim.
 void map_slots(RegionMap& map, Region& r, std::size_t first, std::size_t last) {
   std::vector<Block*> claimed;
-  map.claim_range(r.first, r.slot_addr(first), r.slot_addr(last) + r.piece_bytes, claimed);
-  for (std::size_t s = first; s <= last; ++s) map.record_slot_mapped(r, s, 100 + s);
+  map.claim_range(r.first, r.slot_addr(first), r.slot_addr(last) + r.slot_bytes, claimed);
+  for (std::size_t s = first; s <= last; ++s) map.record_piece_mapped(r, s, 1, 100 + s);
   for (Block* b : claimed) map.unclaim(b);
 }
 
@@ -63,7 +63,8 @@ TEST_CASE("region map: an expandable region starts as one unmapped block", "[reg
   map.tick = 41;
   Region* r = map.add_region({kBase, 10 * kPiece}, PoolKind::large, 3, true, kPiece);
   CHECK(r->created_seq == 42);
-  CHECK(r->slots.size() == 10);
+  CHECK(r->slot_count() == 10);
+  CHECK(r->slots.empty());  // grown as slots are mapped
   CHECK(map.va_bytes == 10 * kPiece);
   CHECK(layout(map, *r) == "U20");
   CHECK(map.region_of(kBase + 5) == r);
@@ -81,8 +82,11 @@ TEST_CASE("region map: claiming a range, mapping it and unclaiming gives one fre
   CHECK(layout(map, r) == "U4 C6 U10");
   CHECK(map.claimed_blocks == 1);
   CHECK(r.claims == 1);
-  for (std::size_t s = 2; s < 5; ++s) map.record_slot_mapped(r, s, 7 + s);
+  map.record_piece_mapped(r, 2, 3, 9);  // one piece of three slots
   CHECK(r.mapped_bytes == 3 * kPiece);
+  CHECK(r.pieces == 1);
+  CHECK(r.piece_first(4) == 2);
+  CHECK(r.piece_slots(3) == 3);
   Block* f = map.unclaim(claimed[0]);
   REQUIRE(f != nullptr);
   CHECK(f->addr == r.slot_addr(2));
@@ -113,30 +117,49 @@ TEST_CASE("region map: unclaim after a partial mapping splits by slot", "[region
   Region& r = *map.add_region({kBase, 10 * kPiece}, PoolKind::large, 0, true, kPiece);
   std::vector<Block*> claimed;
   map.claim_range(r.first, r.slot_addr(1), r.slot_addr(5), claimed);
-  map.record_slot_mapped(r, 1, 1);
-  map.record_slot_mapped(r, 2, 2);  // the third map "failed"
+  map.record_piece_mapped(r, 1, 1, 1);
+  map.record_piece_mapped(r, 2, 1, 2);  // the third map "failed"
   map.unclaim(claimed[0]);
   CHECK(layout(map, r) == "U2 F4 U14");
   CHECK(r.mapped_bytes == 2 * kPiece);
 }
 
-TEST_CASE("region map: claiming a slot of a free block for recycling, then recording it unmapped",
+TEST_CASE("region map: claiming a piece of a free block for recycling, then recording it unmapped",
           "[region_map]") {
   RegionMap map;
   Region& r = *map.add_region({kBase, 10 * kPiece}, PoolKind::large, 0, true, kPiece);
   map_slots(map, r, 0, 4);  // F10 U10
   Block* front = r.first;
-  Block* slot = map.claim_slot(front, 4);  // the highest: front keeps the part below
+  Block* slot = map.claim_piece(front, 4);  // the highest: front keeps the part below
   CHECK(layout(map, r) == "F8 C2 U10");
   CHECK(r.first == front);
-  Block* slot2 = map.claim_slot(front, 2);
+  Block* slot2 = map.claim_piece(front, 2);
   CHECK(layout(map, r) == "F4 C2 F2 C2 U10");
-  map.record_slot_unmapped(slot);  // merges with the unmapped run above
+  map.record_piece_unmapped(slot);  // merges with the unmapped run above
   CHECK(layout(map, r) == "F4 C2 F2 U12");
   CHECK(r.mapped_bytes == 4 * kPiece);
-  CHECK_FALSE(r.slots[4].mapped);
+  CHECK(r.pieces == 4);
+  CHECK_FALSE(r.slot_mapped(4));
   map.unclaim(slot2);  // the unmap failed: free again, merged with both neighbours
   CHECK(layout(map, r) == "F8 U12");
+  CHECK(map.claimed_blocks == 0);
+}
+
+TEST_CASE("region map: a piece of several slots is claimed and unmapped whole", "[region_map]") {
+  RegionMap map;
+  Region& r = *map.add_region({kBase, 10 * kPiece}, PoolKind::large, 0, true, kPiece);
+  std::vector<Block*> claimed;
+  map.claim_range(r.first, r.slot_addr(0), r.slot_addr(6), claimed);
+  map.record_piece_mapped(r, 0, 2, 1);
+  map.record_piece_mapped(r, 2, 4, 2);
+  for (Block* b : claimed) map.unclaim(b);
+  REQUIRE(layout(map, r) == "F12 U8");
+  Block* piece = map.claim_piece(r.first, 2);  // slots 2-5: one piece of 8 MiB
+  CHECK(layout(map, r) == "F4 C8 U8");
+  map.record_piece_unmapped(piece);
+  CHECK(layout(map, r) == "F4 U16");
+  CHECK(r.mapped_bytes == 2 * kPiece);
+  CHECK(r.pieces == 1);
   CHECK(map.claimed_blocks == 0);
 }
 

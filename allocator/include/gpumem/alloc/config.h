@@ -27,6 +27,12 @@ namespace gpumem::alloc {
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
 
+// How the physical pieces of expandable regions are sized (the `pieces` key).
+enum class PieceSizing : std::uint8_t {
+  adaptive,  // pieces follow the requests (docs/notes/allocation-policy.md)
+  fixed,     // PyTorch's pages: large_segment_size_mb in the large pool, small_piece_size_mb in the small
+};
+
 struct Config {
   // ---- PyTorch 2.11 keys ----
   // expandable_segments:True|False. gpumem defaults to True: one growing virtual region per
@@ -38,7 +44,7 @@ struct Config {
   // than request + this. Default = large_segment_size_bytes.
   std::size_t max_non_split_rounding_bytes = 20 * kMiB;
   // large_segment_size_mb: segment size for 1-10 MiB requests in classic mode, and the physical
-  // piece size of the large pool in expandable mode. > 10 MiB.
+  // piece size of the large pool in expandable mode with pieces:fixed. > 10 MiB.
   std::size_t large_segment_size_bytes = 20 * kMiB;
   // roundup_power2_divisions: per power-of-two bucket [2^i MiB, 2^(i+1) MiB), i = 0..15; 0 = off.
   std::array<std::uint32_t, 16> roundup_power2_divisions{};
@@ -52,8 +58,11 @@ struct Config {
   // memory_limit_mb: absolute cap on reserved bytes (0 = none). With a fraction too, the smaller
   // of the two applies.
   std::size_t memory_limit_bytes = 0;
-  // small_piece_size_mb: physical piece size of the small pool (a multiple of the granularity).
+  // small_piece_size_mb: the smallest physical piece: the slot of every expandable region, and the
+  // piece size of the small pool (a multiple of the granularity).
   std::size_t small_piece_bytes = 2 * kMiB;
+  // pieces:adaptive|fixed: how the pieces of expandable regions are sized (PieceSizing).
+  PieceSizing pieces = PieceSizing::adaptive;
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""The corpus table: every trace of the corpus replayed through gpumem's engine and PyTorch's models.
+
+usage: scripts/corpus_table.py --gpumem BUILD/cli/gpumem [--corpus DIR]... [--policy P]...
+                               [--check] [--known-over FILE] [--json FILE]
+
+For every DIR/native/NAME.trace.csv.gz (DIR defaults to the repository's traces/corpus), runs
+`gpumem replay TRACE --json --top 0` with the policies gpumem, pytorch and pytorch:expandable (and
+any --policy given: they replace gpumem in the gpumem columns) and prints one row per trace:
+
+  requested   the trace's peak requested bytes (GiB)
+  exp meas    PyTorch's measured peak reserved with expandable segments / peak requested
+              (DIR/expandable/NAME.json; '-' when there is none)
+  gpumem      gpumem's replayed peak reserved / peak requested, then 'ok' when it is at most the
+              expandable measurement, 'OVER' when it is more
+  vmm%        gpumem's driver calls (create/map/unmap/release, H200 costs) as a share of the
+              traced run
+  pytorch     the model of PyTorch's native allocator, same ratio
+  pt:exp      the model of PyTorch with expandable segments, same ratio
+
+then a summary: traces over the expandable measurement, traces at most 1.01 x requested, traces
+whose VMM share passes 1%.
+
+--check: exit 1 if gpumem's peak reserved is above the expandable measurement on any trace
+that has one, beyond what --known-over allows. The known-over file (default
+traces/corpus/known_over.txt) lists `NAME MAX_RATIO` lines (`#` starts a comment): gpumem may
+exceed the measurement on NAME by at most MAX_RATIO (gpumem reserved / expandable reserved).
+A listed trace that is now within the measurement is reported, so the entry can go.
+Exit status: 0 ok, 1 check failed, 2 usage error or a replay that failed.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = float(1 << 30)
+
+
+def usage_error(message):
+    sys.stderr.write(message + "\n")
+    sys.exit(2)
+
+
+def load_known_over(path):
+    known = {}
+    if not path:
+        return known
+    if not os.path.isfile(path):
+        usage_error(f"--known-over {path}: no such file (give an empty file to allow no excess)")
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.split('#', 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            try:
+                if len(parts) != 2:
+                    raise ValueError
+                known[parts[0]] = float(parts[1])
+            except ValueError:
+                usage_error(f"{path}:{n}: expected 'NAME MAX_RATIO' (e.g. 'swin_t_train 1.003'), got {line!r}")
+    return known
+
+
+def replay(gpumem, trace, policies):
+    args = [gpumem, 'replay', trace, '--json', '--top', '0']
+    for p in policies:
+        args += ['--policy', p]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(f"gpumem replay {trace} failed (exit {out.returncode}):\n{out.stderr}")
+        sys.exit(2)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--gpumem', required=True, help='the gpumem command line tool (BUILD/cli/gpumem)')
+    ap.add_argument('--corpus', action='append', help='a directory with native/ and expandable/ (repeatable; '
+                    'default: the repository\'s traces/corpus)')
+    ap.add_argument('--policy', action='append', help='gpumem policy for the gpumem columns (default: gpumem)')
+    ap.add_argument('--check', action='store_true', help='exit 1 if gpumem is over the expandable measurement')
+    ap.add_argument('--known-over', default=os.path.join(ROOT, 'traces', 'corpus', 'known_over.txt'),
+                    help='allowed excesses for --check (default: traces/corpus/known_over.txt)')
+    ap.add_argument('--json', help='also write the rows as JSON to this file')
+    a = ap.parse_args()
+    if not os.access(a.gpumem, os.X_OK):
+        usage_error(f"--gpumem {a.gpumem}: not an executable; build the 'gpumem' target and pass BUILD/cli/gpumem")
+    corpora = a.corpus or [os.path.join(ROOT, 'traces', 'corpus')]
+    ours = a.policy or ['gpumem']
+    known = load_known_over(a.known_over) if a.check or os.path.exists(a.known_over) else {}
+
+    traces = []
+    for d in corpora:
+        found = sorted(glob.glob(os.path.join(d, 'native', '*.trace.csv.gz')))
+        if not found:
+            sys.stderr.write(f"--corpus {d}: no native/*.trace.csv.gz there\n")
+            sys.exit(2)
+        traces += [(d, t) for t in found]
+
+    head = f"{'trace':26s} {'requested':>10s} {'exp meas':>9s}"
+    for p in ours:
+        head += f" {p[:18]:>18s} {'vmm%':>6s}"
+    head += f" {'pytorch':>8s} {'pt:exp':>8s}"
+    print(head)
+    rows, failures, stale = [], [], []
+    for d, t in traces:
+        name = os.path.basename(t)[:-len('.trace.csv.gz')]
+        j = replay(a.gpumem, t, ours + ['pytorch', 'pytorch:expandable'])
+        req = j['peak_requested_bytes']
+        ej = os.path.join(d, 'expandable', name + '.json')
+        exp = json.load(open(ej))['peak_reserved'] if os.path.exists(ej) else None
+        pols = j['policies']
+        row = {'trace': name, 'corpus': d, 'peak_requested_bytes': req, 'expandable_measured_bytes': exp,
+               'policies': {}}
+        line = f"{name[:26]:26s} {req / GiB:10.3f} {exp / req if exp else float('nan'):9.4f}" if exp else \
+            f"{name[:26]:26s} {req / GiB:10.3f} {'-':>9s}"
+        for p in pols:
+            row['policies'][p['policy']] = {'peak_reserved_bytes': p['peak_reserved_bytes'], 'ratio': p['ratio'],
+                                            'call_share': p['call_share']}
+        for p in pols[:len(ours)]:
+            over = exp is not None and p['peak_reserved_bytes'] > exp
+            mark = '' if exp is None else ('OVER' if over else 'ok')
+            line += f" {p['ratio']:13.4f} {mark:4s} {100 * p['call_share']:5.2f}%"
+            if exp is not None and p is pols[0]:
+                excess = p['peak_reserved_bytes'] / exp
+                allowed = known.get(name)
+                if over and (allowed is None or excess > allowed):
+                    failures.append(f"{name}: {p['policy']} reserves {p['peak_reserved_bytes']} bytes at its peak, "
+                                    f"{(excess - 1) * 100:.2f}% over PyTorch's expandable measurement ({exp} bytes)"
+                                    + (f"; known_over allows {allowed}" if allowed else ''))
+                if not over and allowed is not None:
+                    stale.append(name)
+        line += f" {pols[-2]['ratio']:8.4f} {pols[-1]['ratio']:8.4f}"
+        print(line)
+        rows.append(row)
+
+    for k, p in enumerate(ours):
+        within = [r for r in rows if r['expandable_measured_bytes'] is not None]
+        over = sum(1 for r in within if r['policies'][p]['peak_reserved_bytes'] > r['expandable_measured_bytes'])
+        tight = sum(1 for r in rows if r['policies'][p]['ratio'] <= 1.01)
+        vmm = sum(1 for r in rows if r['policies'][p]['call_share'] > 0.01)
+        print(f"{p}: {len(rows)} traces; over the expandable measurement: {over} of {len(within)}; "
+              f"<= 1.01 x requested: {tight}; VMM share > 1%: {vmm}")
+    if a.json:
+        with open(a.json, 'w') as f:
+            json.dump(rows, f, indent=1)
+    for name in stale:
+        print(f"note: {name} is listed in {a.known_over} but is now within the expandable measurement: "
+              f"remove its line")
+    if a.check:
+        for f in failures:
+            print(f"FAIL {f}")
+        if failures:
+            print(f"corpus check failed: {len(failures)} trace(s) over PyTorch's expandable-segments peak")
+            return 1
+        print("corpus check passed: gpumem's peak reserved is at most PyTorch's expandable-segments peak "
+              "on every trace (beyond the known_over entries)")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
