@@ -3,8 +3,6 @@
 // in a result whose numbers are true (or say what they leave out), never in an abort, a stack
 // overflow, a wrapped number or unbounded memory. Run under ASan/UBSan by the sanitizer CI job,
 // which also catches leaks (the cycle case) and signed overflow.
-#include <zlib.h>
-
 #include <string>
 #include <string_view>
 
@@ -50,20 +48,6 @@ std::string csv_error(const std::string& text, const fx::ReadLimits& limits = fx
 }
 
 bool has(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
-
-std::string gzip(const std::string& text) {
-  z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  std::string out(deflateBound(&zs, static_cast<uLong>(text.size())), '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  zs.avail_in = static_cast<uInt>(text.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
 
 const char* kHeader = "action,addr,size,stream,time_us,where\n";
 
@@ -173,7 +157,7 @@ TEST_CASE("decompressed size and entry count are bounded, with the variable that
   TempDir dir;
   // 4 MiB of newlines gzip to a few KiB.
   const std::string path = dir.file("bomb.csv.gz");
-  fx::testing::write_file(path, gzip(std::string(kHeader) + std::string(std::size_t{4} << 20, '\n')));
+  fx::testing::write_file(path, fx::testing::gzip(std::string(kHeader) + std::string(std::size_t{4} << 20, '\n')));
   fx::ReadLimits small;
   small.max_file_bytes = std::uint64_t{1} << 20;
   std::string err = error_of([&] { fx::load_trace(path, std::nullopt, small); });
