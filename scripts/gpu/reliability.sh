@@ -14,7 +14,7 @@ OUT=${OUT:-$PWD/out-reliability}
 dry=0; [ "${1:-}" = "--dry-run" ] && dry=1
 logs=$(mktemp -d); mkdir -p "$OUT"
 summary=()
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1 || true)
 
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 secs=$2; shift 2
