@@ -1,11 +1,16 @@
-// ns per alloc+free pair of the engine on SimSource, single thread and 4 threads sharing one
+// ns per alloc+free pair of the engine on SimSource, single thread and T threads sharing one
 // engine, for these op sequences: fixed 4 KiB, 1 MiB and 64 MiB pairs,
 // and windows of W live allocations (W = 64, 1024; sizes log-uniform in 512 B..32 MiB; each step
 // frees a random slot and allocates a new size into it).
 //
-//   bench_alloc_pairs [--ops N] [--threads T] [--observer]
+//   bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--tsv]
 //
-// --observer attaches the stats observer, as the torch adapter does.
+// --threads 0 measures one thread only. --rounds R runs every measurement R times on a fresh
+// engine and prints the median and the spread (min..max). --pattern keeps the patterns whose name
+// contains TEXT (repeatable). --observer attaches the stats observer, as the torch adapter does.
+// --tsv prints one tab-separated line per measurement instead of the table:
+//   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
+// Every engine is made and destroyed outside the timed loops.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,10 +26,7 @@
 #include "alloc_pattern.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
-#if __has_include("gpumem/alloc/stats.h")
 #include "gpumem/alloc/stats.h"
-#define GPUMEM_BENCH_HAVE_STATS 1
-#endif
 
 using namespace gpumem::alloc;
 
@@ -62,53 +64,126 @@ double run_pattern(CachingAllocator& engine, const AllocPattern& p, std::size_t 
   return ns;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::size_t ops = 1'000'000;
-  int threads = 4;
-  bool observer = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--ops" && i + 1 < argc) {
-      ops = std::stoull(argv[++i]);
-    } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::stoi(argv[++i]);
-    } else if (a == "--observer") {
-      observer = true;
-    } else {
-      fmt::print(stderr, "bench_alloc_pairs: unknown argument '{}'; usage: bench_alloc_pairs [--ops N] [--threads T] [--observer]\n", a);
-      return 2;
-    }
-  }
-  fmt::print("gpumem engine on SimSource, {} pairs per thread{}\n", ops, observer ? ", stats observer attached" : "");
-  fmt::print("{:<28} {:>14} {:>24}\n", "pattern", "1 thread ns", fmt::format("{} threads ns/thread", threads));
-  for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
-    SimSourceOptions so;
-    so.capacity_bytes = std::size_t{1} << 46;
-    SimSource source(so);
-    auto events = make_immediate_events();
+struct Engine {
+  SimSource source;
+  std::unique_ptr<StreamEvents> events = make_immediate_events();
+  std::unique_ptr<CachingAllocator> engine;
+  explicit Engine(bool observer) : source(options()) {
     Config cfg;
     cfg.va_reserve_bytes = std::size_t{1} << 42;
-    CachingAllocator engine(source, *events, cfg);
-#ifdef GPUMEM_BENCH_HAVE_STATS
-    if (observer) engine.attach_observer(std::make_shared<StatsObserver>());
-#endif
-    const double single = run_pattern(engine, p, ops, 1, 0);
-    std::vector<double> per(threads);
+    engine = std::make_unique<CachingAllocator>(source, *events, cfg);
+    if (observer) engine->attach_observer(std::make_shared<StatsObserver>());
+  }
+  static SimSourceOptions options() {
+    SimSourceOptions so;
+    so.capacity_bytes = std::size_t{1} << 46;
+    return so;
+  }
+};
+
+// One measurement on a fresh engine: `threads` == 0 runs the pattern on this thread; otherwise
+// that many threads run it at once, each with its own sequence. Returns ns per pair (per thread).
+double measure(const AllocPattern& p, std::size_t ops, int threads, bool observer, SimSourceCounters* counters) {
+  Engine e(observer);
+  double ns = 0;
+  if (threads == 0) {
+    ns = run_pattern(*e.engine, p, ops, 1, 0);
+  } else {
+    std::vector<double> per(static_cast<std::size_t>(threads));
     std::vector<std::thread> pool;
     std::barrier start(threads);
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] {
         start.arrive_and_wait();
-        per[t] = run_pattern(engine, p, ops, 100 + t, 0);
+        per[static_cast<std::size_t>(t)] = run_pattern(*e.engine, p, ops, 100 + static_cast<std::uint64_t>(t), 0);
       });
     for (auto& th : pool) th.join();
-    double mean = 0;
-    for (double v : per) mean += v / threads;
-    const auto c = source.counters();
-    fmt::print("{:<28} {:>14.1f} {:>24.1f}   (maps {}, unmaps {}, creates {})\n", p.name, single, mean, c.maps,
-               c.unmaps, c.creates);
+    for (double v : per) ns += v / threads;
+  }
+  if (counters) *counters = e.source.counters();
+  return ns;
+}
+
+struct Spread {
+  double median, min, max;
+};
+
+Spread spread_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+std::string cell(const Spread& s, int rounds) {
+  if (rounds == 1) return fmt::format("{:.1f}", s.median);
+  return fmt::format("{:.1f} ({:.0f}..{:.0f})", s.median, s.min, s.max);
+}
+
+[[noreturn]] void usage(const std::string& what) {
+  fmt::print(stderr,
+             "bench_alloc_pairs: {}\nusage: bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... "
+             "[--observer] [--tsv]\n",
+             what);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t ops = 1'000'000;
+  int threads = 4, rounds = 1;
+  bool observer = false, tsv = false;
+  std::vector<std::string> wanted;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (a == "--ops") ops = std::stoull(next());
+      else if (a == "--threads") threads = std::stoi(next());
+      else if (a == "--rounds") rounds = std::stoi(next());
+      else if (a == "--pattern") wanted.push_back(next());
+      else if (a == "--observer") observer = true;
+      else if (a == "--tsv") tsv = true;
+      else usage("unknown argument '" + a + "'");
+    } catch (const std::logic_error&) {
+      usage(a + " needs a number");
+    }
+  }
+  if (ops == 0 || threads < 0 || rounds < 1) usage("--ops and --rounds must be positive, --threads at least 0");
+  std::vector<AllocPattern> patterns;
+  for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
+    bool keep = wanted.empty();
+    for (const auto& w : wanted) keep = keep || std::string(p.name).find(w) != std::string::npos;
+    if (keep) patterns.push_back(p);
+  }
+  if (patterns.empty()) usage("no pattern matches --pattern");
+
+  if (!tsv) {
+    fmt::print("gpumem engine on SimSource, {} pairs per thread{}{}\n", ops, observer ? ", stats observer attached" : "",
+               rounds > 1 ? fmt::format(", median (min..max) of {} rounds", rounds) : "");
+    fmt::print("{:<28} {:>22} {:>26}\n", "pattern", "1 thread ns", threads ? fmt::format("{} threads ns/thread", threads) : "");
+  }
+  for (const AllocPattern& p : patterns) {
+    std::vector<double> single, multi;
+    SimSourceCounters c{};
+    for (int r = 0; r < rounds; ++r) {
+      single.push_back(measure(p, ops, 0, observer, &c));
+      if (threads) multi.push_back(measure(p, ops, threads, observer, nullptr));
+    }
+    const Spread s = spread_of(single);
+    if (tsv) {
+      fmt::print("pairs\t{}\t1\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, s.median, s.min, s.max);
+      if (threads) {
+        const Spread m = spread_of(multi);
+        fmt::print("pairs\t{}\t{}\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, threads, m.median, m.min, m.max);
+      }
+    } else {
+      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {})\n", p.name, cell(s, rounds),
+                 threads ? cell(spread_of(multi), rounds) : "", c.maps, c.unmaps, c.creates);
+    }
+    std::fflush(stdout);
   }
   return 0;
 }

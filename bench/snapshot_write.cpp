@@ -21,7 +21,6 @@
 #include "gpumem/alloc/sim_source.h"
 #include "gpumem/forensics/engine_snapshot.h"
 #include "gpumem/forensics/op_attribution.h"
-#include "gpumem/forensics/op_table_observer.h"
 #include "gpumem/forensics/snapshot_writer.h"
 #include "gpumem/forensics/trace_ring.h"
 
@@ -51,9 +50,7 @@ int main(int argc, char** argv) {
   alloc::Config config;
   alloc::CachingAllocator engine(source, *events, config);
   auto ring = std::make_shared<TraceRing>(entries, /*record_ops=*/true);
-  auto ops = std::make_shared<OpTableObserver>();
   engine.attach_observer(ring);
-  engine.attach_observer(ops);
 
   const char* names[] = {"aten::mm", "aten::addmm", "aten::bmm", "aten::_softmax", "aten::gelu",
                          "aten::native_layer_norm", "aten::_scaled_dot_product_efficient_attention",
@@ -80,7 +77,6 @@ int main(int argc, char** argv) {
   }
   const auto view = engine.snapshot();
   EngineSnapshotExtras extras;
-  extras.ops = ops->rows();
   const auto records = ring->records();
   const Snapshot snap = snapshot_from_engine(view, records, extras);
   std::size_t trace_entries = 0;
@@ -119,9 +115,8 @@ int main(int argc, char** argv) {
   if (!std::getenv("GPUMEM_BENCH_KEEP")) std::remove(path.c_str());
   for (void* p : live) engine.free(p);
 
-  std::printf("%s", fmt::format("snapshot: {} trace entries ({} op names), {} segments, {} ops in the table\n",
-                                trace_entries, OpRegistry::global().size(), snap.segments.size(),
-                                snap.gpumem.ops.size())
+  std::printf("%s", fmt::format("snapshot: {} trace entries ({} op names), {} segments\n", trace_entries,
+                                OpRegistry::global().size(), snap.segments.size())
                         .c_str());
   std::printf("%s", fmt::format("pickle: {:.1f} ms median of 15 ({:.1f} ms CPU; {:.1f} MB)\n", median_ms(pickle_ms),
                                 median_ms(pickle_cpu_ms), static_cast<double>(pickle_bytes) / 1e6)

@@ -75,15 +75,14 @@ std::optional<std::size_t> parse_size(std::string_view text) {
   if (ec != std::errc() || number < 0 || !std::isfinite(number)) return std::nullopt;
   std::string unit(p, end);
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // Binary units, one convention with the configuration's *_mb keys (1 MB = 1 MiB, as in PyTorch).
   double scale = 0;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "kb") scale = 1e3;
-  else if (unit == "mb") scale = 1e6;
-  else if (unit == "gb") scale = 1e9;
-  else if (unit == "kib" || unit == "k") scale = 1024.0;
-  else if (unit == "mib" || unit == "m") scale = 1024.0 * 1024;
-  else if (unit == "gib" || unit == "g") scale = 1024.0 * 1024 * 1024;
-  else return std::nullopt;
+  if (unit == "b") scale = 1;
+  else if (unit == "kib" || unit == "kb") scale = 1024.0;
+  else if (unit == "mib" || unit == "mb") scale = 1024.0 * 1024;
+  else if (unit == "gib" || unit == "gb") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "tib" || unit == "tb") scale = 1024.0 * 1024 * 1024 * 1024;
+  else return std::nullopt;  // no unit ("8"): refused, so that 8 is never read as 8 bytes
   const double bytes = number * scale;
   if (bytes < 1 || bytes > 1e18) return std::nullopt;
   return static_cast<std::size_t>(bytes);

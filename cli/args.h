@@ -48,7 +48,9 @@ class ArgReader {
 // The one line of a usage error: "gpumem COMMAND: WHAT; see 'gpumem COMMAND --help'".
 std::string usage_message(std::string_view command, std::string_view what);
 
-// Parses a size: bytes, or a number with a unit B, KB, MB, GB, KiB, MiB, GiB (KB = 1000).
+// Parses a size: a number with a unit, B, KiB, MiB, GiB or TiB (case-insensitive). Units are
+// binary, as in the configuration's *_mb keys: KB, MB, GB, TB mean KiB, MiB, GiB, TiB. A number
+// without a unit is refused (nullopt), as is anything below 1 byte.
 std::optional<std::size_t> parse_size(std::string_view text);
 
 }  // namespace gpumem::cli

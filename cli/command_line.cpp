@@ -50,7 +50,11 @@ void CommandLine::size(std::string_view name, std::size_t& target) {
   add(name, [&target](ArgReader& r, std::string_view n) {
     const std::string_view v = r.take_value();
     const auto bytes = parse_size(v);
-    if (!bytes) r.fail(fmt::format("{} takes a size such as 8GiB, 512MiB or 80GB, not '{}'", n, v));
+    if (!bytes) {
+      r.fail(fmt::format("{} takes a size with a unit such as 8GiB or 512MiB (B, KiB, MiB, GiB, TiB; MB means MiB, as in "
+                         "the configuration's *_mb keys), not '{}'",
+                         n, v));
+    }
     target = *bytes;
   });
 }

@@ -18,7 +18,7 @@
 //     option --x needs a non-empty value          --x= or --x ''
 //     option --x takes no value (got '--x=1')     a flag given a value
 //     --x takes a number from LO to HI, not 'V'   integer() (or "--x takes WHAT", WHAT given)
-//     --x takes a size such as 8GiB, 512MiB or 80GB, not 'V'    size()
+//     --x takes a size with a unit such as 8GiB or 512MiB (...), not 'V'    size()
 //     --x takes A, B or C, not 'V'                choice()
 //     one NOUN at a time: got 'A' and 'B'HINT     positional(), given twice
 //     no NOUN given: USAGE                        positional(), never given, or given empty
@@ -64,7 +64,7 @@ class CommandLine {
   void integer(std::string_view name, std::int64_t lo, std::int64_t hi, T& target, std::string what = {}) {
     add_integer(name, lo, hi, [&target](std::int64_t n) { target = static_cast<T>(n); }, std::move(what));
   }
-  // A size in bytes, as parse_size() reads it (8GiB, 512MiB, 80GB, 4096).
+  // A size in bytes, as parse_size() reads it (8GiB, 512MiB; a unit is required).
   void size(std::string_view name, std::size_t& target);
   // One of `choices`.
   void choice(std::string_view name, std::vector<std::string> choices, std::string& target);

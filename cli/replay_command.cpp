@@ -11,9 +11,11 @@
 #include "command_line.h"
 #include "commands.h"
 #include "gpumem/forensics/error.h"
+#include "gpumem/forensics/memory_report.h"
 #include "gpumem/forensics/policy_factory.h"
 #include "gpumem/forensics/replay.h"
 #include "gpumem/forensics/replay_report.h"
+#include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/trace_loader.h"
 #include "progress_bar.h"
 
@@ -51,8 +53,12 @@ std::string help_text() {
       "  --top N              how many call sites to list per policy (default 5, 0 for none)\n"
       "  --device N           which device's trace to take from a snapshot (default: the first\n"
       "                       with entries); CSV traces hold one device\n"
-      "  --memory-limit SIZE  cap every policy's reserved memory at SIZE (e.g. 8GiB, 500MB):\n"
-      "                       would the run have fit? Failed allocations are counted\n"
+      "  --memory-limit SIZE  cap every policy's reserved memory at SIZE (8GiB, 512MiB; a unit is\n"
+      "                       required, MB means MiB): would the run have fit? Failed allocations\n"
+      "                       are counted. Default for a snapshot that records an OOM: the memory\n"
+      "                       it had (the cap it records, else what it had reserved at the OOM when\n"
+      "                       the device still had room), so that the replay answers whether each\n"
+      "                       policy would have served the request; otherwise none\n"
       "  --device-memory SIZE the simulated device's memory (default 139.8 GiB, an H200)\n"
       "  -h, --help           show this help\n"
       "\n"
@@ -86,15 +92,33 @@ int run_replay(const std::vector<std::string_view>& argv) {
   if (a.policies.empty()) a.policies = fx::default_policy_names();
 
   // Policies first: a bad name should not wait for a large trace to load.
-  std::vector<fx::PolicySpec> specs;
   try {
-    for (const auto& p : a.policies) specs.push_back(fx::parse_policy_spec(p, a.env));
+    for (const auto& p : a.policies) (void)fx::parse_policy_spec(p, a.env);
   } catch (const fx::ForensicsError& e) {
     std::fputs(fmt::format("gpumem replay: {}\n", e.what()).c_str(), stderr);
     return 2;
   }
   try {
     const fx::LoadedTrace loaded = fx::load_trace(a.trace, a.device);
+    // A snapshot of an OOM is replayed with the memory it had, unless --memory-limit says otherwise.
+    if (a.env.memory_limit_bytes == std::numeric_limits<std::size_t>::max() && loaded.format == fx::TraceFormat::snapshot) {
+      const fx::Snapshot snap = fx::load_snapshot(a.trace);
+      const int device = loaded.device;
+      if (const auto limit = fx::oom_replay_limit(snap, device)) {
+        a.env.memory_limit_bytes = *limit;
+        if (!a.json) {
+          std::fputs(fmt::format("memory limit {}: the memory the snapshot's OOM had ({}); --memory-limit "
+                                 "overrides it\n",
+                                 fx::format_bytes(*limit),
+                                 snap.gpumem.cap_bytes ? "the cap it records" : "its cap is not recorded: reserved "
+                                                                                "at the OOM")
+                         .c_str(),
+                     stdout);
+        }
+      }
+    }
+    std::vector<fx::PolicySpec> specs;
+    for (const auto& p : a.policies) specs.push_back(fx::parse_policy_spec(p, a.env));
     const fx::ReplayScript script = fx::compile_replay(loaded.trace);
     fx::ReplayReport report{loaded.trace, script, loaded.format, fx::measured_beside(a.trace), {}};
     fx::ReplayOptions options;

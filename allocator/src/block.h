@@ -53,6 +53,7 @@ using SetHook = bi::set_member_hook<bi::link_mode<bi::normal_link>>;
 using HashHook = bi::unordered_set_member_hook<bi::link_mode<bi::normal_link>>;
 
 struct Region;
+struct Lease;  // thread_cache.h
 
 // Streams a block was used on besides its own (record_stream), and the markers recorded on them
 // when the block was freed. Allocated only for blocks that were recorded on another stream.
@@ -78,6 +79,21 @@ class AtomicState {
   std::atomic<BlockState> v_;
 };
 
+// Block::lease, read by a thread that frees another thread's block before it holds the owner's
+// cache lock (it checks again under that lock): relaxed atomic loads and stores, like AtomicState.
+class AtomicLease {
+ public:
+  AtomicLease& operator=(Lease* l) noexcept {
+    v_.store(l, std::memory_order_relaxed);
+    return *this;
+  }
+  operator Lease*() const noexcept { return v_.load(std::memory_order_relaxed); }
+  Lease* operator->() const noexcept { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<Lease*> v_{nullptr};
+};
+
 struct Block {
   std::uintptr_t addr = 0;
   std::size_t size_bytes = 0;
@@ -89,6 +105,10 @@ struct Block {
   std::uint64_t alloc_seq = 0;      // seq of the alloc event (allocated/pending_free)
   std::uint64_t free_seq = 0;       // seq when it last became free (classic GC ages)
   std::unique_ptr<StreamUses> uses; // non-null only after record_stream on another stream
+  // The thread-cache lease this block belongs to (Note [Thread caches]): for a lease's own block
+  // (state cached, in the region's chain) and for the blocks it is cut into (sub-blocks: not in the
+  // chain; allocated ones in the live table, free ones in the cache's index). Null otherwise.
+  AtomicLease lease;
   AtomicState state;
   SetHook set_hook;                 // FreeIndex (free) or Region::unmapped (unmapped)
   HashHook hash_hook;               // LiveTable (allocated, pending_free)

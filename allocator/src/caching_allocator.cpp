@@ -89,6 +89,7 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard growth(impl_->growth_mutex);
   std::lock_guard lock(impl_->mutex);
   detail::WorldStop stop(impl_->thread_caches);
+  impl_->drain_all_caches_locked();
   for (Block* b : impl_->pending)
     for (EventToken t : b->uses->markers) impl_->events.release(t);
   impl_->pending.clear();
@@ -98,6 +99,72 @@ CachingAllocator::~CachingAllocator() {
 std::size_t CachingAllocator::round_size(std::size_t size_bytes) const noexcept {
   return policy::round_size(size_bytes, impl_->rules.roundup_power2_divisions, impl_->rules.any_divisions);
 }
+
+// ==================================================================== fast paths
+
+Block* CachingAllocator::Impl::allocate_cached(ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t size,
+                                               std::size_t rounded, EventBatch& batch) {
+  Block* b = tc.take(pool, stream, rounded, rules.split);
+  if (b == nullptr) return nullptr;
+  b->state = BlockState::allocated;
+  b->requested_bytes = size;
+  live.insert(*b, true);
+  tc.allocated_delta += static_cast<std::int64_t>(b->size_bytes);
+  tc.requested_delta += static_cast<std::int64_t>(size);
+  b->alloc_seq = record(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size, stream);
+  return b;
+}
+
+bool CachingAllocator::Impl::free_cached(ThreadCache& tc, std::uintptr_t addr, EventBatch& batch) {
+  // The block's lease (or none) is read under its shard's lock, then the cache that owns it is
+  // locked and everything checked again: a drain may have spliced the lease meanwhile.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    detail::Lease* l = nullptr;
+    std::size_t size = 0;
+    const bool candidate = live.with_shard(addr, [&](detail::LiveTable& t) {
+      Block* x = t.find(addr);
+      if (x == nullptr || x->state != BlockState::allocated || x->uses) return false;
+      l = x->lease;
+      size = x->size_bytes;
+      return true;
+    });
+    if (!candidate) return false;
+    ThreadCache& owner = l ? *l->cache : tc;
+    std::lock_guard cl(owner.lock);
+    if (l == nullptr && !owner.can_adopt(size)) return false;
+    Block* x = live.with_shard(addr, [&](detail::LiveTable& t) -> Block* {
+      Block* y = t.find(addr);
+      if (y == nullptr || y->state != BlockState::allocated || y->uses || y->lease != l) return nullptr;
+      t.erase(*y);
+      return y;
+    });
+    if (x == nullptr) continue;
+    owner.allocated_delta -= static_cast<std::int64_t>(x->size_bytes);
+    owner.requested_delta -= static_cast<std::int64_t>(x->requested_bytes);
+    const PoolKind pool = x->region->pool;
+    record(batch, EventKind::free_requested, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
+    record(batch, EventKind::free_completed, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
+    if (l) owner.give_back(x);
+    else owner.adopt(x);
+    return true;
+  }
+  return false;
+}
+
+void CachingAllocator::Impl::free_leased_locked(Block* b, EventBatch& batch) {
+  mutex.assert_held();
+  ThreadCache& owner = *static_cast<detail::Lease*>(b->lease)->cache;
+  std::lock_guard cl(owner.lock);
+  live.erase(*b, true);
+  allocated_bytes -= b->size_bytes;
+  requested_bytes -= b->requested_bytes;
+  const PoolKind pool = b->region->pool;
+  record(batch, EventKind::free_requested, pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
+  record(batch, EventKind::free_completed, pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
+  owner.give_back(b);
+}
+
+// ==================================================================== allocate / free
 
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
   Impl& m = *impl_;
@@ -109,24 +176,15 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
   const PoolKind pool = policy::pool_for(rounded);
 
-  // Fast path: a block of this size this thread freed recently. No engine lock.
+  // Fast path: this thread's leases (once the engine lock has been contended). No engine lock.
+  ThreadCache* tc = nullptr;
   if (m.use_caches() && !too_large) {
-    if (ThreadCache* tc = m.cache_for_this_thread(true)) {
+    tc = m.cache_for_this_thread(true);
+    if (tc) {
       Block* b = nullptr;
       {
         std::lock_guard cl(tc->lock);
-        tc->note_recent(stream, rounded);
-        b = tc->pop(stream, rounded);
-        if (b) {
-          m.live.with_shard(b->addr, [&](auto&) {
-            b->state = BlockState::allocated;
-            b->requested_bytes = size_bytes;
-          });
-          tc->cached_bytes -= b->size_bytes;
-          tc->allocated_delta += static_cast<std::int64_t>(b->size_bytes);
-          tc->requested_delta += static_cast<std::int64_t>(size_bytes);
-          b->alloc_seq = m.record(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size_bytes, stream);
-        }
+        b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
       }
       if (b) {
         Impl::publish(m.observers_for(batch), batch);
@@ -141,17 +199,24 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
     auto lock = m.lock_noting_contention();
     if (!m.pending.empty()) m.process_pending_locked(batch);
     Block* b = nullptr;
+    bool leased = false;
     GrowFailure fail;
     if (too_large) {
       fail.status = SourceStatus::out_of_memory;
       fail.detail = "requests of 1 EiB or more are refused";
     } else {
-      // Best fit in the free index. The engine's choices see all of this thread's free memory:
-      // what its cache holds goes back first (the cache only ever serves exact repeats between
-      // two visits to the engine).
-      m.drain_own_cache_locked();
-      b = m.map.take_cached(pool, stream, rounded, m.rules.split);
-      // Slow path: the recovery steps (grow, release cached memory, retry), engine.cpp.
+      if (tc != nullptr) {
+        // The cache missed: a new lease of free memory, and the request from it.
+        std::lock_guard cl(tc->lock);
+        m.refill_stash_locked(*tc);
+        b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+        if (b == nullptr && m.lease_locked(*tc, pool, stream, rounded))
+          b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+        leased = b != nullptr;
+      }
+      // Best fit in the free index; else the slow path: the recovery steps (grow, release cached
+      // memory, retry), engine.cpp.
+      if (!b) b = m.map.take_cached(pool, stream, rounded, m.rules.split);
       if (!b) b = m.allocate_slow_dropping_lock(lock, pool, stream, rounded, batch, fail);
     }
     if (!b) {
@@ -160,12 +225,14 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       m.maybe_check_locked();
       obs = m.observers_for(batch);
     } else {
-      b->state = BlockState::allocated;
-      b->requested_bytes = size_bytes;
-      m.live.insert(*b, m.use_caches());
-      m.allocated_bytes += b->size_bytes;
-      m.requested_bytes += size_bytes;
-      b->alloc_seq = m.emit(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size_bytes, stream);
+      if (!leased) {
+        b->state = BlockState::allocated;
+        b->requested_bytes = size_bytes;
+        m.live.insert(*b, m.use_caches());
+        m.allocated_bytes += b->size_bytes;
+        m.requested_bytes += size_bytes;
+        b->alloc_seq = m.emit(batch, EventKind::alloc, pool, b->addr, b->size_bytes, size_bytes, stream);
+      }
       result.ptr = reinterpret_cast<void*>(b->addr);
       result.size_bytes = b->size_bytes;
       m.maybe_check_locked();
@@ -185,35 +252,10 @@ FreeStatus CachingAllocator::free(void* ptr) {
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
 
-  // Fast path: keep the block in this thread's cache if this thread allocates its size often.
+  // Fast path: back into the lease the block came from, or into a lease of this thread's cache.
   if (m.use_caches()) {
-    if (ThreadCache* tc = m.cache_for_this_thread(false)) {
-      bool cached = false;
-      {
-        std::lock_guard cl(tc->lock);
-        Block* b = m.live.with_shard(addr, [&](auto& table) -> Block* {
-          Block* x = table.find(addr);
-          if (!x || x->state != BlockState::allocated || x->uses || x->size_bytes > ThreadCache::kMaxBlockBytes ||
-              tc->cached_bytes + x->size_bytes > ThreadCache::kMaxCachedBytes ||
-              !tc->is_recent(x->stream, x->size_bytes))
-            return nullptr;
-          ThreadCache::Bin* bin = tc->bin_for_push(x->stream, x->size_bytes);
-          if (!bin) return nullptr;
-          x->state = BlockState::cached;
-          bin->blocks[bin->count++] = x;
-          return x;
-        });
-        if (b) {
-          cached = true;
-          tc->cached_bytes += b->size_bytes;
-          tc->allocated_delta -= static_cast<std::int64_t>(b->size_bytes);
-          tc->requested_delta -= static_cast<std::int64_t>(b->requested_bytes);
-          const PoolKind pool = b->region->pool;
-          m.record(batch, EventKind::free_requested, pool, addr, b->size_bytes, b->requested_bytes, b->stream);
-          m.record(batch, EventKind::free_completed, pool, addr, b->size_bytes, b->requested_bytes, b->stream);
-        }
-      }
-      if (cached) {
+    if (ThreadCache* tc = m.cache_for_this_thread(true)) {
+      if (m.free_cached(*tc, addr, batch)) {
         Impl::publish(m.observers_for(batch), batch);
         return FreeStatus::ok;
       }
@@ -224,17 +266,21 @@ FreeStatus CachingAllocator::free(void* ptr) {
     auto lock = m.lock_noting_contention();
     Block* b = m.live.find(addr, m.use_caches());
     if (b == nullptr || b->state != BlockState::allocated) return m.classify_bad_pointer_locked(addr);
-    m.allocated_bytes -= b->size_bytes;
-    m.requested_bytes -= b->requested_bytes;
-    m.emit(batch, EventKind::free_requested, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
-    if (b->uses && !b->uses->streams.empty()) {
-      // Markers are recorded (StreamEvents::record does not block) under the lock.
-      for (StreamId s : b->uses->streams) b->uses->markers.push_back(m.events.record(s));
-      b->state = BlockState::pending_free;
-      m.pending.push_back(b);
-      m.pending_bytes += b->size_bytes;
+    if (b->lease) {
+      m.free_leased_locked(b, batch);
     } else {
-      m.complete_free_locked(b, batch);
+      m.allocated_bytes -= b->size_bytes;
+      m.requested_bytes -= b->requested_bytes;
+      m.emit(batch, EventKind::free_requested, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
+      if (b->uses && !b->uses->streams.empty()) {
+        // Markers are recorded (StreamEvents::record does not block) under the lock.
+        for (StreamId s : b->uses->streams) b->uses->markers.push_back(m.events.record(s));
+        b->state = BlockState::pending_free;
+        m.pending.push_back(b);
+        m.pending_bytes += b->size_bytes;
+      } else {
+        m.complete_free_locked(b, batch);
+      }
     }
     m.maybe_check_locked();
     obs = m.observers_for(batch);
@@ -251,6 +297,12 @@ FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
   if (b == nullptr || b->state != BlockState::allocated)
     return m.classify_bad_pointer_locked(reinterpret_cast<std::uintptr_t>(ptr));
   if (stream == b->stream) return FreeStatus::ok;
+  if (detail::Lease* l = b->lease) {
+    // A leased block that other streams use becomes the engine's again (its free waits for them):
+    // its cache gives all its leases back.
+    std::lock_guard cl(l->cache->lock);
+    m.drain_cache_locked(*l->cache);
+  }
   if (!b->uses) b->uses = std::make_unique<detail::StreamUses>();
   auto& s = b->uses->streams;
   if (std::find(s.begin(), s.end(), stream) == s.end()) s.push_back(stream);
@@ -323,7 +375,7 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
   for (const auto& tc : m.thread_caches.caches) {
     alloc_delta += tc->allocated_delta;
     req_delta += tc->requested_delta;
-    in_caches += tc->cached_bytes;
+    in_caches += tc->free_bytes();
   }
   EngineTotals t;
   t.allocated_bytes = m.allocated_bytes + static_cast<std::size_t>(alloc_delta);

@@ -77,6 +77,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
     lock.lock();
     if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
   }
+  if (use_caches()) {
+    // Free memory in threads' leases is used before growing (Note [Thread caches]).
+    detail::WorldStop stop(thread_caches);
+    if (cached_free_bytes_locked() > 0) {
+      drain_all_caches_locked();
+      if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
+    }
+  }
   const bool gc_due = policy::should_collect_garbage(rules.garbage_collection_threshold, map.reserved_bytes, cap);
   for (policy::RecoveryStep step : policy::recovery_steps(gc_due)) {
     Block* b = nullptr;
@@ -109,6 +117,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_dropping_lock(Lock& 
 
 FreeStatus CachingAllocator::Impl::classify_bad_pointer_locked(std::uintptr_t addr) {
   mutex.assert_held();
+  if (use_caches()) {
+    // Leases hide their sub-blocks from the region's chain: put them back first (an error path).
+    detail::WorldStop stop(thread_caches);
+    drain_all_caches_locked();
+  }
   if (live.find(addr, use_caches())) return FreeStatus::double_free;  // pending_free or cached: freed already
   const Region* r = map.region_of(addr);
   if (!r) return FreeStatus::foreign_pointer;
@@ -136,7 +149,10 @@ OomInfo CachingAllocator::Impl::make_oom_locked(std::size_t size, std::size_t ro
   o.rounded_bytes = rounded;
   o.allocated_bytes = allocated_bytes;
   o.reserved_bytes = map.reserved_bytes;
-  o.cached_free_bytes = map.free_index[0].bytes() + map.free_index[1].bytes();
+  {
+    detail::WorldStop stop(thread_caches);
+    o.cached_free_bytes = map.free_index[0].bytes() + map.free_index[1].bytes() + cached_free_bytes_locked();
+  }
   o.largest_free_extent_bytes = largest_free_locked();
   o.cap_bytes = cap;
   o.cause = f.status == SourceStatus::ok ? SourceStatus::out_of_memory : f.status;

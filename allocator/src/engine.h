@@ -246,25 +246,44 @@ struct CachingAllocator::Impl {
   BlockState view_state_locked(const Block& b) const;
 
   // ---------------------------------------------------------------- thread caches (thread_caches.cpp)
+  // Note [Thread caches] (docs/notes/thread-caches.md): once the engine lock has been contended,
+  // each thread allocates from and frees into leases of free memory its cache holds.
 
   // This thread's cache for this engine; creates it if `create` (null if the thread's slots are
-  // all taken by live engines).
+  // all taken by live engines). Engine lock not held.
   detail::ThreadCache* cache_for_this_thread(bool create) {
     if (detail::ThreadCache* tc = thread_caches.find_for_this_thread()) return tc;
     return create ? create_cache_for_this_thread() : nullptr;
   }
   detail::ThreadCache* create_cache_for_this_thread();
-  // Returns a cache's blocks to the engine and folds its counters in (its lock held).
+  // The fast paths (no engine lock). allocate_cached: a sub-block of tc's leases for the request,
+  // allocated, in the live table, its event recorded; or null. free_cached: gives a block back
+  // to the lease it belongs to (any thread's), or makes a block of the engine's a lease of tc;
+  // false if the engine must do it (not allocated, recorded on other streams, tc full).
+  Block* allocate_cached(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t size,
+                         std::size_t rounded, detail::EventBatch& batch);
+  bool free_cached(detail::ThreadCache& tc, std::uintptr_t addr, detail::EventBatch& batch);
+  // b (allocated, in the live table) is a sub-block of a lease: gives it back to its cache (takes
+  // that cache's lock). Engine lock held.
+  void free_leased_locked(Block* b, detail::EventBatch& batch);
+  // Keeps tc's stash between its low and high marks (engine lock and tc's lock held).
+  void refill_stash_locked(detail::ThreadCache& tc);
+  // Gives tc a new lease from the free index for a request of `rounded` on (pool, stream): false
+  // if no free block fits. Engine lock and tc's lock held.
+  bool lease_locked(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded);
+  // Puts a lease's memory back into the region's chain: its sub-blocks take the lease block's
+  // place, the free ones merged into the free index. Engine lock and tc's lock held.
+  void splice_lease_locked(detail::ThreadCache& tc, detail::Lease* l);
+  // Returns every lease of a cache to the engine and folds its counters in (its lock held).
   void drain_cache_locked(detail::ThreadCache& tc);
-  // Drains the calling thread's cache, so the engine's choices see all of this thread's memory.
-  void drain_own_cache_locked() {
-    if (use_caches()) drain_own_cache_slow_locked();
-  }
-  void drain_own_cache_slow_locked();
   // Drains every thread's cache (a WorldStop held).
   void drain_all_caches_locked();
-  // A thread that owned `cache` exited: drain it and forget it (takes the engine lock).
+  // Free bytes held in thread caches (a WorldStop held, or an estimate).
+  std::size_t cached_free_bytes_locked() const;
+  // A thread that owned `cache` exited: drain it and keep it for another thread (takes the engine
+  // lock).
   void retire_cache(detail::ThreadCache* cache);
+  std::vector<Block*> splice_scratch;  // splice_lease_locked's list of free sub-blocks
 
   // ---------------------------------------------------------------- invariants (invariants.cpp)
 

@@ -1,109 +1,369 @@
-// FreeIndex: the free (cached, mapped) blocks of one pool, ordered by (stream, size, address), so
-// that best fit on a stream is one lower_bound: the smallest block of that stream at least as large
-// as the request, the lowest address among equals. Blocks never serve another stream's requests.
-// Not thread-safe: used under the engine's lock.
+// FreeIndex: the free (cached, mapped) blocks of one pool, for best fit per stream: the smallest
+// block of the request's stream at least as large as the request, the lowest address among equal
+// sizes. Blocks never serve another stream's requests.
+//
+// Structure: a segregated fit in the manner of TLSF (Masmano et al., "TLSF: a new dynamic memory
+// allocator for real-time systems", 2004), per stream. Sizes fall into classes: one class per
+// 512 bytes up to kLinearBytes (16 KiB), then kSubClasses (32) classes per power of two (each
+// 1/32 of its octave wide, ~3%), the last class holding everything above kTopBytes (1 TiB). A
+// two-level bitmap (one bit per power of two, one per class within it) says which classes hold
+// blocks. Unlike TLSF, which takes the first block of a class that is sure to fit and so gives
+// a "good fit", each class keeps its blocks ordered by (size, address) (a small intrusive
+// red-black tree), so the answer is the same block a single ordered index would give:
+//   best_fit(stream, n): in the class of n, the first block >= (n, 0); if none, the first block of
+//   the next non-empty class (bitmap scans: two count-trailing-zeros), whose every block is larger.
+// The class of a size is a few shifts; the bitmap scans are constant time; the in-class trees
+// hold blocks within ~3% of each other's size, so they are small (one or two blocks in the common
+// case), and a split or merge that keeps a block in its class swaps it in place.
+//
+// Iteration (begin()/end(), blocks()) visits every block in (stream, size, address) order, the
+// order of the single red-black tree this replaced: growth and release gather candidates in that
+// order, so their choices and the events they emit are unchanged.
+//
+// Invariants (check_order()): each block sits in the class of its size on its stream's bins, the
+// class trees are ordered, a bit is set iff its class (or level) is non-empty, bytes() and
+// size() are the sums. Not thread-safe: used under the engine's lock (or by the one thread that
+// owns it).
 #pragma once
 
 #include <boost/intrusive/set.hpp>
+#include <array>
+#include <bit>
+#include <cstdint>
 #include <iterator>
+#include <memory>
 #include <tuple>
+#include <vector>
 
 #include "block.h"
 
 namespace gpumem::alloc::detail {
 
-struct FreeOrder {
+// Order within a class: (size, address). The stream is the bins'.
+struct ClassOrder {
   bool operator()(const Block& a, const Block& b) const noexcept {
-    return std::tie(a.stream, a.size_bytes, a.addr) < std::tie(b.stream, b.size_bytes, b.addr);
+    return a.size_bytes < b.size_bytes || (a.size_bytes == b.size_bytes && a.addr < b.addr);
   }
 };
 
-struct FreeKey {
-  StreamId stream;
+struct SizeAddrKey {
   std::size_t size_bytes;
   std::uintptr_t addr;
 };
 
-struct FreeKeyOrder {
-  bool operator()(const FreeKey& k, const Block& b) const noexcept {
-    return std::tie(k.stream, k.size_bytes, k.addr) < std::tie(b.stream, b.size_bytes, b.addr);
+struct ClassKeyOrder {
+  bool operator()(const SizeAddrKey& k, const Block& b) const noexcept {
+    return k.size_bytes < b.size_bytes || (k.size_bytes == b.size_bytes && k.addr < b.addr);
   }
-  bool operator()(const Block& b, const FreeKey& k) const noexcept {
-    return std::tie(b.stream, b.size_bytes, b.addr) < std::tie(k.stream, k.size_bytes, k.addr);
+  bool operator()(const Block& b, const SizeAddrKey& k) const noexcept {
+    return b.size_bytes < k.size_bytes || (b.size_bytes == k.size_bytes && b.addr < k.addr);
+  }
+};
+
+// The size classes (pure functions; exposed for tests).
+struct SizeClasses {
+  static constexpr unsigned kSubBits = 5;
+  static constexpr unsigned kSubClasses = 1u << kSubBits;           // classes per level
+  static constexpr unsigned kGranuleShift = 9;                       // 512 B
+  static constexpr unsigned kLinearShift = kGranuleShift + kSubBits;  // 16 KiB
+  static constexpr std::size_t kLinearBytes = std::size_t{1} << kLinearShift;
+  static constexpr unsigned kTopShift = 40;                          // 1 TiB
+  static constexpr std::size_t kTopBytes = std::size_t{1} << kTopShift;
+  // Level 0: the linear classes (size / 512); level L >= 1: sizes in [2^(13+L), 2^(14+L)).
+  static constexpr unsigned kLevels = kTopShift - kLinearShift + 2;  // + the top level
+  static constexpr unsigned kClasses = kLevels * kSubClasses;
+
+  struct Class {
+    unsigned level;
+    unsigned sub;
+    unsigned index() const noexcept { return level * kSubClasses + sub; }
+  };
+
+  // Monotonic: a <= b implies of(a).index() <= of(b).index(). Classes are closed above, (lo, hi]:
+  // a block of a power of two (a 2 MiB piece, 16 KiB) shares its class with the blocks a little
+  // smaller than it, so splitting a small request off a fresh piece, and merging it back, keeps
+  // the remainder in its class (and its node in place).
+  static Class of(std::size_t size_bytes) noexcept {
+    const std::size_t s = size_bytes - (size_bytes != 0);
+    if (s < kLinearBytes) return {0, static_cast<unsigned>(s >> kGranuleShift)};
+    if (s >= kTopBytes) return {kLevels - 1, 0};
+    const unsigned log2 = static_cast<unsigned>(std::bit_width(s)) - 1;  // >= kLinearShift
+    return {log2 - kLinearShift + 1, static_cast<unsigned>(s >> (log2 - kSubBits)) & (kSubClasses - 1)};
   }
 };
 
 class FreeIndex {
  public:
-  using Set = bi::set<Block, bi::member_hook<Block, SetHook, &Block::set_hook>, bi::compare<FreeOrder>,
-                      bi::constant_time_size<true>>;
-  using iterator = Set::iterator;
+  using ClassSet = bi::set<Block, bi::member_hook<Block, SetHook, &Block::set_hook>, bi::compare<ClassOrder>,
+                           bi::constant_time_size<false>>;
 
-  void insert(Block& b) noexcept { set_.insert(b); bytes_ += b.size_bytes; }
-  // `fresh` takes the place of `old` (in the index; it had old_size bytes when inserted). When
-  // fresh's key falls between old's neighbours the node is swapped in place, without rebalancing:
-  // the common case of a split or a merge, where the block keeps its rank.
-  void replace(Block& old, std::size_t old_size, Block& fresh) noexcept {
-    auto it = set_.iterator_to(old);
-    if (fits_at(it, fresh)) {
-      set_.replace_node(it, fresh);
+ private:
+  // One stream's classes.
+  struct Bins {
+    explicit Bins(StreamId s) noexcept : stream(s) {}
+    StreamId stream;
+    std::size_t blocks = 0;
+    std::uint64_t level_bits = 0;                           // bit L: some class of level L non-empty
+    std::array<std::uint32_t, SizeClasses::kLevels> class_bits{};  // bit s of [L]: class (L, s) non-empty
+    std::array<ClassSet, SizeClasses::kClasses> classes;
+
+    ClassSet& set_of(SizeClasses::Class c) noexcept { return classes[c.index()]; }
+    void add(Block& b) noexcept {
+      const SizeClasses::Class c = SizeClasses::of(b.size_bytes);
+      ClassSet& set = classes[c.index()];
+      // Most classes hold one block or none: linking into an empty tree needs no search.
+      if (set.empty()) set.push_back(b);
+      else set.insert(b);
+      class_bits[c.level] |= 1u << c.sub;
+      level_bits |= std::uint64_t{1} << c.level;
+      ++blocks;
+    }
+    void remove(Block& b, std::size_t indexed_size) noexcept {
+      const SizeClasses::Class c = SizeClasses::of(indexed_size);
+      ClassSet& set = classes[c.index()];
+      if (&*set.begin() == &b && &*set.rbegin() == &b) {
+        set.clear();  // the only block: constant time with normal_link hooks, no rebalancing
+        note_empty(c);
+      } else {
+        set.erase(set.iterator_to(b));
+      }
+      --blocks;
+    }
+    void note_empty(SizeClasses::Class c) noexcept {
+      class_bits[c.level] &= ~(1u << c.sub);
+      if (class_bits[c.level] == 0) level_bits &= ~(std::uint64_t{1} << c.level);
+    }
+    // The first non-empty class after c, or null.
+    ClassSet* next_class(SizeClasses::Class c) noexcept {
+      const std::uint32_t above = c.sub + 1 < SizeClasses::kSubClasses ? class_bits[c.level] & (~0u << (c.sub + 1)) : 0;
+      if (above) return &classes[c.level * SizeClasses::kSubClasses + static_cast<unsigned>(std::countr_zero(above))];
+      const std::uint64_t levels =
+          c.level + 1 < 64 ? level_bits & (~std::uint64_t{0} << (c.level + 1)) : std::uint64_t{0};
+      if (!levels) return nullptr;
+      const unsigned l = static_cast<unsigned>(std::countr_zero(levels));
+      return &classes[l * SizeClasses::kSubClasses + static_cast<unsigned>(std::countr_zero(class_bits[l]))];
+    }
+    // The index of the first non-empty class at or after `from`, or kClasses.
+    unsigned first_class_from(unsigned from) const noexcept {
+      if (from >= SizeClasses::kClasses) return SizeClasses::kClasses;
+      unsigned level = from / SizeClasses::kSubClasses, sub = from % SizeClasses::kSubClasses;
+      const std::uint32_t here = class_bits[level] & (~0u << sub);
+      if (here) return level * SizeClasses::kSubClasses + static_cast<unsigned>(std::countr_zero(here));
+      const std::uint64_t levels =
+          level + 1 < 64 ? level_bits & (~std::uint64_t{0} << (level + 1)) : std::uint64_t{0};
+      if (!levels) return SizeClasses::kClasses;
+      level = static_cast<unsigned>(std::countr_zero(levels));
+      return level * SizeClasses::kSubClasses + static_cast<unsigned>(std::countr_zero(class_bits[level]));
+    }
+  };
+  static_assert(SizeClasses::kLevels <= 64, "one bit per level");
+
+ public:
+  FreeIndex() = default;
+  FreeIndex(const FreeIndex&) = delete;
+  FreeIndex& operator=(const FreeIndex&) = delete;
+  ~FreeIndex() { clear(); }
+
+  // ---- changes (b's size_bytes and stream are its key; a block's key changes only through
+  // replace/resized, which are told the size it was indexed under)
+
+  void insert(Block& b) {
+    bins_for(b.stream).add(b);
+    ++size_;
+    bytes_ += b.size_bytes;
+  }
+  // `fresh` takes the place of `old` (in the index, indexed with old_size bytes; same stream).
+  // When fresh falls in old's class between old's neighbours the node is swapped in place: the
+  // common case of a split or a merge, where the block keeps its rank.
+  void replace(Block& old, std::size_t old_size, Block& fresh) {
+    Bins& bins = bins_for(old.stream);
+    const SizeClasses::Class c = SizeClasses::of(old_size);
+    ClassSet& set = bins.set_of(c);
+    auto it = set.iterator_to(old);
+    if (SizeClasses::of(fresh.size_bytes).index() == c.index() && fits_at(set, it, fresh)) {
+      set.replace_node(it, fresh);
     } else {
-      set_.erase(it);
-      set_.insert(fresh);
+      bins.remove(old, old_size);
+      bins.add(fresh);
     }
     bytes_ = bytes_ - old_size + fresh.size_bytes;
   }
-  // b (in the index) changed size from old_size: moves it if its rank changed.
-  void resized(Block& b, std::size_t old_size) noexcept {
-    auto it = set_.iterator_to(b);
-    if (!fits_at(it, b)) {
-      set_.erase(it);
-      set_.insert(b);
+  // b (in the index, indexed with old_size bytes) changed size: moves it if its rank changed.
+  void resized(Block& b, std::size_t old_size) {
+    Bins& bins = bins_for(b.stream);
+    const SizeClasses::Class c = SizeClasses::of(old_size);
+    ClassSet& set = bins.set_of(c);
+    if (SizeClasses::of(b.size_bytes).index() != c.index() || !fits_at(set, set.iterator_to(b), b)) {
+      bins.remove(b, old_size);
+      bins.add(b);
     }
     bytes_ = bytes_ - old_size + b.size_bytes;
   }
   void erase(Block& b) noexcept {
-    set_.erase(set_.iterator_to(b));
+    bins_of(b.stream)->remove(b, b.size_bytes);
+    --size_;
     bytes_ -= b.size_bytes;
   }
+
+  // ---- queries
+
   // The smallest block on stream with size >= size_bytes (lowest address among equal sizes), or
-  // end() if none.
-  iterator best_fit(StreamId stream, std::size_t size_bytes) noexcept {
-    auto it = set_.lower_bound(FreeKey{stream, size_bytes, 0}, FreeKeyOrder{});
-    if (it == set_.end() || it->stream != stream) return set_.end();
-    return it;
-  }
-  iterator begin() noexcept { return set_.begin(); }
-  iterator end() noexcept { return set_.end(); }
-  Set& blocks() noexcept { return set_; }
-  const Set& blocks() const noexcept { return set_; }
-  std::size_t size() const noexcept { return set_.size(); }
-  std::size_t bytes() const noexcept { return bytes_; }
-  bool check_order() const noexcept {
-    const Block* prev = nullptr;
-    std::size_t bytes = 0;
-    for (const Block& b : set_) {
-      if (prev && !FreeOrder{}(*prev, b)) return false;
-      bytes += b.size_bytes;
-      prev = &b;
+  // null.
+  Block* best_fit(StreamId stream, std::size_t size_bytes) noexcept {
+    Bins* bins = bins_of(stream);
+    if (bins == nullptr || bins->blocks == 0) return nullptr;
+    const SizeClasses::Class c = SizeClasses::of(size_bytes);
+    if (bins->class_bits[c.level] & (1u << c.sub)) {
+      ClassSet& set = bins->set_of(c);
+      auto it = set.lower_bound(SizeAddrKey{size_bytes, 0}, ClassKeyOrder{});
+      if (it != set.end()) return &*it;
     }
-    return bytes == bytes_;
+    ClassSet* next = bins->next_class(c);
+    return next ? &*next->begin() : nullptr;
   }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return bytes_; }
   bool contains(const Block& b) const noexcept {
-    auto it = set_.find(b);
-    return it != set_.end() && &*it == &b;
+    const Bins* bins = nullptr;
+    for (const auto& x : streams_)
+      if (x->stream == b.stream) bins = x.get();
+    if (bins == nullptr) return false;
+    const ClassSet& set = bins->classes[SizeClasses::of(b.size_bytes).index()];
+    auto it = set.find(b);
+    return it != set.end() && &*it == &b;
+  }
+  // Every block is in the class of its size, classes are ordered, the bitmaps and counts agree.
+  bool check_order() const noexcept;
+
+  // ---- iteration in (stream, size, address) order
+
+  class iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = Block;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Block*;
+    using reference = Block&;
+
+    iterator() = default;
+    Block& operator*() const noexcept { return *it_; }
+    Block* operator->() const noexcept { return &*it_; }
+    iterator& operator++() noexcept {
+      ++it_;
+      if (it_ == (*index_->streams_[stream_]).classes[class_].end()) settle(class_ + 1);
+      return *this;
+    }
+    iterator operator++(int) noexcept {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.stream_ == b.stream_ && (a.stream_ == a.end_stream() || (a.class_ == b.class_ && a.it_ == b.it_));
+    }
+
+   private:
+    friend class FreeIndex;
+    iterator(const FreeIndex* index, std::size_t stream) noexcept : index_(index), stream_(stream) {
+      if (stream_ < end_stream()) settle(0);
+    }
+    std::size_t end_stream() const noexcept { return index_->streams_.size(); }
+    // Moves to the first block in class `from` or later of the current stream, or of a later one.
+    void settle(unsigned from) noexcept {
+      for (; stream_ < end_stream(); ++stream_, from = 0) {
+        Bins& bins = *index_->streams_[stream_];
+        class_ = bins.first_class_from(from);
+        if (class_ < SizeClasses::kClasses) {
+          it_ = bins.classes[class_].begin();
+          return;
+        }
+      }
+    }
+    const FreeIndex* index_ = nullptr;
+    std::size_t stream_ = 0;
+    unsigned class_ = 0;
+    ClassSet::iterator it_{};
+  };
+
+  iterator begin() const noexcept { return iterator(this, 0); }
+  iterator end() const noexcept { return iterator(this, streams_.size()); }
+  // The blocks as a range (for range-for).
+  const FreeIndex& blocks() const noexcept { return *this; }
+  FreeIndex& blocks() noexcept { return *this; }
+
+  // Forgets every block (they are not touched: teardown).
+  void clear() noexcept {
+    for (auto& bins : streams_)
+      for (ClassSet& set : bins->classes) set.clear();
+    streams_.clear();
+    last_ = nullptr;
+    size_ = 0;
+    bytes_ = 0;
   }
 
  private:
-  // Whether key may sit at it's position: strictly between its neighbours.
-  bool fits_at(iterator it, const Block& key) const noexcept {
-    if (it != set_.begin() && !FreeOrder{}(*std::prev(it), key)) return false;
+  // Whether key may sit at it's position of set: strictly between its neighbours.
+  static bool fits_at(ClassSet& set, ClassSet::iterator it, const Block& key) noexcept {
+    if (it != set.begin() && !ClassOrder{}(*std::prev(it), key)) return false;
     auto next = std::next(it);
-    return next == set_.end() || FreeOrder{}(key, *next);
+    return next == set.end() || ClassOrder{}(key, *next);
   }
 
-  Set set_;
+  Bins* bins_of(StreamId stream) noexcept {
+    if (last_ != nullptr && last_->stream == stream) return last_;
+    return bins_of_slow(stream);
+  }
+  [[gnu::noinline]] Bins* bins_of_slow(StreamId stream) noexcept {
+    for (auto& bins : streams_)
+      if (bins->stream == stream) return last_ = bins.get();
+    return nullptr;
+  }
+  Bins& bins_for(StreamId stream) {
+    if (last_ != nullptr && last_->stream == stream) return *last_;
+    return bins_for_slow(stream);
+  }
+  [[gnu::noinline]] Bins& bins_for_slow(StreamId stream) {
+    if (Bins* b = bins_of(stream)) return *b;
+    // Streams stay sorted, so iteration is in stream order.
+    auto at = streams_.begin();
+    while (at != streams_.end() && (*at)->stream < stream) ++at;
+    at = streams_.insert(at, std::make_unique<Bins>(stream));
+    return *(last_ = at->get());
+  }
+
+  std::vector<std::unique_ptr<Bins>> streams_;  // by stream, ascending
+  Bins* last_ = nullptr;                        // the stream used last (most programs use one)
+  std::size_t size_ = 0;
   std::size_t bytes_ = 0;
 };
+
+inline bool FreeIndex::check_order() const noexcept {
+  std::size_t count = 0, bytes = 0;
+  const Bins* prev_bins = nullptr;
+  for (const auto& bins : streams_) {
+    if (prev_bins && !(prev_bins->stream < bins->stream)) return false;
+    prev_bins = bins.get();
+    std::size_t in_stream = 0;
+    for (unsigned c = 0; c < SizeClasses::kClasses; ++c) {
+      const ClassSet& set = bins->classes[c];
+      const unsigned level = c / SizeClasses::kSubClasses, sub = c % SizeClasses::kSubClasses;
+      const bool bit = (bins->class_bits[level] >> sub) & 1u;
+      if (bit != !set.empty()) return false;
+      const Block* prev = nullptr;
+      for (const Block& b : set) {
+        if (b.stream != bins->stream || SizeClasses::of(b.size_bytes).index() != c) return false;
+        if (prev && !ClassOrder{}(*prev, b)) return false;
+        prev = &b;
+        bytes += b.size_bytes;
+        ++in_stream;
+      }
+    }
+    for (unsigned l = 0; l < SizeClasses::kLevels; ++l)
+      if (((bins->level_bits >> l) & 1u) != (bins->class_bits[l] != 0)) return false;
+    if (in_stream != bins->blocks) return false;
+    count += in_stream;
+  }
+  return count == size_ && bytes == bytes_;
+}
 
 }  // namespace gpumem::alloc::detail

@@ -26,7 +26,7 @@ void CachingAllocator::Impl::check_now_locked() {
 
 void CachingAllocator::Impl::check_locked() const {
   mutex.assert_held();
-  std::size_t live_count = 0, reserved = 0, alloc = 0, free_count[2] = {0, 0}, cached_count = 0, claimed = 0;
+  std::size_t live_count = 0, reserved = 0, alloc = 0, free_count[2] = {0, 0}, lease_blocks = 0, claimed = 0;
   std::size_t va = 0;
   for (const auto& [base, rp] : map.regions) {
     const Region& r = *rp;
@@ -62,6 +62,8 @@ void CachingAllocator::Impl::check_locked() const {
       if (b->addr != at) broken(fmt::format("region {:#x}: gap or overlap at {:#x}", base, at));
       if (b->prev != prev) broken(fmt::format("block {:#x}: prev link broken", b->addr));
       if (b->region != &r || b->stream != r.stream) broken(fmt::format("block {:#x}: wrong region or stream", b->addr));
+      if (state != BlockState::cached && b->lease != nullptr)
+        broken(fmt::format("block {:#x} of the region's chain names a lease", b->addr));
       if (b->size_bytes == 0 || b->size_bytes % policy::kMinBlockBytes)
         broken(fmt::format("block {:#x}: size {} not a positive multiple of 512", b->addr, b->size_bytes));
       if (prev && prev->state == state && (state == BlockState::free || state == BlockState::unmapped))
@@ -103,11 +105,14 @@ void CachingAllocator::Impl::check_locked() const {
           ++live_count;
           if (state == BlockState::allocated) alloc += b->size_bytes;
           break;
-        case BlockState::cached:
-          if (live.find_unlocked(b->addr) != b) broken(fmt::format("cached block {:#x} missing from the live table", b->addr));
-          ++live_count;
-          ++cached_count;
+        case BlockState::cached: {
+          // A lease's block: its sub-blocks tile it (checked with the caches below).
+          const detail::Lease* l = b->lease;
+          if (l == nullptr || l->block != b) broken(fmt::format("cached block {:#x} is not a lease's block", b->addr));
+          if (live.find_unlocked(b->addr) == b) broken(fmt::format("lease block {:#x} is in the live table", b->addr));
+          ++lease_blocks;
           break;
+        }
         case BlockState::claimed:
           if (map.free_index[static_cast<int>(r.pool)].contains(*b) || live.find_unlocked(b->addr) == b)
             broken(fmt::format("claimed block {:#x} is in a container", b->addr));
@@ -124,23 +129,54 @@ void CachingAllocator::Impl::check_locked() const {
     claimed += region_claims;
   }
   if (claimed != map.claimed_blocks) broken(fmt::format("{} claimed blocks, claimed_blocks says {}", claimed, map.claimed_blocks));
-  if (live_count != live.size_unlocked()) broken("live table holds blocks that are not live");
-  std::size_t in_bins = 0;
+  std::size_t leases = 0;
   std::int64_t alloc_delta = 0;
   for (const auto& tc : thread_caches.caches) {
-    std::size_t bytes = 0;
-    for (const auto& bin : tc->bins)
-      for (int i = 0; i < bin.count; ++i) {
-        const Block* b = bin.blocks[i];
-        if (b->state != BlockState::cached || b->stream != bin.stream || b->size_bytes != bin.size_bytes)
-          broken(fmt::format("thread cache holds block {:#x} that does not belong there", b->addr));
-        bytes += b->size_bytes;
-        ++in_bins;
+    std::size_t free_subs[2] = {0, 0}, leased = 0, count = 0;
+    for (const detail::Lease* l = tc->leases; l; l = l->next) {
+      ++count;
+      const Block* lb = l->block;
+      if (l->cache != tc.get() || lb == nullptr || lb->state != BlockState::cached || lb->lease != l)
+        broken("thread cache lists a lease that is not its own");
+      leased += lb->size_bytes;
+      std::uintptr_t at = lb->addr;
+      const Block* prev = nullptr;
+      for (const Block* x = l->first; x; prev = x, x = x->next) {
+        if (x->addr != at || x->prev != prev) broken(fmt::format("lease {:#x}: sub-blocks do not tile it at {:#x}", lb->addr, at));
+        if (x->lease != l || x->region != lb->region || x->stream != lb->stream)
+          broken(fmt::format("sub-block {:#x} has the wrong lease, region or stream", x->addr));
+        if (x->size_bytes == 0 || x->size_bytes % policy::kMinBlockBytes)
+          broken(fmt::format("sub-block {:#x}: size {} not a positive multiple of 512", x->addr, x->size_bytes));
+        const BlockState xs = x->state;
+        if (xs == BlockState::free) {
+          if (prev && prev->state == BlockState::free) broken(fmt::format("sub-block {:#x}: free neighbours not merged", x->addr));
+          if (!tc->index[static_cast<int>(lb->region->pool)].contains(*x))
+            broken(fmt::format("free sub-block {:#x} missing from its cache's index", x->addr));
+          ++free_subs[static_cast<int>(lb->region->pool)];
+        } else if (xs == BlockState::allocated) {
+          if (live.find_unlocked(x->addr) != x) broken(fmt::format("allocated sub-block {:#x} missing from the live table", x->addr));
+          if (x->uses) broken(fmt::format("sub-block {:#x} is used on other streams", x->addr));
+          ++live_count;
+          alloc += x->size_bytes;
+        } else {
+          broken(fmt::format("sub-block {:#x} is {}", x->addr, to_string(xs)));
+        }
+        at = x->end();
       }
-    if (bytes != tc->cached_bytes) broken("thread cache cached_bytes out of step");
+      if (at != lb->end()) broken(fmt::format("lease {:#x}: sub-blocks end at {:#x}", lb->addr, at));
+    }
+    if (count != tc->lease_count || leased != tc->leased_bytes) broken("thread cache lease count or bytes out of step");
+    for (int pool = 0; pool < 2; ++pool) {
+      if (free_subs[pool] != tc->index[pool].size()) broken("thread cache index holds blocks that are not its free sub-blocks");
+      if (!tc->index[pool].check_order()) broken("thread cache index out of order or its byte count out of step");
+    }
+    leases += count;
     alloc_delta += tc->allocated_delta;
   }
-  if (in_bins != cached_count) broken("cached blocks and thread-cache bins disagree");
+  for (const auto& tc : thread_caches.spare)
+    if (!tc->empty()) broken("a retired thread cache still holds leases");
+  if (leases != lease_blocks) broken("lease blocks and thread caches' leases disagree");
+  if (live_count != live.size_unlocked()) broken("live table holds blocks that are not live");
   for (int pool = 0; pool < 2; ++pool) {
     if (free_count[pool] != map.free_index[pool].size()) broken("free index holds blocks that are not free");
     if (!map.free_index[pool].check_order()) broken("free index out of order or its byte count out of step");

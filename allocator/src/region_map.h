@@ -28,6 +28,7 @@
 
 #include "block.h"
 #include "block_arena.h"
+#include "block_surgery.h"
 #include "free_index.h"
 #include "size_policy.h"
 
@@ -69,64 +70,16 @@ class RegionMap {
   // The region holding addr, or null.
   Region* region_of(std::uintptr_t addr) noexcept;
 
-  // ---- block surgery (no container changes unless said)
+  // ---- block surgery (block_surgery.h; no container changes unless said)
 
   // Splits b at `at` (b.addr < at < b.end()): b keeps the front, the returned block the rest, with
   // b's state. Neither is put into or taken out of a container.
-  Block* split_at(Block* b, std::uintptr_t at) {
-    Block* rest = arena.make();
-    rest->addr = at;
-    rest->size_bytes = b->end() - at;
-    rest->stream = b->stream;
-    rest->region = b->region;
-    rest->state = BlockState(b->state);
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next) b->next->prev = rest;
-    b->next = rest;
-    b->size_bytes = at - b->addr;
-    return rest;
-  }
-
+  Block* split_at(Block* b, std::uintptr_t at) { return surgery::split_at(*this, b, at); }
   // Absorbs b->next into b (both out of any container) and disposes of it.
-  void absorb_next(Block* b) noexcept {
-    Block* n = b->next;
-    b->size_bytes += n->size_bytes;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    arena.dispose(n);
-  }
-
+  void absorb_next(Block* b) noexcept { surgery::absorb_next(*this, b); }
   // b is free and in no container: merges it with free neighbours and inserts the result into the
   // free index. Returns the merged block.
-  Block* insert_free_merged(Block* b) {
-    FreeIndex& idx = index_of(*b->region);
-    Block* p = b->prev && b->prev->state == BlockState::free ? b->prev : nullptr;
-    Block* n = b->next && b->next->state == BlockState::free ? b->next : nullptr;
-    if (p) {
-      // p grows over b (and n): it keeps its node, moved only if its rank changed.
-      const std::size_t old = p->size_bytes;
-      if (n) idx.erase(*n);
-      absorb_next(p);
-      if (n) absorb_next(p);
-      p->free_seq = tick;
-      idx.resized(*p, old);
-      return p;
-    }
-    b->free_seq = tick;
-    if (n) {
-      // b takes n's node.
-      const std::size_t old = n->size_bytes;
-      b->size_bytes += old;
-      b->next = n->next;
-      if (n->next) n->next->prev = b;
-      idx.replace(*n, old, *b);
-      arena.dispose(n);
-      return b;
-    }
-    idx.insert(*b);
-    return b;
-  }
+  Block* insert_free_merged(Block* b) { return surgery::insert_free_merged(*this, b); }
 
   // b is unmapped and in no container: merges it with unmapped neighbours and inserts the result
   // into the region's unmapped set.
@@ -134,21 +87,7 @@ class RegionMap {
 
   // b is free and out of the free index; cuts [addr, addr + size) out of it and returns that block
   // (free, in no container). The remainders go back to the free index.
-  Block* carve(Block* b, std::uintptr_t addr, std::size_t size) {
-    FreeIndex& idx = index_of(*b->region);
-    if (addr > b->addr) {
-      Block* mid = split_at(b, addr);
-      b->free_seq = tick;
-      idx.insert(*b);
-      b = mid;
-    }
-    if (b->size_bytes > size) {
-      Block* rest = split_at(b, b->addr + size);
-      rest->free_seq = tick;
-      idx.insert(*rest);
-    }
-    return b;
-  }
+  Block* carve(Block* b, std::uintptr_t addr, std::size_t size) { return surgery::carve(*this, b, addr, size); }
 
   // Hands out b (free, out of the free index) for a request of `rounded`, splitting off the rest
   // when the policy says so.
@@ -161,25 +100,14 @@ class RegionMap {
   // Best fit among the free blocks of (pool, stream) for a request of `rounded`: the block (free,
   // out of the free index; the rest split off as the policy says), or null. The fast path.
   Block* take_cached(PoolKind pool, StreamId stream, std::size_t rounded, const policy::SplitLimits& limits) {
-    FreeIndex& idx = free_index[static_cast<int>(pool)];
-    auto it = idx.best_fit(stream, rounded);
-    if (it == idx.end()) return nullptr;
-    Block* b = &*it;
-    if (!b->region->expandable &&
-        !policy::accept_cached_classic(b->size_bytes, rounded, limits.max_split_bytes,
-                                       limits.max_non_split_rounding_bytes))
-      return nullptr;
-    if (!policy::should_split(b->region->expandable, pool, b->size_bytes, rounded, limits.max_split_bytes)) {
-      idx.erase(*b);
-      return b;
-    }
-    // The rest takes b's node in the index.
-    const std::size_t old = b->size_bytes;
-    Block* rest = split_at(b, b->addr + rounded);
-    rest->free_seq = tick;
-    idx.replace(*b, old, *rest);
-    return b;
+    return surgery::take_best_fit(*this, free_index[static_cast<int>(pool)], pool, stream, rounded, limits);
   }
+
+  // ---- the Space of block_surgery.h
+  FreeIndex& index_for(const Block& b) noexcept { return index_of(*b.region); }
+  Block* make_block() { return arena.make(); }
+  void dispose_block(Block* b) noexcept { arena.dispose(b); }
+  std::uint64_t free_stamp() const noexcept { return tick; }
 
   // ---- claims: blocks an operation in progress owns while the engine's lock is dropped
 

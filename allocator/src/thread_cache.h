@@ -1,100 +1,178 @@
-// ThreadCache: one thread's cache of blocks it freed recently, per engine, so that a thread that
-// frees and allocates the same size again (the common case of a training step, and of a thread
-// that allocates and frees its own buffers) needs neither the engine's lock nor its free index.
+// ThreadCache: one thread's private free memory for one engine, so that threads allocating and
+// freeing at once (of any mix of sizes) do not all take the engine's lock. Note [Thread caches]
+// (docs/notes/thread-caches.md) has the design; in short:
 //
-// A block enters the cache on free() only if its (stream, rounded size) is among the thread's 8
-// most recent allocations, it has no record_stream uses, and the cache holds little (kPerBin blocks
-// a size, kMaxCachedBytes in all). Cached blocks stay in the live-block table in state `cached`
-// (so a second free is still caught as a double free); they were reported freed to observers
-// (free_requested + free_completed) and are not counted as allocated.
+//   * A cache holds leases. A lease is one range of a region, taken from the engine's free memory
+//     (or a block this thread freed) and held by one block of the region's chain in state `cached`
+//     (Lease::block), which the engine never changes, merges with or hands out while it is leased.
+//   * Inside the range the cache keeps its own chain of sub-blocks (Lease::first, linked through
+//     prev/next, null at the lease's ends, so nothing merges across it) and its own FreeIndex of the
+//     free ones: requests are served by best fit with splitting, frees merge with free neighbours,
+//     by the same code as the engine's regions (block_surgery.h). Allocated sub-blocks are in the
+//     engine's live-block table like every allocated block; free sub-blocks are in no engine
+//     structure.
+//   * Block objects come from the engine's arena through a stash refilled under the engine's lock.
 //
-// Invariants: every block in a bin is in state cached and has the bin's stream and size;
-// cached_bytes == sum of the sizes in the bins.
+// Invariants (checked by the engine's check_invariants): each lease's sub-blocks tile its block's
+// range in address order, have its region and stream, no two free ones are neighbours, free ones
+// are in this cache's index and allocated ones in the live table; every block in the index is a
+// free sub-block of one of this cache's leases; Lease::cache never changes.
 //
-// Thread-safety: the owning thread takes `lock` for each fast-path operation; the engine takes it
-// (with its own lock held) to drain the cache: before it grows, and for every operation that must
-// see all memory (empty_cache, the OOM retry, snapshots, totals, invariant checks). Lock order:
-// engine mutex -> thread cache -> live-table shard.
+// Thread-safety: `lock` guards everything here. The owning thread takes it for its fast paths; a
+// thread freeing a sub-block of this cache's leases takes it (and only it) to give the block back;
+// the engine takes it, with its own lock held, to hand out leases, refill the stash and drain the
+// cache (lock order: engine lock -> ThreadCache::lock -> live-table shard). Lease objects belong
+// to their cache for its whole life, and caches to their engine's, so a pointer read without the
+// lock is safe to follow and check again under it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "block.h"
+#include "block_surgery.h"
+#include "free_index.h"
 #include "gpumem/alloc/spin_lock.h"
 
 namespace gpumem::alloc::detail {
 
-struct ThreadCache {
-  static constexpr int kBins = 8;
-  static constexpr int kPerBin = 4;
-  static constexpr int kRecent = 8;
-  static constexpr std::size_t kMaxCachedBytes = std::size_t{256} << 20;
-  static constexpr std::size_t kMaxBlockBytes = std::size_t{128} << 20;
+struct ThreadCache;
 
-  struct Bin {
-    StreamId stream = 0;
-    std::size_t size_bytes = 0;
-    int count = 0;
-    Block* blocks[kPerBin] = {};
-  };
-  struct Recent {
-    StreamId stream = 0;
-    std::size_t size_bytes = 0;
-  };
+struct Lease {
+  explicit Lease(ThreadCache* c) noexcept : cache(c) {}
+  ThreadCache* const cache;  // never changes: a Lease object serves one cache
+  Block* block = nullptr;    // in the region's chain, state cached; null while unused
+  Block* first = nullptr;    // the lowest sub-block
+  Lease* prev = nullptr;     // the cache's leases (or its unused Lease objects, through next)
+  Lease* next = nullptr;
+};
+
+struct ThreadCache {
+  // Block objects kept at hand: at least kStashLow after each visit to the engine (a fast-path
+  // split needs one), at most kStashHigh (the rest go back to the engine's arena then).
+  static constexpr std::size_t kStashLow = 8;
+  static constexpr std::size_t kStashHigh = 64;
+  // How much free memory a new lease takes from the engine (a request larger than this takes
+  // what it needs).
+  static constexpr std::size_t kLeaseLargeBytes = std::size_t{64} << 20;
+  static constexpr std::size_t kLeaseSmallBytes = std::size_t{2} << 20;
+  // A block this thread frees becomes a lease of its own only while the cache's free memory stays
+  // under this; beyond it, the block goes back to the engine.
+  static constexpr std::size_t kMaxFreeBytes = std::size_t{1} << 30;
+
+  ThreadCache() = default;
+  ThreadCache(const ThreadCache&) = delete;
+  ThreadCache& operator=(const ThreadCache&) = delete;
 
   SpinLock lock;
-  Bin bins[kBins];
-  Recent recent[kRecent];
-  int recent_next = 0;
-  std::size_t cached_bytes = 0;
+  FreeIndex index[2];  // free sub-blocks, by PoolKind
+  Lease* leases = nullptr;        // in use, a doubly linked list
+  std::size_t lease_count = 0;
+  std::size_t leased_bytes = 0;   // sum of the leases' sizes
+  Block* stash = nullptr;         // spare Block objects, through next
+  std::size_t stash_count = 0;
   // Changes to the engine's allocated/requested byte counts made by fast paths, folded into the
   // engine's counters when the cache is drained.
   std::int64_t allocated_delta = 0;
   std::int64_t requested_delta = 0;
 
-  void note_recent(StreamId stream, std::size_t size_bytes) noexcept {
-    Recent& r = recent[recent_next];
-    if (r.stream == stream && r.size_bytes == size_bytes) return;
-    for (const Recent& x : recent)
-      if (x.stream == stream && x.size_bytes == size_bytes) return;
-    r = {stream, size_bytes};
-    recent_next = (recent_next + 1) % kRecent;
+  std::size_t free_bytes() const noexcept { return index[0].bytes() + index[1].bytes(); }
+  bool empty() const noexcept { return leases == nullptr; }
+
+  // ---- the Space of block_surgery.h (sub-blocks)
+  FreeIndex& index_for(const Block& b) noexcept { return index[static_cast<int>(b.region->pool)]; }
+  Block* make_block() noexcept {
+    Block* b = stash;
+    stash = b->next;
+    --stash_count;
+    b->~Block();
+    return new (b) Block();
   }
-  bool is_recent(StreamId stream, std::size_t size_bytes) const noexcept {
-    for (const Recent& x : recent)
-      if (x.size_bytes == size_bytes && x.stream == stream) return true;
-    return false;
+  void dispose_block(Block* b) noexcept {
+    b->next = stash;
+    stash = b;
+    ++stash_count;
   }
-  // The bin a block of (stream, size) goes to, or null if every bin is busy with other sizes or
-  // full.
-  Bin* bin_for_push(StreamId stream, std::size_t size_bytes) noexcept {
-    Bin* empty = nullptr;
-    for (Bin& b : bins) {
-      if (b.count > 0 && b.stream == stream && b.size_bytes == size_bytes) return b.count < kPerBin ? &b : nullptr;
-      if (b.count == 0 && !empty) empty = &b;
+  std::uint64_t free_stamp() const noexcept { return 0; }
+
+  // ---- fast paths (lock held)
+
+  // Best fit among the free sub-blocks for a request of `rounded` on `stream`: the sub-block
+  // (free, out of the index, the rest split off as the policy says), or null (nothing fits, or no
+  // Block object is at hand for the split).
+  Block* take(PoolKind pool, StreamId stream, std::size_t rounded, const policy::SplitLimits& limits) {
+    if (stash_count == 0) return nullptr;
+    return surgery::take_best_fit(*this, index[static_cast<int>(pool)], pool, stream, rounded, limits);
+  }
+  // x, an allocated sub-block of one of this cache's leases (out of the live table), is free:
+  // merged with its free neighbours in the lease.
+  void give_back(Block* x) {
+    x->state = BlockState::free;
+    x->requested_bytes = 0;
+    surgery::insert_free_merged(*this, x);
+  }
+  // Whether adopt() can run now (a Block object at hand, room under kMaxFreeBytes).
+  bool can_adopt(std::size_t size_bytes) const noexcept {
+    return stash_count > 0 && free_bytes() + size_bytes <= kMaxFreeBytes;
+  }
+  // b (a block of a region's chain, out of every container: just freed by this thread, or taken
+  // from the engine's free index) becomes a lease: state cached, one free sub-block over it.
+  Lease* adopt(Block* b) {
+    Lease* l = new_lease();
+    b->state = BlockState::cached;
+    b->requested_bytes = 0;
+    b->lease = l;
+    Block* sub = make_block();
+    sub->addr = b->addr;
+    sub->size_bytes = b->size_bytes;
+    sub->stream = b->stream;
+    sub->region = b->region;
+    sub->lease = l;
+    sub->state = BlockState::free;
+    l->block = b;
+    l->first = sub;
+    link(l);
+    leased_bytes += b->size_bytes;
+    index_for(*sub).insert(*sub);
+    return l;
+  }
+  // Unlinks l (its block and sub-blocks are the caller's to put back) and keeps the object.
+  void retire(Lease* l) noexcept {
+    if (l->prev) l->prev->next = l->next;
+    else leases = l->next;
+    if (l->next) l->next->prev = l->prev;
+    --lease_count;
+    leased_bytes -= l->block->size_bytes;
+    l->block = nullptr;
+    l->first = nullptr;
+    l->prev = nullptr;
+    l->next = spare_;
+    spare_ = l;
+  }
+
+ private:
+  Lease* new_lease() {
+    if (spare_ == nullptr) {
+      storage_.push_back(std::make_unique<Lease>(this));
+      return storage_.back().get();
     }
-    if (empty) {
-      empty->stream = stream;
-      empty->size_bytes = size_bytes;
-    }
-    return empty;
+    Lease* l = spare_;
+    spare_ = l->next;
+    l->next = nullptr;
+    return l;
   }
-  // The lowest-addressed block of (stream, size): what best fit would pick among them, which keeps
-  // regions compact.
-  Block* pop(StreamId stream, std::size_t size_bytes) noexcept {
-    for (Bin& b : bins) {
-      if (b.count == 0 || b.size_bytes != size_bytes || b.stream != stream) continue;
-      int low = 0;
-      for (int i = 1; i < b.count; ++i)
-        if (b.blocks[i]->addr < b.blocks[low]->addr) low = i;
-      Block* out = b.blocks[low];
-      b.blocks[low] = b.blocks[--b.count];
-      return out;
-    }
-    return nullptr;
+  void link(Lease* l) noexcept {
+    l->prev = nullptr;
+    l->next = leases;
+    if (leases) leases->prev = l;
+    leases = l;
+    ++lease_count;
   }
-  bool empty() const noexcept { return cached_bytes == 0; }
+
+  Lease* spare_ = nullptr;                     // unused Lease objects, through next
+  std::vector<std::unique_ptr<Lease>> storage_;  // every Lease object of this cache
 };
 
 }  // namespace gpumem::alloc::detail

@@ -59,6 +59,7 @@ void unregister_engine(std::uint64_t id) {
 
 namespace gpumem::alloc {
 
+using detail::Lease;
 using detail::ThreadCache;
 
 ThreadCache* CachingAllocator::Impl::create_cache_for_this_thread() {
@@ -80,40 +81,77 @@ ThreadCache* CachingAllocator::Impl::create_cache_for_this_thread() {
       }
     if (!free_slot) return nullptr;
   }
-  auto tc = std::make_unique<ThreadCache>();
-  ThreadCache* raw = tc.get();
+  ThreadCache* raw = nullptr;
   {
     std::lock_guard lock(mutex);
-    thread_caches.caches.push_back(std::move(tc));
+    auto& spare = thread_caches.spare;
+    if (spare.empty()) {
+      thread_caches.caches.push_back(std::make_unique<ThreadCache>());
+    } else {
+      thread_caches.caches.push_back(std::move(spare.back()));
+      spare.pop_back();
+    }
+    raw = thread_caches.caches.back().get();
   }
   *free_slot = {thread_caches.id, raw};
   return raw;
 }
 
+void CachingAllocator::Impl::refill_stash_locked(ThreadCache& tc) {
+  mutex.assert_held();
+  while (tc.stash_count < ThreadCache::kStashLow) tc.dispose_block(map.arena.make());
+  while (tc.stash_count > ThreadCache::kStashHigh) map.arena.dispose(tc.make_block());
+}
+
+bool CachingAllocator::Impl::lease_locked(ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded) {
+  mutex.assert_held();
+  const std::size_t want =
+      std::max(rounded, pool == PoolKind::small ? ThreadCache::kLeaseSmallBytes : ThreadCache::kLeaseLargeBytes);
+  // A range of `want` bytes from the best fit for it; else the best fit for the request, whole.
+  Block* b = map.take_cached(pool, stream, want, rules.split);
+  if (b == nullptr) b = map.take_cached(pool, stream, rounded, rules.split);
+  if (b == nullptr) return false;
+  refill_stash_locked(tc);
+  tc.adopt(b);
+  return true;
+}
+
+void CachingAllocator::Impl::splice_lease_locked(ThreadCache& tc, Lease* l) {
+  Block* lb = l->block;
+  Region& r = *lb->region;
+  Block* first = l->first;
+  Block* last = first;
+  std::vector<Block*>& free_subs = splice_scratch;
+  free_subs.clear();
+  for (Block* x = first;; x = x->next) {
+    x->lease = nullptr;
+    if (x->state == BlockState::free) {
+      tc.index_for(*x).erase(*x);
+      free_subs.push_back(x);
+    }
+    last = x;
+    if (!x->next) break;
+  }
+  // The sub-blocks take the lease block's place in the chain.
+  first->prev = lb->prev;
+  if (lb->prev) lb->prev->next = first;
+  else r.first = first;
+  last->next = lb->next;
+  if (lb->next) lb->next->prev = last;
+  tc.retire(l);
+  map.arena.dispose(lb);
+  // Free sub-blocks are never neighbours (they merged in the lease); each merges with free blocks
+  // outside the lease's ends.
+  for (Block* x : free_subs) map.insert_free_merged(x);
+}
+
 void CachingAllocator::Impl::drain_cache_locked(ThreadCache& tc) {
+  mutex.assert_held();
   allocated_bytes += static_cast<std::size_t>(tc.allocated_delta);
   requested_bytes += static_cast<std::size_t>(tc.requested_delta);
   tc.allocated_delta = tc.requested_delta = 0;
-  if (tc.cached_bytes == 0) return;
-  for (auto& bin : tc.bins) {
-    for (int i = 0; i < bin.count; ++i) {
-      Block* b = bin.blocks[i];
-      live.erase(*b, true);
-      b->state = BlockState::free;
-      b->requested_bytes = 0;
-      map.insert_free_merged(b);
-    }
-    bin.count = 0;
-  }
-  tc.cached_bytes = 0;
-}
-
-void CachingAllocator::Impl::drain_own_cache_slow_locked() {
-  mutex.assert_held();
-  ThreadCache* tc = thread_caches.find_for_this_thread();
-  if (!tc) return;
-  std::lock_guard lock(tc->lock);
-  drain_cache_locked(*tc);
+  while (tc.leases) splice_lease_locked(tc, tc.leases);
+  while (tc.stash_count > ThreadCache::kStashLow) map.arena.dispose(tc.make_block());
 }
 
 void CachingAllocator::Impl::drain_all_caches_locked() {
@@ -121,14 +159,24 @@ void CachingAllocator::Impl::drain_all_caches_locked() {
   for (auto& tc : thread_caches.caches) drain_cache_locked(*tc);
 }
 
+std::size_t CachingAllocator::Impl::cached_free_bytes_locked() const {
+  std::size_t n = 0;
+  for (const auto& tc : thread_caches.caches) n += tc->free_bytes();
+  return n;
+}
+
 void CachingAllocator::Impl::retire_cache(ThreadCache* cache) {
   std::lock_guard lock(mutex);
   {
     std::lock_guard cl(cache->lock);
     drain_cache_locked(*cache);
+    while (cache->stash_count > 0) map.arena.dispose(cache->make_block());
   }
   auto& v = thread_caches.caches;
-  v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == cache; }), v.end());
+  auto it = std::find_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == cache; });
+  if (it == v.end()) return;
+  thread_caches.spare.push_back(std::move(*it));
+  v.erase(it);
 }
 
 }  // namespace gpumem::alloc

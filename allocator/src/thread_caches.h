@@ -1,16 +1,20 @@
-// ThreadCacheSet: one engine's thread caches (thread_cache.h says what one cache holds) and how a
-// thread finds its own. Each thread keeps up to ThreadCacheSlots::kSlots (engine id -> cache)
-// slots in thread-local storage, so the lookup on the fast path is a scan of a few words with no
-// lock. A thread that exits hands its caches back to the engines that still exist, found in a
-// registry of live engines by id (never destroyed: threads may exit after static destructors ran).
+// ThreadCacheSet: one engine's thread caches (thread_cache.h says what one cache holds; Note
+// [Thread caches], docs/notes/thread-caches.md, the design) and how a thread finds its own. Each
+// thread keeps up to ThreadCacheSlots::kSlots (engine id -> cache) slots in thread-local storage,
+// so the lookup on the fast path is a scan of a few words with no lock. A thread that exits hands
+// its caches back to the engines that still exist, found in a registry of live engines by id
+// (never destroyed: threads may exit after static destructors ran).
 //
 // Caches turn on (`active`) the first time a thread finds the engine's lock taken: a program that
 // never allocates from two threads at once keeps the engine's exact best-fit choices.
 //
 // Invariants: every cache in `caches` belongs to exactly one thread's slot for this engine's id,
-// until that thread exits (its slot is cleared and the cache removed, under the engine's lock).
-// Thread-safety: `caches` changes under the engine's lock; `active` is set under it and read
-// without; a thread's slots are its own. Lock order: registry mutex -> engine lock -> cache lock.
+// until that thread exits (its slot is cleared, the cache drained and moved to `spare`, under the
+// engine's lock). Caches are destroyed only with the engine: a thread freeing a block of another
+// thread's lease may hold a pointer to its cache.
+// Thread-safety: `caches` and `spare` change under the engine's lock; `active` is set under it and
+// read without; a thread's slots are its own. Lock order: registry mutex -> engine lock -> cache
+// lock.
 #pragma once
 
 #include <atomic>
@@ -41,7 +45,8 @@ struct ThreadCacheSet {
   const std::uint64_t id;  // tells this engine apart in threads' slots (never reused)
   const bool enabled;      // Config::thread_cache
   std::atomic<bool> active{false};
-  std::vector<std::unique_ptr<ThreadCache>> caches;
+  std::vector<std::unique_ptr<ThreadCache>> caches;  // owned by live threads
+  std::vector<std::unique_ptr<ThreadCache>> spare;   // drained, of threads that exited; reused
 
   bool in_use() const noexcept { return enabled && active.load(std::memory_order_relaxed); }
 

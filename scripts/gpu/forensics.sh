@@ -1,103 +1,99 @@
 #!/usr/bin/env bash
-# GPU machine: gpumem's forensics numbers that need the H200 host (about 4-6 minutes).
+# GPU machine: gpumem's forensics numbers that need the H200 host, on binaries staged from the CPU
+# machine (scripts/gpu/stage.sh; nothing compiles here). Budget: 55 s wall (run_all.sh); every
+# step is cut to the time left and says so when it is skipped.
 #
-#   OUT=/some/dir scripts/gpu/forensics.sh
+#   OUT=/some/dir scripts/gpu/forensics.sh        (run_all.sh: "forensics 55 .../forensics.sh")
 #
-# 1. build (gpumem CLI, forensics tests, bench_snapshot_write, bench_op_attribution_overhead;
-#    viewer off)
-# 2. the forensics tests (CPU; they include torch.cuda._memory_viz rendering our pickles and the
-#    op attribution + OOM postmortem through install_cpu)
-# 3. bench_snapshot_write: a snapshot with 100,000 trace entries (op names included) written as
-#    pickle; target <= 50 ms (PyTorch 2.11 on this host: _dump_snapshot 127 ms without stacks)
-# 4. bench_op_attribution_overhead on CUDA: a GPT-style training step with attribution off and on;
-#    target <= 3% slower
-# 5. gpumem report on PyTorch's OOM snapshot (text and JSON)
-# $OUT gets summary.txt (verdicts and numbers) and forensics_logs.tar.gz (every log). Exit status:
-# 0 if every check passed.
+# Needs in $BUILD (.gpu/build): cli/gpumem, bench/bench_snapshot_write,
+# bench/bench_op_attribution_overhead, tests/forensics/forensics_test_{oom_report,report_cli,
+# engine_forensics,observers}.
+# 1. gpumem report / diff / replay on PyTorch's OOM snapshot (the shared traces): verdict, the
+#    replay under the recorded cap, the number format
+# 2. the quick forensics tests (CPU)
+# 3. bench_snapshot_write: a snapshot with 100,000 trace entries written as pickle; target <= 50 ms
+# 4. bench_op_attribution_overhead on CUDA: a GPT-style step with attribution (RecordFunction
+#    callbacks + trace ring + record_ops) off and on, alternating phases; target <= 3% slower
+# $OUT gets forensics_summary.txt and the logs. Exit status: 0 if every check that ran passed.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-OUT=${OUT:-$root/build-gpu/out}
-build=${GPUMEM_GPU_BUILD:-$root/build-gpu}
-summary=$OUT/summary.txt
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/env.sh"
+root=$gpu_root
+OUT=${OUT:-$root/.gpu/out/forensics}
+BUDGET_S=${BUDGET_S:-55}
+summary=$OUT/forensics_summary.txt
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
-finish() {
-  tar czf "$OUT/forensics_logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
-}
-trap finish EXIT
 : >"$summary"
 status=0
 note() { echo "$*" | tee -a "$summary"; }
-step() { echo; echo "=== $* ($(date +%T))"; }
+step() { echo; echo "=== $* ($(date +%T), ${SECONDS}s of ${BUDGET_S}s)"; }
+left() { echo $((BUDGET_S - 3 - SECONDS)); }
+# run_for MAX_S LOG cmd...: runs cmd with a timeout of min(MAX_S, time left); 125 when no time is left
+run_for() {
+  local max=$1 log=$2 t
+  shift 2
+  t=$(left)
+  [ "$t" -gt "$max" ] && t=$max
+  if [ "$t" -le 1 ]; then echo "skipped: no time left" >"$log"; return 125; fi
+  timeout "$t" "$@" >"$log" 2>&1
+}
+shared=${GPUMEM_SHARED_DIR:-$root/../shared}
+[ -d "$shared/traces" ] || shared=$root/shared
+gpumem=$BUILD/cli/gpumem
+note "forensics: build $BUILD, budget ${BUDGET_S}s"
 
-py=${GPUMEM_PYTHON:-python3}
-torch_prefix=$("$py" -c 'import torch;print(torch.utils.cmake_prefix_path)')
-
-step "configure + build"
-t0=$SECONDS
-{
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
-    -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_PYTHON="$py" -DTORCH_CUDA_ARCH_LIST=9.0 &&
-  cmake --build "$build" -j "$(nproc)" --target gpumem bench_snapshot_write bench_op_attribution_overhead \
-    forensics_test_snapshot_writer forensics_test_oom_report forensics_test_engine_forensics \
-    forensics_test_observers forensics_test_report_cli forensics_test_op_attribution_torch
-} >"$LOGS/build.log" 2>&1
-if [ $? -ne 0 ]; then
-  tail -40 "$LOGS/build.log"
-  note "build: FAILED (see build.log)"
-  exit 1
+step "gpumem report / diff / replay on PyTorch's OOM snapshot"
+snap=$shared/traces/native/oom.snapshot.pickle
+if [ ! -x "$gpumem" ]; then
+  note "report: FAILED ($gpumem missing from the staged build)"; status=1
+elif [ ! -f "$snap" ]; then
+  note "report: skipped (no $snap)"
+else
+  run_for 15 "$LOGS/report_oom.txt" "$gpumem" report "$snap"
+  rc=$?
+  note "report (rc $rc): $(grep -m1 -E 'verdict' "$LOGS/report_oom.txt")"
+  grep -m3 -iE 'replay|advice' "$LOGS/report_oom.txt" | sed 's/^/  /' | tee -a "$summary"
+  [ $rc -eq 0 ] || status=1
+  run_for 10 "$LOGS/report_oom.json" "$gpumem" report "$snap" --json --no-replay
+  note "report --json (rc $?): $(head -c 300 "$LOGS/report_oom.json" | tr -d '\n')"
+  run_for 10 "$LOGS/diff_oom.txt" "$gpumem" diff "$snap" "$snap" --at-a peak --at-b oom --top 5
+  note "diff peak->oom (rc $?): $(grep -m1 -E '^ +reserved ' "$LOGS/diff_oom.txt")"
+  run_for 10 "$LOGS/replay_oom.txt" "$gpumem" replay "$snap"
+  note "replay (rc $?): $(grep -m2 -iE 'cap|limit' "$LOGS/replay_oom.txt" | tr '\n' ' ')"
 fi
-note "build: ok in $((SECONDS - t0)) s"
 
-step "forensics tests"
-for t in forensics_test_snapshot_writer forensics_test_oom_report forensics_test_engine_forensics \
-         forensics_test_observers forensics_test_report_cli forensics_test_op_attribution_torch; do
-  bin=$(find "$build/tests" -name "$t" -type f -perm -u+x | head -1)
-  if (cd "$root" && GPUMEM_SOURCE_DIR="$root" GPUMEM_SHARED_DIR="$root/../shared" GPUMEM_PYTHON="$py" \
-        timeout 300 "$bin" --order lex >"$LOGS/$t.log" 2>&1); then
-    note "$t: passed ($(grep -E 'test cases|All tests passed' "$LOGS/$t.log" | tail -1))"
-  else
-    note "$t: FAILED (see $t.log)"; tail -30 "$LOGS/$t.log"; status=1
-  fi
+step "forensics tests (CPU)"
+for t in forensics_test_oom_report forensics_test_report_cli forensics_test_engine_forensics forensics_test_observers; do
+  bin=$BUILD/tests/forensics/$t
+  if [ ! -x "$bin" ]; then note "$t: FAILED (missing)"; status=1; continue; fi
+  (cd "$root" && GPUMEM_SHARED_DIR="$shared" run_for 20 "$LOGS/$t.log" "$bin" --order lex)
+  rc=$?
+  if [ $rc -eq 0 ]; then note "$t: passed ($(grep -E 'test cases|All tests passed' "$LOGS/$t.log" | tail -1))"
+  elif [ $rc -eq 125 ]; then note "$t: skipped (no time left)"
+  else note "$t: FAILED rc $rc (see logs/$t.log)"; tail -15 "$LOGS/$t.log"; status=1; fi
 done
 
 step "bench_snapshot_write"
-if timeout 120 "$build/bench/bench_snapshot_write" >"$LOGS/snapshot_write.log" 2>&1; then
-  cat "$LOGS/snapshot_write.log"
+if run_for 15 "$LOGS/snapshot_write.log" "$BUILD/bench/bench_snapshot_write"; then
   note "snapshot_write: $(grep 'write_snapshot to a file' "$LOGS/snapshot_write.log")"
   note "snapshot_write: $(grep '^pickle:' "$LOGS/snapshot_write.log")"
 else
-  note "bench_snapshot_write: FAILED"; status=1
+  note "bench_snapshot_write: FAILED or cut (rc $?; see logs/snapshot_write.log)"; status=1
 fi
 
 step "bench_op_attribution_overhead (CUDA)"
-if timeout 300 "$build/bench/bench_op_attribution_overhead" --device cuda --phases 10 --steps-per-phase 20 \
-     >"$LOGS/op_attribution_overhead.log" 2>&1; then
-  cat "$LOGS/op_attribution_overhead.log"
-  note "op attribution: $(grep -E '^attribution off' "$LOGS/op_attribution_overhead.log")"
-  note "op attribution: $(grep -E '^attribution on' "$LOGS/op_attribution_overhead.log")"
-  note "op attribution: $(grep -E '^overhead' "$LOGS/op_attribution_overhead.log")"
+t=$(left)
+if [ "$t" -lt 12 ]; then
+  note "op attribution: skipped (${t}s left)"
+elif run_for "$t" "$LOGS/op_attribution_overhead.log" "$BUILD/bench/bench_op_attribution_overhead" \
+       --device cuda --phases 6 --steps-per-phase 10; then
+  for k in '^attribution off' '^attribution on' '^overhead'; do
+    note "op attribution: $(grep -E "$k" "$LOGS/op_attribution_overhead.log")"
+  done
 else
-  note "bench_op_attribution_overhead: FAILED (see op_attribution_overhead.log)"; tail -20 "$LOGS/op_attribution_overhead.log"
-  status=1
+  note "op attribution: FAILED or cut at the budget (rc $?; see logs/op_attribution_overhead.log)"
+  tail -8 "$LOGS/op_attribution_overhead.log"; status=1
 fi
-
-step "bench_op_attribution_overhead parts (callbacks only, observers only)"
-for part in callbacks observers; do
-  if timeout 200 "$build/bench/bench_op_attribution_overhead" --device cuda --phases 6 --steps-per-phase 20 --on "$part" \
-       >"$LOGS/op_attribution_overhead_$part.log" 2>&1; then
-    note "op attribution ($part only): $(grep -E '^overhead' "$LOGS/op_attribution_overhead_$part.log")"
-  else
-    note "bench_op_attribution_overhead --on $part: FAILED"; status=1
-  fi
-done
-
-step "gpumem report on PyTorch's OOM snapshot"
-snap="$root/../shared/traces/native/oom.snapshot.pickle"
-if [ -f "$snap" ]; then
-  "$build/cli/gpumem" report "$snap" >"$LOGS/report_oom.txt" 2>&1
-  "$build/cli/gpumem" report "$snap" --json >"$LOGS/report_oom.json" 2>&1
-  note "report: $(grep -E 'OUT OF MEMORY' "$LOGS/report_oom.txt")"
-fi
+note "forensics: done in ${SECONDS}s, status $status"
 exit $status

@@ -1,6 +1,8 @@
-// Thread caches of recently freed blocks: off until the engine's lock is contended; then a thread's
-// exact repeats skip the lock, double frees are still caught, totals and snapshots stay exact, and
-// caches go back to the engine when their thread exits.
+// Thread caches (Note [Thread caches]): off until the engine's lock is contended; then a thread
+// allocates mixed sizes inside leases of free memory without the lock, other threads' frees go
+// back to the lease, double frees are still caught, totals and snapshots stay exact, leased memory
+// is used before the engine grows, and caches go back to the engine when their thread exits.
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -64,10 +66,11 @@ TEST_CASE("thread caches serve repeats and keep every number exact", "[engine][t
   auto a = engine.allocate(24 * KiB, 0);
   REQUIRE(a.ok());
   REQUIRE(engine.free(a.ptr) == FreeStatus::ok);
-  // The block waits in this thread's cache: it is free memory, not allocated.
+  // The block went back to the lease it came from, in this thread's cache: free memory (the
+  // lease's, at least the block's), not allocated.
   EngineTotals t = engine.totals();
   CHECK(t.allocated_bytes == 0);
-  CHECK(t.thread_cached_bytes == 24 * KiB);
+  CHECK(t.thread_cached_bytes >= 24 * KiB);
   CHECK(engine.free(a.ptr) == FreeStatus::double_free);
   CHECK(engine.record_stream(a.ptr, 5) == FreeStatus::double_free);
   CHECK_FALSE(engine.lookup(a.ptr).has_value());
@@ -100,5 +103,72 @@ TEST_CASE("a thread's cache goes back to the engine when the thread exits", "[en
   const EngineTotals t = engine.totals();
   CHECK(t.allocated_bytes == 0);
   CHECK(t.thread_cached_bytes == 0);  // the exited threads' caches were drained
+  engine.check_invariants();
+}
+
+TEST_CASE("leases serve mixed sizes, take frees from other threads and are used before growing", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  contend(engine);
+  // Caches stay on once contended: this thread's first call makes its own cache.
+  REQUIRE(engine.free(engine.allocate(4 * KiB, 0).ptr) == FreeStatus::ok);
+  if (engine.totals().thread_caches == 0) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  engine.check_invariants();
+
+  // Mixed small sizes: all served, distinct, counted exactly.
+  std::vector<AllocResult> blocks;
+  std::size_t requested = 0;
+  for (std::size_t i = 0; i < 64; ++i) {
+    const std::size_t size = 512 * (1 + (i * 37) % 200);
+    blocks.push_back(engine.allocate(size, 0));
+    REQUIRE(blocks.back().ok());
+    requested += size;
+  }
+  engine.check_invariants();
+  EngineTotals t = engine.totals();
+  CHECK(t.requested_bytes == requested);
+  for (const auto& b : blocks) {
+    const auto l = engine.lookup(b.ptr);
+    REQUIRE(l.has_value());
+    CHECK(l->block_size_bytes == b.size_bytes);
+  }
+  // Another thread frees them: each goes back to this thread's lease.
+  std::thread other([&] {
+    for (const auto& b : blocks) CHECK(engine.free(b.ptr) == FreeStatus::ok);
+  });
+  other.join();
+  engine.check_invariants();
+  t = engine.totals();
+  CHECK(t.allocated_bytes == 0);
+  CHECK(t.requested_bytes == 0);
+  // Freeing them again is refused (a block merged into a free neighbour reads as a pointer inside
+  // free memory, as without caches).
+  for (const auto& b : blocks) CHECK(engine.free(b.ptr) != FreeStatus::ok);
+
+  // record_stream on a leased block: the block becomes the engine's and its free waits.
+  auto r = engine.allocate(40 * KiB, 0);
+  REQUIRE(r.ok());
+  CHECK(engine.record_stream(r.ptr, 7) == FreeStatus::ok);
+  engine.check_invariants();
+  CHECK(engine.free(r.ptr) == FreeStatus::ok);
+  engine.check_invariants();
+
+  // Memory held in leases is used before growing: with the cap at what is reserved now, another
+  // thread (no lease of its own) gets a block the size of this thread's leased free memory.
+  auto s = engine.allocate(24 * KiB, 0);  // this thread leases again
+  REQUIRE(s.ok());
+  REQUIRE(engine.free(s.ptr) == FreeStatus::ok);
+  t = engine.totals();
+  REQUIRE(t.thread_cached_bytes > 0);
+  const std::size_t want = std::min<std::size_t>(t.thread_cached_bytes, 1024 * KiB);  // the small pool
+  engine.set_memory_limit(t.reserved_bytes);
+  std::thread third([&] {
+    auto big = engine.allocate(want, 0);
+    CHECK(big.ok());
+    if (big.ok()) CHECK(engine.free(big.ptr) == FreeStatus::ok);
+  });
+  third.join();
+  CHECK(engine.totals().reserved_bytes <= t.reserved_bytes);
   engine.check_invariants();
 }

@@ -128,8 +128,9 @@ TEST_CASE("command line: each mistake is one line naming the argument, and exit 
       {{"f", "--top", "99999999999999999999"}, "--top takes a number from 0 to 1000, not '99999999999999999999'"},
       {{"f", "--device", "gpu0"}, "--device takes a device index (0, 1, ...), not 'gpu0'"},
       // bad size, bad choice
-      {{"f", "--memory-limit", "lots"}, "--memory-limit takes a size such as 8GiB, 512MiB or 80GB, not 'lots'"},
-      {{"f", "--memory-limit", "0"}, "--memory-limit takes a size such as 8GiB, 512MiB or 80GB, not '0'"},
+      {{"f", "--memory-limit", "lots"}, "--memory-limit takes a size with a unit such as 8GiB or 512MiB (B, KiB, MiB, GiB, TiB; MB means MiB, as in the configuration's *_mb keys), not 'lots'"},
+      {{"f", "--memory-limit", "0"}, "--memory-limit takes a size with a unit such as 8GiB or 512MiB (B, KiB, MiB, GiB, TiB; MB means MiB, as in the configuration's *_mb keys), not '0'"},
+      {{"f", "--memory-limit", "8"}, "--memory-limit takes a size with a unit such as 8GiB or 512MiB (B, KiB, MiB, GiB, TiB; MB means MiB, as in the configuration's *_mb keys), not '8'"},
       {{"f", "--colors", "16"}, "--colors takes auto, 256, 8 or none, not '16'"},
       // positional arguments
       {{"a", "b"}, "one file at a time: got 'a' and 'b' (to compare two, use --diff)"},
@@ -172,15 +173,21 @@ TEST_CASE("command line: checks after parsing report the same way; misuse by the
   CHECK_THROWS_AS(cl.positionals(files), std::logic_error);
 }
 
-TEST_CASE("parse_size reads bytes and units", "[cli]") {
+TEST_CASE("parse_size reads a number with a binary unit, and nothing without one", "[cli]") {
   using gpumem::cli::parse_size;
-  CHECK(parse_size("4096") == 4096u);
+  CHECK(parse_size("4096B") == 4096u);
   CHECK(parse_size("8GiB") == std::size_t{8} << 30);
   CHECK(parse_size("512mib") == std::size_t{512} << 20);
-  CHECK(parse_size("80GB") == 80'000'000'000u);
+  // One convention with the configuration's *_mb keys: MB is MiB, GB is GiB.
+  CHECK(parse_size("80GB") == std::size_t{80} << 30);
+  CHECK(parse_size("500MB") == std::size_t{500} << 20);
   CHECK(parse_size("1.5KiB") == 1536u);
+  CHECK(parse_size("2TiB") == std::size_t{2} << 40);
+  // A bare number is refused: "--memory-limit 8" must not mean 8 bytes.
+  CHECK_FALSE(parse_size("8").has_value());
+  CHECK_FALSE(parse_size("4096").has_value());
   CHECK_FALSE(parse_size("lots").has_value());
-  CHECK_FALSE(parse_size("0").has_value());
+  CHECK_FALSE(parse_size("0B").has_value());
   CHECK_FALSE(parse_size("-1MB").has_value());
-  CHECK_FALSE(parse_size("5TB").has_value());
+  CHECK_FALSE(parse_size("5PB").has_value());
 }

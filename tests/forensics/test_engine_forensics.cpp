@@ -82,7 +82,7 @@ TEST_CASE("a fragmenting program's OOM postmortem says fragmentation, with the e
 
         const Snapshot snap = load_snapshot(files->snapshot_path);
         ReportOptions options;
-        options.replay_advice = false;
+        options.replay = false;
         const MemoryReport rep = build_report(snap, options);
         REQUIRE(rep.oom.has_value());
         CHECK(rep.oom->verdict == "fragmentation");
@@ -99,17 +99,17 @@ TEST_CASE("a fragmenting program's OOM postmortem says fragmentation, with the e
         CHECK(rep.fragmentation.largest_free_extent_bytes < 20 * kMiB);
         CHECK(rep.fragmentation.free_bytes >= 20 * kMiB);
         CHECK(rep.oom->cap_bytes == 160 * kMiB);
-        CHECK(rep.moment.rolled_back_entries == 0);
+        CHECK(rep.state.rolled_back_entries == 0);
         // Live memory is the kept tensors, by op.
-        REQUIRE(!rep.top_ops.empty());
-        CHECK(rep.top_ops.front().name == "aten::add");
-        CHECK(rep.top_ops.front().live_bytes == kept.size() * 11 * kMiB);
-        // The per-op table came with the snapshot.
+        REQUIRE(!rep.ops.empty());
+        CHECK(rep.ops.front().name == "aten::add");
+        CHECK(rep.ops.front().live_bytes == kept.size() * 11 * kMiB);
+        // The per-op table is built from the snapshot's trace.
         bool mm = false;
-        for (const auto& row : snap.gpumem.ops) {
+        for (const auto& row : rep.ops) {
           if (row.name == "aten::mm") {
             mm = true;
-            CHECK(row.allocs == kept.size());
+            CHECK(row.trace_allocs == kept.size());
             CHECK(row.reserved_growth_bytes >= kept.size() * 20 * kMiB);
           }
         }
@@ -208,12 +208,13 @@ TEST_CASE("engine snapshots carry ops on blocks and entries, in PyTorch's layout
   }
   const Snapshot back = parse_snapshot(snapshot_to_pickle(s), "engine");
   for (const auto& entry : back.device_traces.at(0)) CHECK(entry.frames.empty());
-  // The per-op table.
+  // The per-op table, built from the trace.
+  const MemoryReport report = build_report(s);
   bool mm = false;
-  for (const auto& row : s.gpumem.ops) {
+  for (const auto& row : report.ops) {
     if (row.name == "aten::mm") {
       mm = true;
-      CHECK(row.allocs == 1);
+      CHECK(row.trace_allocs == 1);
       CHECK(row.live_bytes == 3 * kMiB);
       CHECK(row.reserved_growth_bytes > 0);
     }
@@ -241,6 +242,7 @@ TEST_CASE("diff of two snapshots around a known allocation", "[engine][diff]") {
   }
   const Snapshot b = fx.snapshot();
   const SnapshotDiff d = diff_snapshots(a, b);
+  INFO(render_diff_text(d));
   REQUIRE(d.ops.size() == 1);
   CHECK(d.ops.front().name == "aten::linear");
   CHECK(d.ops.front().a_bytes == 0);
@@ -248,7 +250,7 @@ TEST_CASE("diff of two snapshots around a known allocation", "[engine][diff]") {
   CHECK(d.segments_added.size() == 1);
   CHECK(d.segments_added.front().total_size_bytes == 64 * kMiB);
   CHECK(d.segments_removed.empty());
-  CHECK(d.b.reserved_bytes - d.a.reserved_bytes == 64 * kMiB);
+  CHECK(d.b.fragmentation.reserved_bytes - d.a.fragmentation.reserved_bytes == 64 * kMiB);
   CHECK(render_diff_text(d).find("aten::linear") != std::string::npos);
   CHECK(render_diff_json(d).find("\"delta_bytes\":67108864") != std::string::npos);
   e.engine.free(base);
@@ -270,7 +272,7 @@ TEST_CASE("with the composer's trace ring, every event is recorded once, and the
   {
     EngineForensics fx(e.engine, config.forensics, ring, "recycle:True,oom_report_dir:x");
     REQUIRE(fx.trace_ring() == ring.get());
-    CHECK(ring->capacity() == 4096);  // the postmortem's floor
+    CHECK(ring->capacity() == EngineForensics::kPostmortemTrace);  // the postmortem's floor
     CHECK(ring->history().empty());   // nothing for PyTorch's history: it was not asked for
 
     void* p = e.engine.allocate(3 * kMiB, 0).ptr;

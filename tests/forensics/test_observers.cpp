@@ -1,4 +1,4 @@
-// The observers on handmade event streams: OpTableBuilder's rows, TraceRing's bounds, order and
+// The observers on handmade event streams: TraceRing's bounds, order and
 // op tags (also under concurrent publishers), its history settings, hooks, attached notes and the
 // floor a postmortem keeps, FragmentationTracker's counters, OpStack depth.
 #include <memory>
@@ -8,7 +8,7 @@
 #include "catch.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
 #include "gpumem/forensics/op_attribution.h"
-#include "gpumem/forensics/op_table.h"
+#include "gpumem/forensics/alloc_context.h"
 #include "gpumem/forensics/trace_ring.h"
 
 using namespace gpumem;
@@ -26,55 +26,7 @@ alloc::AllocEvent ev(alloc::EventKind kind, std::uintptr_t addr, std::size_t siz
   return e;
 }
 
-const OpRow& row(const std::vector<OpRow>& rows, const std::string& name) {
-  for (const auto& r : rows) {
-    if (r.name == name) return r;
-  }
-  FAIL("no row " << name);
-  return rows.front();
-}
-
 }  // namespace
-
-TEST_CASE("OpTableBuilder: calls, bytes, live, peak contribution, reserved growth, fragmentation", "[ops]") {
-  OpTableBuilder b;
-  // mm grows reserved by 100 and allocates 60 and 30; relu allocates 10; mm frees its 60 later.
-  b.add(TraceAction::segment_alloc, "aten::mm", 1000, 100);
-  b.add(TraceAction::alloc, "aten::mm", 1000, 60);
-  b.add(TraceAction::alloc, "aten::mm", 1060, 30);
-  b.add(TraceAction::alloc, "aten::relu", 1090, 10);  // peak: 100 live (mm 90, relu 10)
-  b.add(TraceAction::free_completed, "aten::add", 1000, 60);
-  b.add(TraceAction::alloc, "aten::add", 1000, 20);
-  const auto rows = b.rows();
-  const auto& mm = row(rows, "aten::mm");
-  CHECK(mm.calls == 1);
-  CHECK(mm.allocs == 2);
-  CHECK(mm.allocated_bytes == 90);
-  CHECK(mm.live_bytes == 30);  // the free is charged to the allocation's op
-  CHECK(mm.peak_contribution_bytes == 90);
-  CHECK(mm.reserved_growth_bytes == 100);
-  // mm's call: reserved - live went from 0 to 100 - 90 = 10.
-  CHECK(mm.frag_delta_bytes == 10);
-  CHECK(mm.worst_call_frag_before_bytes == 0);
-  CHECK(mm.worst_call_frag_after_bytes == 10);
-  const auto& relu = row(rows, "aten::relu");
-  CHECK(relu.peak_contribution_bytes == 10);
-  CHECK(relu.frag_delta_bytes == -10);
-  const auto& add = row(rows, "aten::add");
-  CHECK(add.calls == 1);
-  CHECK(add.live_bytes == 20);
-  CHECK(add.frag_delta_bytes == 40);  // freed 60, took 20
-  CHECK(b.live_bytes() == 60);
-  CHECK(b.peak_live_bytes() == 100);
-  std::uint64_t live = 0, peak = 0;
-  for (const auto& r : rows) {
-    live += r.live_bytes;
-    peak += r.peak_contribution_bytes;
-  }
-  CHECK(live == b.live_bytes());
-  CHECK(peak == b.peak_live_bytes());
-  CHECK(rows.front().name == "aten::mm");  // largest allocated first
-}
 
 TEST_CASE("TraceRing keeps the newest records, oldest first, and counts what it dropped", "[ring]") {
   TraceRing ring(4);
@@ -203,22 +155,29 @@ TEST_CASE("TraceRing attaches the thread's context to alloc records only when as
                                        ev(alloc::EventKind::free_requested, 0x1000, 512, 2)};
 
   ring.configure(TraceSettings{10, 0, true}, true);
-  TraceRing::set_thread_context(context);
-  ring.on_events(batch);
+  {
+    AllocContext::Scope scope(context);
+    ring.on_events(batch);
+  }
   auto records = ring.history();
   REQUIRE(records.size() == 2);
   CHECK(records[0].stack_context() == context);
   CHECK(records[1].stack_context() == nullptr);
 
-  // The context is consumed by the batch it was set for.
+  // Outside the scope nothing is attached.
   ring.on_events(batch);
   CHECK(ring.history()[2].stack_context() == nullptr);
 
-  ring.configure(TraceSettings{10, 0, false}, true);
+  // The adapter's form: set before the engine call, cleared after it.
   TraceRing::set_thread_context(context);
   ring.on_events(batch);
-  CHECK(ring.history()[0].stack_context() == nullptr);
   TraceRing::set_thread_context(nullptr);
+  CHECK(ring.history()[4].stack_context() == context);
+
+  ring.configure(TraceSettings{10, 0, false}, true);
+  AllocContext::Scope scope(context);
+  ring.on_events(batch);
+  CHECK(ring.history()[0].stack_context() == nullptr);
 }
 
 TEST_CASE("TraceRing hooks see records even at capacity 0, with metadata and compile context", "[ring]") {

@@ -3,11 +3,16 @@
 // message, verdict fragmentation; the same from the CSV trace (segments rebuilt) and from a
 // snapshot taken after the exception unwound (frees after the oom entry rolled back).
 #include <algorithm>
+#include <string_view>
+#include <cstdlib>
+#include <sstream>
+#include <fstream>
 
 #include "catch.h"
 #include "forensics_test_support.h"
 #include "gpumem/forensics/memory_report.h"
 #include "gpumem/forensics/snapshot_io.h"
+#include "gpumem/forensics/vocabulary.h"
 
 using namespace gpumem::forensics;
 
@@ -95,10 +100,10 @@ TEST_CASE("PyTorch's OOM snapshot: 200 MiB request, 692 MiB reserved-unallocated
   const auto path = trace_file("oom.snapshot.pickle");
   if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
   ReportOptions options;
-  options.replay_advice = true;
+  options.replay = true;
   const MemoryReport r = build_report(load_snapshot(*path), options);
   check_pytorch_oom(r);
-  CHECK(r.moment.rolled_back_entries == 0);
+  CHECK(r.state.rolled_back_entries == 0);
   CHECK(r.oom->device_free_bytes == 140978028544ull);
   CHECK(r.oom->site == "oom_repro.py:111:oom");
   // The advice is computed: the replay under gpumem's policy with the same memory.
@@ -124,10 +129,10 @@ TEST_CASE("the CSV of the same OOM rebuilds the segments PyTorch had", "[report]
   const auto path = trace_file("oom.trace.csv.gz");
   if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
   ReportOptions options;
-  options.replay_advice = false;
+  options.replay = false;
   const MemoryReport r = build_report(load_snapshot(*path), options);
-  CHECK(r.moment.reconstructed);
-  CHECK(r.moment.skipped_entries == 0);
+  CHECK(r.state.reconstructed);
+  CHECK(r.state.skipped_entries == 0);
   check_pytorch_oom(r);
   CHECK(r.fragmentation.allocated_bytes == 7853834240ull);
   REQUIRE(!r.notes.empty());
@@ -139,13 +144,13 @@ TEST_CASE("frees recorded after the oom entry are rolled back, and the report sa
   if (!path) GPUMEM_SKIP("GPUMEM_SHARED_DIR with traces/ not set");
   const Snapshot original = load_snapshot(*path);
   ReportOptions options;
-  options.replay_advice = false;
+  options.replay = false;
   const MemoryReport before = build_report(original, options);
   const Snapshot late = unwound(original, 1500);
   // Without rolling back, the state would be the unwound one: lots of free memory.
   const MemoryReport r = build_report(late, options);
-  CHECK(r.moment.rolled_back_entries == 3000);
-  CHECK(r.moment.rolled_back_frees == 1500);
+  CHECK(r.state.rolled_back_entries == 3000);
+  CHECK(r.state.rolled_back_frees == 1500);
   REQUIRE(r.oom.has_value());
   CHECK(r.oom->verdict == "fragmentation");
   CHECK(r.oom->request_bytes == 200 * kMiB);
@@ -161,7 +166,7 @@ TEST_CASE("frees recorded after the oom entry are rolled back, and the report sa
   CHECK(b - a <= 4 * kMiB);
   CHECK(r.fragmentation.free_bytes - before.fragmentation.free_bytes == b - a);
   const bool said = std::any_of(r.notes.begin(), r.notes.end(),
-                                [](const std::string& n) { return n.find("rolled back") != std::string::npos; });
+                                [](const std::string& n) { return n.find("were undone") != std::string::npos; });
   CHECK(said);
   CHECK(render_report_json(r).find("\"rolled_back_frees\":1500") != std::string::npos);
 }
@@ -173,8 +178,45 @@ TEST_CASE("a report without an OOM has no verdict but the fragmentation numbers"
   options.top = 5;
   const MemoryReport r = build_report(load_snapshot(*path), options);
   CHECK(!r.oom.has_value());
-  CHECK(r.moment.reconstructed);
-  CHECK(r.top_sites.size() <= 5);
-  CHECK(!r.site_table.empty());
-  CHECK(render_report_json(r).find("\"verdict\":null") != std::string::npos);
+  CHECK(r.state.reconstructed);
+  CHECK(r.sites.size() <= 5);
+  CHECK(!r.sites.empty());
+  // Without an OOM the verdict says where reserved memory beyond the request goes.
+  REQUIRE(r.at_moment.has_value());
+  CHECK(r.moment.kind == MomentSpec::Kind::peak_reserved);
+  CHECK(!r.verdict().empty());
+  CHECK(render_report_json(r).find("\"verdict\":\"" + r.verdict() + "\"") != std::string::npos);
+}
+
+TEST_CASE("every term and verdict reports print is defined once in docs/forensics.md", "[report][vocabulary]") {
+  const char* src = std::getenv("GPUMEM_SOURCE_DIR");
+  if (!src || !*src) GPUMEM_SKIP("GPUMEM_SOURCE_DIR not set");
+  std::ifstream in(std::string(src) + "/docs/forensics.md");
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const auto vocab = doc.find("## Vocabulary");
+  REQUIRE(vocab != std::string::npos);
+  for (std::string_view term : kTerms) {
+    const std::string defined = "- **" + std::string(term) + "**:";
+    INFO(defined);
+    const auto at = doc.find(defined);
+    CHECK(at != std::string::npos);
+    CHECK(at > vocab);
+    CHECK(doc.find(defined, at + 1) == std::string::npos);  // once
+  }
+  for (std::string_view verdict : kVerdicts) {
+    INFO(verdict);
+    CHECK(doc.find("| `" + std::string(verdict) + "` |") != std::string::npos);
+  }
+  CHECK(doc.find(std::string(kNotRecorded)) != std::string::npos);
+  CHECK(doc.find(std::string(kBeforeTrace)) != std::string::npos);
+}
+
+TEST_CASE("one number format", "[report][vocabulary]") {
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(725614592) == "692.00 MiB");
+  CHECK(format_signed_bytes(-1024) == "-1.00 KiB");
+  CHECK(format_signed_bytes(0) == "0 B");
 }

@@ -154,7 +154,7 @@ TEST_CASE("the JSON output has the fields scripts rely on", "[replay]") {
     fx::testing::write_file(dir.file("check.py"),
                             "import json,sys\nd=json.load(open(sys.argv[1]))\n"
                             "assert [p['policy'] for p in d['policies']] == ['pytorch', 'pytorch:expandable']\n"
-                            "assert d['policies'][1]['at_peak']['partly_used_granule_bytes'] == 17825792\n");
+                            "assert d['policies'][1]['at_peak']['inactive_split_bytes'] == 17825792\n");
     CHECK(fx::testing::run_python(*python, dir.file("check.py"), dir.file("r.json")) == 0);
   }
 }

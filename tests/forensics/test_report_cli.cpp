@@ -29,7 +29,7 @@ TEST_CASE("gpumem report and diff explain their options and name bad arguments",
   CHECK(r.out.find("diff") != std::string::npos);
   r = run_cli("report --help");
   CHECK(r.status == 0);
-  for (const char* opt : {"--json", "--top", "--device", "--no-replay", "verdict", "rolled"}) {
+  for (const char* opt : {"--json", "--top", "--device", "--no-replay", "--at", "verdict", "undone"}) {
     INFO(opt);
     CHECK(r.out.find(opt) != std::string::npos);
   }

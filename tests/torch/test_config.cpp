@@ -367,7 +367,7 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 27);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 11 of gpumem's
+  CHECK(keys.size() == 28);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 12 of gpumem's
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -38,8 +38,8 @@ TEST_CASE("golden: summary of a handmade snapshot (exact block sizes)", "[viewer
   const auto g = render(s, model, s.screen);
   check_golden("summary_snapshot", g.to_text());
   // The snapshot's 3.5 MiB block for c replaces the rounded request: 7.5 MiB allocated.
-  CHECK(g.to_text().find("allocated                 7.5 MiB") != std::string::npos);
-  CHECK(g.to_text().find("largest free extent       1.5 MiB") != std::string::npos);
+  CHECK(g.to_text().find("allocated                 7.50 MiB") != std::string::npos);
+  CHECK(g.to_text().find("largest free extent       1.50 MiB") != std::string::npos);
   s.view = View::segments;
   check_golden("segments_snapshot", render(s, model, Size{80, 24}).to_text());
 }

@@ -133,8 +133,8 @@ TEST_CASE("gpumem view --report prints every view without a terminal", "[viewer]
   const std::string out = run(fmt::format("{} view --report {}/traces/native/oom.snapshot.pickle --width 100 < /dev/null",
                                           GPUMEM_CLI_PATH, *dir), &status);
   CHECK(status == 0);
-  CHECK(out.find("FRAGMENTATION: 200.0 MiB request, largest usable free extent 196.0 MiB") != std::string::npos);
-  CHECK(out.find("reserved but unallocated  692.0 MiB") != std::string::npos);
+  CHECK(out.find("FRAGMENTATION: 200.00 MiB request, largest usable free extent 196.00 MiB") != std::string::npos);
+  CHECK(out.find("reserved-unallocated      692.00 MiB") != std::string::npos);
   CHECK(out.find("Advice (forensics OOM report)") != std::string::npos);
   CHECK(out.find("allocated (peak") != std::string::npos);
   CHECK(out.find("What pins") != std::string::npos);

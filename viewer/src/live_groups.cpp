@@ -4,6 +4,8 @@
 #include <cctype>
 #include <unordered_map>
 
+#include "gpumem/forensics/vocabulary.h"
+
 namespace gpumem::view {
 
 const char* group_by_name(GroupBy by) noexcept {
@@ -16,9 +18,9 @@ const char* group_by_name(GroupBy by) noexcept {
 }
 
 std::string group_name(const ViewerModel& model, const BlockInfo& block, GroupBy by) {
-  if (by == GroupBy::op) return block.op == 0 ? "(unknown op)" : model.op_name(block.op);
+  if (by == GroupBy::op) return block.op == 0 ? std::string(forensics::kNotRecorded) : model.op_name(block.op);
   const std::string& s = model.site(block.site);
-  if (s.empty()) return "(no call site)";
+  if (s.empty()) return std::string(forensics::kNotRecorded);
   if (by == GroupBy::function) {
     const auto colon = s.find_last_of(':');
     return colon == std::string::npos ? s : s.substr(colon + 1);

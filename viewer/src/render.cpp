@@ -8,6 +8,7 @@
 #include "gpumem/view/live_groups.h"
 #include "gpumem/view/pinned_segments.h"
 #include "gpumem/view/summary.h"
+#include "gpumem/forensics/vocabulary.h"
 
 namespace gpumem::view {
 namespace {
@@ -60,11 +61,14 @@ void draw_frame(CellGrid& g, const ViewState& s, const ViewerModel& model) {
   g.fill_row(0, U' ', Style::title);
   const std::string& src = model.source();
   const auto slash = src.find_last_of('/');
-  std::string title = fmt::format(" gpumem │ {} │ entry {}/{} │ +{} │ alloc {} │ reserved {}",
-                                  slash == std::string::npos ? src : src.substr(slash + 1), s.cursor, model.entry_count(),
-                                  format_us(model.time_us_at(s.cursor) - model.time_us_at(0)),
-                                  format_bytes(model.allocated_at(s.cursor)), format_bytes(model.reserved_at(s.cursor)));
-  if (model.oom_cursor() && *model.oom_cursor() == s.cursor) title += " │ OOM";
+  const std::string rest = fmt::format("{} │ entry {}/{} │ +{} │ alloc {} │ reserved {}",
+                                       slash == std::string::npos ? src : src.substr(slash + 1), s.cursor,
+                                       model.entry_count(), format_us(model.time_us_at(s.cursor) - model.time_us_at(0)),
+                                       format_bytes(model.allocated_at(s.cursor)), format_bytes(model.reserved_at(s.cursor)));
+  // The program's name goes first when the numbers would not fit (80 columns).
+  const std::string oom = model.oom_cursor() && *model.oom_cursor() == s.cursor ? " │ OOM" : "";
+  std::string title = " gpumem │ " + rest + oom;
+  if (static_cast<int>(decode_utf8(title).size()) > w) title = " " + rest + oom;
   g.put(0, 0, title, Style::title);
   int x = 0;
   for (int v = 0; v < kViewCount; ++v) {
@@ -136,7 +140,7 @@ void draw_summary(CellGrid& g, const Area& a, const ViewState& s, const ViewerMo
   });
   line([&](int r) { kv(g, r, "allocated", format_bytes(sum.allocated_bytes)); });
   line([&](int r) { kv(g, r, "reserved", format_bytes(sum.reserved_bytes)); });
-  line([&](int r) { kv(g, r, "reserved but unallocated", format_bytes(sum.reserved_unallocated_bytes)); });
+  line([&](int r) { kv(g, r, "reserved-unallocated", format_bytes(sum.reserved_unallocated_bytes)); });
   line([&](int r) { kv(g, r, "largest free extent", format_bytes(sum.largest_free_extent_bytes)); });
   if (sum.oom) {
     line([&](int r) {
@@ -178,7 +182,7 @@ void draw_summary(CellGrid& g, const Area& a, const ViewState& s, const ViewerMo
     line([&](int r) { g.put(1, r, "Snapshot segments (exact, at the end)", Style::title); });
     line([&](int r) { kv(g, r, "reserved", format_bytes(t->reserved_bytes)); });
     line([&](int r) { kv(g, r, "allocated", format_bytes(t->allocated_bytes)); });
-    line([&](int r) { kv(g, r, "reserved but unallocated", format_bytes(t->reserved_bytes - std::min(t->reserved_bytes, t->allocated_bytes))); });
+    line([&](int r) { kv(g, r, "reserved-unallocated", format_bytes(t->reserved_bytes - std::min(t->reserved_bytes, t->allocated_bytes))); });
     line([&](int r) { kv(g, r, "largest inactive block", format_bytes(t->largest_inactive_bytes)); });
     line([&](int r) { kv(g, r, "segments / blocks", fmt::format("{} / {}", t->segment_count, t->block_count)); });
   }
@@ -310,7 +314,7 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
   const bool seg_has_live = std::any_of(sel_extents.begin(), sel_extents.end(), [](const Extent& e) { return e.live; });
   if (sx.live) {
     const BlockInfo& b = *sx.block;
-    const std::string site = model.site(b.site).empty() ? "(no call site)" : model.site(b.site);
+    const std::string site = model.site(b.site).empty() ? std::string(forensics::kNotRecorded) : model.site(b.site);
     const std::string age = b.entry == 0 && b.t_us == 0 ? "from before the trace"
                                                         : fmt::format("age {} (entry {})", format_us(model.time_us_at(s.cursor) - b.t_us), b.entry);
     info = fmt::format("block {} {} (requested {}) │ {}{} │ {}", hex(sx.addr), format_bytes(sx.size_bytes),
@@ -535,7 +539,7 @@ void draw_pins(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   g.put(1, y++, fmt::format("What pins {}: {} live block(s)", hex(p.addr), p.blocks.size()), Style::title);
   for (const auto& [addr, b] : p.blocks) {
     if (y >= a.top + a.rows) break;
-    const std::string site = model.site(b->site).empty() ? "(no call site)" : model.site(b->site);
+    const std::string site = model.site(b->site).empty() ? std::string(forensics::kNotRecorded) : model.site(b->site);
     const std::string age = b->entry == 0 && b->t_us == 0 ? "before the trace" : "age " + format_us(model.time_us_at(s.cursor) - b->t_us);
     g.put(2, y++, fmt::format("+{:<12x} {:>11}  {:<18} {}", addr - p.addr, format_bytes(b->size_bytes), age, site));
   }

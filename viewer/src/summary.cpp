@@ -5,22 +5,14 @@
 
 #include <fmt/format.h>
 
+#include "gpumem/forensics/vocabulary.h"
+
 namespace gpumem::view {
 
-std::string format_bytes(std::uint64_t bytes) {
-  constexpr double kKiB = 1024.0;
-  const auto b = static_cast<double>(bytes);
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  if (b < kKiB * kKiB) return fmt::format("{:.1f} KiB", b / kKiB);
-  if (b < kKiB * kKiB * kKiB) return fmt::format("{:.1f} MiB", b / (kKiB * kKiB));
-  return fmt::format("{:.2f} GiB", b / (kKiB * kKiB * kKiB));
-}
+// One number format for every command (forensics/vocabulary.h).
+std::string format_bytes(std::uint64_t bytes) { return forensics::format_bytes(bytes); }
 
-std::string format_delta_bytes(std::int64_t bytes) {
-  if (bytes == 0) return "0 B";
-  const std::uint64_t mag = bytes < 0 ? static_cast<std::uint64_t>(-(bytes + 1)) + 1 : static_cast<std::uint64_t>(bytes);
-  return fmt::format("{}{}", bytes < 0 ? "-" : "+", format_bytes(mag));
-}
+std::string format_delta_bytes(std::int64_t bytes) { return forensics::format_signed_bytes(bytes); }
 
 std::string format_us(std::int64_t us) {
   if (std::llabs(us) >= 1'000'000) return fmt::format("{:.3f} s", static_cast<double>(us) / 1e6);
@@ -54,7 +46,7 @@ Summary summarize(const ViewerModel& model, const MemoryState& state, std::size_
     } else if (const auto& rep = model.oom_report()) {
       std::string v = rep->verdict;
       for (char& c : v) c = c == '_' ? ' ' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      s.verdict = fmt::format("{}: {} request, largest usable free extent {}, {} reserved but unallocated", v,
+      s.verdict = fmt::format("{}: {} request, largest usable free extent {}, {} reserved-unallocated", v,
                               format_bytes(rep->request_bytes), format_bytes(rep->largest_usable_extent_bytes),
                               format_bytes(s.reserved_unallocated_bytes));
       s.advice = rep->advice;
@@ -66,7 +58,7 @@ Summary summarize(const ViewerModel& model, const MemoryState& state, std::size_
       s.verdict_detail = "block sizes in a trace are estimates (requests rounded to 512 B); the snapshot's "
                          "segments are exact";
     } else if (s.reserved_unallocated_bytes >= r) {
-      s.verdict = fmt::format("FRAGMENTATION: {} reserved but unallocated >= the {} request, largest free extent {}",
+      s.verdict = fmt::format("FRAGMENTATION: {} reserved-unallocated >= the {} request, largest free extent {}",
                               format_bytes(s.reserved_unallocated_bytes), format_bytes(r),
                               format_bytes(s.largest_free_extent_bytes));
       s.verdict_detail = "the cached memory is there but in pieces: try expandable_segments:True, or "

@@ -85,7 +85,7 @@ ViewerModel::OomReport compute_oom_report(const forensics::Snapshot& snapshot, i
     // The advice replays the trace under gpumem's policy; skip that on very large traces.
     std::size_t entries = 0;
     for (const auto& t : snapshot.device_traces) entries += t.size();
-    options.replay_advice = entries <= 300'000;
+    options.replay = entries <= 300'000;
     forensics::MemoryReport r = forensics::build_report(snapshot, options);
     out.analysis = std::move(r.oom);
     out.notes = std::move(r.notes);

@@ -52,33 +52,33 @@ Fragmentation analyze_fragmentation(const std::vector<SnapshotSegment>& segments
     f.free_bytes += seg_free;
     if (active.empty()) {
       f.cached_free_bytes += seg_free;
-    } else {
+    } else if (!seg.is_expandable) {
       f.inactive_split_bytes += seg_free;
-      // Free bytes in granules that also hold active bytes.
-      std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> granules;  // idx -> (free, active)
+    } else {
+      // Per 2 MiB page: free bytes in pages that also hold active bytes are inactive split.
+      std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> pages;  // idx -> (free, active)
       for (const auto& b : seg.blocks) {
         std::uint64_t a = b.address;
         const std::uint64_t end = b.address + b.size_bytes;
         while (a < end) {
           const std::uint64_t idx = (a - seg.address) / kGranuleBytes;
-          const std::uint64_t gend = std::min(end, seg.address + (idx + 1) * kGranuleBytes);
-          auto& g = granules[idx];
-          (is_inactive(b) ? g.first : g.second) += gend - a;
-          a = gend;
-          if (gend == end) break;
-          // Whole granules inside one block: skip them in one step.
+          const std::uint64_t pend = std::min(end, seg.address + (idx + 1) * kGranuleBytes);
+          auto& p = pages[idx];
+          (is_inactive(b) ? p.first : p.second) += pend - a;
+          a = pend;
+          if (pend == end) break;
+          // Whole pages inside one block: skip them in one step.
           if (end - a >= kGranuleBytes) {
             const std::uint64_t whole = (end - a) / kGranuleBytes;
-            if (!is_inactive(b)) {
-              for (std::uint64_t k = 0; k < whole; ++k) granules[idx + 1 + k].second += kGranuleBytes;
+            for (std::uint64_t k = 0; k < whole; ++k) {
+              auto& q = pages[idx + 1 + k];
+              (is_inactive(b) ? q.first : q.second) += kGranuleBytes;
             }
             a += whole * kGranuleBytes;
           }
         }
       }
-      for (const auto& [idx, g] : granules) {
-        if (g.second > 0) f.partly_used_granule_bytes += g.first;
-      }
+      for (const auto& [idx, p] : pages) (p.second > 0 ? f.inactive_split_bytes : f.cached_free_bytes) += p.first;
     }
     if (!active.empty() && active.size() <= options.max_pinned_blocks && seg_active * 8 <= seg_total &&
         seg_free >= kGranuleBytes) {

@@ -50,15 +50,4 @@ class JsonOut {
   bool after_key_ = false;
 };
 
-// "1.50 GiB", "692.00 MiB", "512 B": bytes for people.
-inline std::string human_bytes(std::uint64_t b) {
-  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1ull << 30));
-  if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1ull << 20));
-  if (b >= (1ull << 10)) return fmt::format("{:.2f} KiB", static_cast<double>(b) / (1ull << 10));
-  return fmt::format("{} B", b);
-}
-inline std::string human_signed(std::int64_t b) {
-  return b < 0 ? "-" + human_bytes(static_cast<std::uint64_t>(-b)) : "+" + human_bytes(static_cast<std::uint64_t>(b));
-}
-
 }  // namespace gpumem::forensics::detail

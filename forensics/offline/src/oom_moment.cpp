@@ -4,20 +4,15 @@
 
 namespace gpumem::forensics {
 
-StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
+StateAtMoment state_at_moment(const Snapshot& snapshot, int device, const Moment& moment) {
   StateAtMoment out;
   out.device = device;
   static const std::vector<SnapshotTraceEntry> kEmpty;
   const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snapshot.device_traces.size()
                           ? snapshot.device_traces[static_cast<std::size_t>(device)]
                           : kEmpty;
-  for (std::size_t i = trace.size(); i-- > 0;) {
-    if (trace[i].action == TraceAction::oom) {
-      out.oom_entry = i;
-      break;
-    }
-  }
-  out.moment_entries = out.oom_entry ? *out.oom_entry : trace.size();
+  out.oom_entry = moment.oom_entry;
+  out.moment_entries = std::min(moment.applied, trace.size());
 
   bool has_segments = false;
   for (const auto& s : snapshot.segments) has_segments |= s.device == device;
@@ -57,35 +52,48 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
     // describes. Count them, so that the report says so instead of showing 0 B allocated.
     for (std::size_t i = 0; i < out.moment_entries; ++i) out.skipped_entries += trace[i].action == TraceAction::alloc;
   }
+  // Undo, newest first, what was recorded after the moment.
   detail::SegmentMap map(device, snapshot.segments);
-  if (out.oom_entry) {
-    for (std::size_t i = trace.size(); i-- > *out.oom_entry + 1;) {
-      const auto& e = trace[i];
-      if (e.action == TraceAction::snapshot || e.action == TraceAction::oom) continue;  // change nothing
-      ++out.rolled_back_entries;
-      switch (e.action) {
-        case TraceAction::free_completed:
-          // The block was allocated at the oom (its free_requested, if any, is undone next).
-          if (map.carve(e.addr, e.size_bytes, e.op, e.frames)) ++out.rolled_back_frees;
-          break;
-        case TraceAction::free_requested:
-          // Still pending at the snapshot: allocated again. (If it completed, carve restored it.)
-          if (map.set_state(e.addr, "active_pending_free", "active_allocated")) ++out.rolled_back_frees;
-          break;
-        case TraceAction::alloc: map.release(e.addr); break;
-        case TraceAction::segment_alloc:
-        case TraceAction::segment_map: map.remove_range(e.addr, e.size_bytes); break;
-        case TraceAction::segment_free:
-          map.add_range(e.addr, e.size_bytes, e.stream, false, e.size_bytes == (2u << 20));
-          break;
-        case TraceAction::segment_unmap: map.add_range(e.addr, e.size_bytes, e.stream, true, false); break;
-        default: break;
-      }
+  for (std::size_t i = trace.size(); i-- > out.moment_entries;) {
+    const auto& e = trace[i];
+    if (e.action == TraceAction::snapshot || e.action == TraceAction::oom) continue;  // change nothing
+    ++out.rolled_back_entries;
+    switch (e.action) {
+      case TraceAction::free_completed:
+        // The block was allocated at the moment (its free_requested, if any, is undone next).
+        if (map.carve(e.addr, e.size_bytes, e.op, e.frames)) ++out.rolled_back_frees;
+        break;
+      case TraceAction::free_requested:
+        // Still pending at the snapshot: allocated again. (If it completed, carve restored it.)
+        if (map.set_state(e.addr, "active_pending_free", "active_allocated")) ++out.rolled_back_frees;
+        break;
+      case TraceAction::alloc: map.release(e.addr); break;
+      case TraceAction::segment_alloc:
+      case TraceAction::segment_map: map.remove_range(e.addr, e.size_bytes); break;
+      case TraceAction::segment_free:
+        map.add_range(e.addr, e.size_bytes, e.stream, false, e.size_bytes == (2u << 20));
+        break;
+      case TraceAction::segment_unmap: map.add_range(e.addr, e.size_bytes, e.stream, true, false); break;
+      default: break;
     }
   }
   out.segments = map.segments();
   out.skipped_entries += map.skipped;
   return out;
+}
+
+StateAtMoment state_at_moment(const Snapshot& snapshot, int device) {
+  static const std::vector<SnapshotTraceEntry> kEmpty;
+  const auto& trace = device >= 0 && static_cast<std::size_t>(device) < snapshot.device_traces.size()
+                          ? snapshot.device_traces[static_cast<std::size_t>(device)]
+                          : kEmpty;
+  bool has_oom = false;
+  for (const auto& e : trace) has_oom |= e.action == TraceAction::oom;
+  if (has_oom) return state_at_moment(snapshot, device, resolve_moment(snapshot, device, MomentSpec{MomentSpec::Kind::oom}));
+  MomentSpec end;
+  end.kind = MomentSpec::Kind::entry;
+  end.entry = trace.size();
+  return state_at_moment(snapshot, device, resolve_moment(snapshot, device, end));
 }
 
 }  // namespace gpumem::forensics

@@ -43,14 +43,6 @@ std::string duration(double seconds) {
 
 }  // namespace
 
-std::string format_bytes(std::size_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (std::size_t{1} << 30)) return fmt::format("{:.3f} GiB", b / (1 << 30));
-  if (bytes >= (std::size_t{1} << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
-  if (bytes >= (std::size_t{1} << 10)) return fmt::format("{:.1f} KiB", b / (1 << 10));
-  return fmt::format("{} B", bytes);
-}
-
 std::string format_table(const ReplayReport& report) {
   const ReplayScript& s = report.script;
   std::string out;
@@ -90,9 +82,11 @@ std::string format_table(const ReplayReport& report) {
   out += "at the peak-reserved moment:\n";
   row("  requested (live)", [](const PolicyReplay& p) { return format_bytes(p.at_peak.requested_bytes); });
   row("  + rounding", [](const PolicyReplay& p) { return format_bytes(p.at_peak.rounding_bytes); });
-  row("  + inactive split", [](const PolicyReplay& p) { return format_bytes(p.at_peak.inactive_split_bytes); });
+  // The report's terms (vocabulary.h): free bytes of partly used expandable pages are inactive split.
+  row("  + inactive split", [](const PolicyReplay& p) {
+    return format_bytes(p.at_peak.inactive_split_bytes + p.at_peak.partly_used_granule_bytes);
+  });
   row("  + cached free", [](const PolicyReplay& p) { return format_bytes(p.at_peak.cached_free_bytes); });
-  row("  + partly used granules", [](const PolicyReplay& p) { return format_bytes(p.at_peak.partly_used_granule_bytes); });
   row("  = reserved", [](const PolicyReplay& p) { return format_bytes(p.at_peak.reserved_bytes); });
   row("segments (end of trace)", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.segments); });
   row("create calls (cudaMalloc/cuMemCreate)", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.creates); });
@@ -122,7 +116,7 @@ std::string format_table(const ReplayReport& report) {
       for (const auto& site : p.top_sites) {
         const std::string& name = report.trace.sites[site.site];
         out += fmt::format("    {:>12}  {:>6} blocks  {}\n", format_bytes(site.live_bytes), site.live_blocks,
-                           name.empty() ? "(no call site recorded)" : name);
+                           name.empty() ? std::string(kNotRecorded) : name);
       }
     }
   }
@@ -166,10 +160,9 @@ std::string format_json(const ReplayReport& report) {
                        s.steps.empty() ? 0 : s.steps[p.peak_step].entry, p.peak_time_us);
     const WasteBreakdown& w = p.at_peak;
     out += fmt::format("\"at_peak\": {{\"requested_bytes\": {}, \"allocated_bytes\": {}, \"reserved_bytes\": {}, "
-                       "\"rounding_bytes\": {}, \"inactive_split_bytes\": {}, \"cached_free_bytes\": {}, "
-                       "\"partly_used_granule_bytes\": {}}}, ",
+                       "\"rounding_bytes\": {}, \"inactive_split_bytes\": {}, \"cached_free_bytes\": {}}}, ",
                        w.requested_bytes, w.allocated_bytes, w.reserved_bytes, w.rounding_bytes,
-                       w.inactive_split_bytes, w.cached_free_bytes, w.partly_used_granule_bytes);
+                       w.inactive_split_bytes + w.partly_used_granule_bytes, w.cached_free_bytes);
     out += fmt::format("\"call_seconds\": {}, \"call_share\": {}, \"replay_seconds\": {}, \"top_sites\": [",
                        json_double(p.call_seconds), json_double(p.call_share), json_double(p.replay_seconds));
     bool first_site = true;

@@ -8,15 +8,13 @@
 #include <fmt/format.h>
 
 #include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/vocabulary.h"
 #include "json_out.h"
 
 namespace gpumem::forensics {
 namespace {
 
-using detail::human_bytes;
-using detail::human_signed;
-
-std::vector<GroupDelta> diff_groups(const std::vector<LiveGroup>& a, const std::vector<LiveGroup>& b, std::size_t top) {
+std::vector<GroupDelta> diff_groups(const std::vector<GroupRow>& a, const std::vector<GroupRow>& b) {
   std::map<std::string, GroupDelta> m;
   for (const auto& g : a) {
     m[g.name].name = g.name;
@@ -33,7 +31,6 @@ std::vector<GroupDelta> diff_groups(const std::vector<LiveGroup>& a, const std::
   std::stable_sort(out.begin(), out.end(), [](const GroupDelta& x, const GroupDelta& y) {
     return std::llabs(x.delta_bytes()) > std::llabs(y.delta_bytes());
   });
-  if (out.size() > top) out.resize(top);
   return out;
 }
 
@@ -44,81 +41,124 @@ std::vector<SegmentRef> missing_from(const std::vector<SnapshotSegment>& from, c
   for (const auto& s : from) {
     if (!have.count({s.address, s.total_size_bytes})) out.push_back({s.address, s.total_size_bytes, s.segment_type});
   }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const SegmentRef& x, const SegmentRef& y) { return x.total_size_bytes > y.total_size_bytes; });
   return out;
+}
+
+template <class T>
+std::size_t limit(std::vector<T>& v, std::size_t top) {
+  const std::size_t n = v.size();
+  if (v.size() > top) v.resize(top);
+  return n;
+}
+
+DiffSide side_of(const MemoryReport& r) {
+  return DiffSide{r.source, r.device, r.moment, r.verdict(), r.fragmentation};
 }
 
 }  // namespace
 
-SnapshotDiff diff_snapshots(const Snapshot& a, const Snapshot& b, std::size_t top) {
-  ReportOptions options;
-  options.top = SIZE_MAX;
-  options.replay_advice = false;
-  const MemoryReport ra = build_report(a, options);
-  const MemoryReport rb = build_report(b, options);
+SnapshotDiff diff_snapshots(const Snapshot& a, const Snapshot& b, const DiffOptions& options) {
+  ReportOptions oa;
+  oa.top = SIZE_MAX;
+  oa.replay = false;
+  oa.at = options.at_a;
+  oa.device = options.device_a;
+  ReportOptions ob = oa;
+  ob.at = options.at_b;
+  ob.device = options.device_b;
+  const MemoryReport ra = build_report(a, oa);
+  const MemoryReport rb = build_report(b, ob);
   SnapshotDiff d;
-  d.a_source = a.source;
-  d.b_source = b.source;
-  d.ops = diff_groups(ra.top_ops, rb.top_ops, top);
-  d.sites = diff_groups(ra.top_sites, rb.top_sites, top);
-  d.segments_added = missing_from(rb.moment.segments, ra.moment.segments);
-  d.segments_removed = missing_from(ra.moment.segments, rb.moment.segments);
-  d.a = ra.fragmentation;
-  d.b = rb.fragmentation;
+  d.a = side_of(ra);
+  d.b = side_of(rb);
+  d.any_op = !ra.ops.empty() || !rb.ops.empty();
+  d.ops = diff_groups(ra.ops, rb.ops);
+  d.sites = diff_groups(ra.sites, rb.sites);
+  d.segments_added = missing_from(rb.state.segments, ra.state.segments);
+  d.segments_removed = missing_from(ra.state.segments, rb.state.segments);
+  d.ops_changed = limit(d.ops, options.top);
+  d.sites_changed = limit(d.sites, options.top);
+  d.segments_added_count = limit(d.segments_added, options.top);
+  d.segments_removed_count = limit(d.segments_removed, options.top);
   return d;
 }
 
 std::string render_diff_text(const SnapshotDiff& d) {
-  std::string s = fmt::format("gpumem diff\n  A: {}\n  B: {}\n", d.a_source, d.b_source);
-  auto row = [&](const char* name, std::uint64_t a, std::uint64_t b) {
-    s += fmt::format("  {:<28} {:>12} -> {:>12}  ({})\n", name, human_bytes(a), human_bytes(b),
-                     human_signed(static_cast<std::int64_t>(b) - static_cast<std::int64_t>(a)));
+  std::string s = fmt::format("gpumem diff\n  A: {} (device {}), {}: verdict {}\n  B: {} (device {}), {}: verdict {}\n",
+                              d.a.source, d.a.device, d.a.moment.describe(), d.a.verdict, d.b.source, d.b.device,
+                              d.b.moment.describe(), d.b.verdict);
+  auto row = [&](std::string_view name, std::uint64_t a, std::uint64_t b) {
+    s += fmt::format("  {:<24} {:>12} -> {:>12}  ({})\n", name, format_bytes(a), format_bytes(b),
+                     format_signed_bytes(static_cast<std::int64_t>(b) - static_cast<std::int64_t>(a)));
   };
+  const Fragmentation& fa = d.a.fragmentation;
+  const Fragmentation& fb = d.b.fragmentation;
   s += "\nmemory:\n";
-  row("reserved", d.a.reserved_bytes, d.b.reserved_bytes);
-  row("allocated", d.a.allocated_bytes, d.b.allocated_bytes);
-  row("reserved-unallocated", d.a.reserved_unallocated_bytes(), d.b.reserved_unallocated_bytes());
-  row("inactive split", d.a.inactive_split_bytes, d.b.inactive_split_bytes);
-  row("cached free", d.a.cached_free_bytes, d.b.cached_free_bytes);
-  row("largest free extent", d.a.largest_free_extent_bytes, d.b.largest_free_extent_bytes);
-  s += fmt::format("  {:<28} {:>12.3f} -> {:>12.3f}  ({:+.3f})\n", "external fragmentation", d.a.external_fragmentation,
-                   d.b.external_fragmentation, d.b.external_fragmentation - d.a.external_fragmentation);
-  auto groups = [&](const char* title, const std::vector<GroupDelta>& gs) {
-    s += fmt::format("\nlive bytes by {} (changed):\n", title);
+  row(term::reserved, fa.reserved_bytes, fb.reserved_bytes);
+  row(term::allocated, fa.allocated_bytes, fb.allocated_bytes);
+  row(term::requested, fa.requested_bytes, fb.requested_bytes);
+  row(term::reserved_unallocated, fa.reserved_unallocated_bytes(), fb.reserved_unallocated_bytes());
+  row(term::rounding, fa.rounding_bytes, fb.rounding_bytes);
+  row(term::pending_free, fa.pending_free_bytes, fb.pending_free_bytes);
+  row(term::inactive_split, fa.inactive_split_bytes, fb.inactive_split_bytes);
+  row(term::cached_free, fa.cached_free_bytes, fb.cached_free_bytes);
+  row(term::largest_free_extent, fa.largest_free_extent_bytes, fb.largest_free_extent_bytes);
+  s += fmt::format("  {:<24} {:>12.3f} -> {:>12.3f}  ({:+.3f})\n", term::external_fragmentation,
+                   fa.external_fragmentation, fb.external_fragmentation,
+                   fb.external_fragmentation - fa.external_fragmentation);
+  auto groups = [&](const char* title, const std::vector<GroupDelta>& gs, std::size_t changed) {
+    s += fmt::format("\nlive bytes by {} ({} changed{}):\n", title, changed,
+                     changed > gs.size() ? fmt::format(", the {} largest shown", gs.size()) : std::string());
     if (gs.empty()) s += "  (no change)\n";
     for (const auto& g : gs) {
-      s += fmt::format("  {:>12} -> {:>12}  ({:>12})  {}\n", human_bytes(g.a_bytes), human_bytes(g.b_bytes),
-                       human_signed(g.delta_bytes()), g.name);
+      s += fmt::format("  {:>12} -> {:>12}  ({:>12})  {}\n", format_bytes(g.a_bytes), format_bytes(g.b_bytes),
+                       format_signed_bytes(g.delta_bytes()), g.name);
     }
   };
-  groups("op", d.ops);
-  groups("call site", d.sites);
-  auto segs = [&](const char* title, const std::vector<SegmentRef>& v) {
-    s += fmt::format("\nsegments {} ({}):\n", title, v.size());
-    for (const auto& r : v) s += fmt::format("  0x{:x}  {:>12}  {}\n", r.address, human_bytes(r.total_size_bytes), r.segment_type);
+  if (d.any_op) {
+    groups("op", d.ops, d.ops_changed);
+  } else {
+    s += "\nlive bytes by op: neither file records ops\n";
+  }
+  groups("call site", d.sites, d.sites_changed);
+  auto segs = [&](const char* title, const std::vector<SegmentRef>& v, std::size_t count) {
+    s += fmt::format("\nsegments {} ({}{}):\n", title, count,
+                     count > v.size() ? fmt::format(", the {} largest shown", v.size()) : std::string());
+    for (const auto& r : v) s += fmt::format("  0x{:x}  {:>12}  {}\n", r.address, format_bytes(r.total_size_bytes), r.segment_type);
   };
-  segs("added", d.segments_added);
-  segs("removed", d.segments_removed);
+  segs("added", d.segments_added, d.segments_added_count);
+  segs("removed", d.segments_removed, d.segments_removed_count);
   return s;
 }
 
 std::string render_diff_json(const SnapshotDiff& d) {
   detail::JsonOut j;
   j.obj();
-  j.key("a").str(d.a_source).key("b").str(d.b_source);
-  auto frag = [&](const char* key, const Fragmentation& f) {
+  j.key("a").str(d.a.source).key("b").str(d.b.source);
+  auto side = [&](const char* key, const DiffSide& x) {
     j.key(key).obj();
+    j.key("source").str(x.source).key("device").num(x.device).key("verdict").str(x.verdict);
+    j.key("moment").obj().key("kind").str(x.moment.kind_name());
+    j.key("entries_applied").num(static_cast<std::uint64_t>(x.moment.applied));
+    j.key("description").str(x.moment.describe()).end_obj();
+    const Fragmentation& f = x.fragmentation;
     j.key("reserved_bytes").num(f.reserved_bytes).key("allocated_bytes").num(f.allocated_bytes);
+    j.key("requested_bytes").num(f.requested_bytes);
     j.key("reserved_unallocated_bytes").num(f.reserved_unallocated_bytes());
+    j.key("rounding_bytes").num(f.rounding_bytes).key("pending_free_bytes").num(f.pending_free_bytes);
     j.key("inactive_split_bytes").num(f.inactive_split_bytes).key("cached_free_bytes").num(f.cached_free_bytes);
     j.key("largest_free_extent_bytes").num(f.largest_free_extent_bytes);
     j.key("external_fragmentation").real(f.external_fragmentation);
     j.end_obj();
   };
-  frag("fragmentation_a", d.a);
-  frag("fragmentation_b", d.b);
-  j.key("external_fragmentation_change").real(d.b.external_fragmentation - d.a.external_fragmentation);
+  side("side_a", d.a);
+  side("side_b", d.b);
+  j.key("external_fragmentation_change").real(d.b.fragmentation.external_fragmentation - d.a.fragmentation.external_fragmentation);
   j.key("reserved_unallocated_change_bytes")
-      .num(static_cast<std::int64_t>(d.b.reserved_unallocated_bytes()) - static_cast<std::int64_t>(d.a.reserved_unallocated_bytes()));
+      .num(static_cast<std::int64_t>(d.b.fragmentation.reserved_unallocated_bytes()) -
+           static_cast<std::int64_t>(d.a.fragmentation.reserved_unallocated_bytes()));
   auto groups = [&](const char* key, const std::vector<GroupDelta>& gs) {
     j.key(key).arr();
     for (const auto& g : gs) {
@@ -128,7 +168,9 @@ std::string render_diff_json(const SnapshotDiff& d) {
     j.end_arr();
   };
   groups("ops", d.ops);
+  j.key("ops_changed").num(static_cast<std::uint64_t>(d.ops_changed));
   groups("sites", d.sites);
+  j.key("sites_changed").num(static_cast<std::uint64_t>(d.sites_changed));
   auto segs = [&](const char* key, const std::vector<SegmentRef>& v) {
     j.key(key).arr();
     for (const auto& r : v) {
@@ -138,7 +180,9 @@ std::string render_diff_json(const SnapshotDiff& d) {
     j.end_arr();
   };
   segs("segments_added", d.segments_added);
+  j.key("segments_added_count").num(static_cast<std::uint64_t>(d.segments_added_count));
   segs("segments_removed", d.segments_removed);
+  j.key("segments_removed_count").num(static_cast<std::uint64_t>(d.segments_removed_count));
   j.end_obj();
   return j.take();
 }

@@ -30,15 +30,6 @@ std::uint64_t bytes_of(const PickleValue* v, const Snapshot& snap, const char* w
   }
   return b;
 }
-std::int64_t signed_bytes_of(const PickleValue* v, const Snapshot& snap, const char* what) {
-  const std::int64_t b = i64_of(v);
-  if (b > static_cast<std::int64_t>(kMaxTotalBytes) || b < -static_cast<std::int64_t>(kMaxTotalBytes)) {
-    throw ForensicsError(fmt::format("{}: gpumem.{} is {} bytes, more than any trace holds; the snapshot is damaged "
-                                     "(write it again)",
-                                     snap.source, what, b));
-  }
-  return b;
-}
 std::string str_of(const PickleValue* v) { return v && v->is_string() ? v->as_string() : std::string(); }
 
 // "file.py:12:function" -> one frame (the CSV traces' `where`).
@@ -146,24 +137,6 @@ void read_gpumem_additions(const PickleValue& root, Snapshot& snap) {
   info.cap_bytes = bytes_of(g->find("cap"), snap, "cap");
   if (const PickleValue* f = g->find("op_frames"); f && f->is_bool()) info.op_frames = f->as_bool();
   if (info.op_frames) strip_op_frames(snap);
-  if (const PickleValue* ops = g->find("ops"); ops && ops->is_sequence()) {
-    for (const auto& r : ops->items()) {
-      OpRow row;
-      row.name = str_of(r.find("name"));
-      row.calls = u64_of(r.find("calls"));
-      row.allocs = u64_of(r.find("allocs"));
-      row.allocated_bytes = bytes_of(r.find("allocated_bytes"), snap, "ops[].allocated_bytes");
-      row.live_bytes = bytes_of(r.find("live_bytes"), snap, "ops[].live_bytes");
-      row.peak_contribution_bytes = bytes_of(r.find("peak_contribution_bytes"), snap, "ops[].peak_contribution_bytes");
-      row.reserved_growth_bytes = bytes_of(r.find("reserved_growth_bytes"), snap, "ops[].reserved_growth_bytes");
-      row.frag_delta_bytes = signed_bytes_of(r.find("frag_delta_bytes"), snap, "ops[].frag_delta_bytes");
-      row.worst_call_frag_before_bytes =
-          signed_bytes_of(r.find("worst_call_frag_before_bytes"), snap, "ops[].worst_call_frag_before_bytes");
-      row.worst_call_frag_after_bytes =
-          signed_bytes_of(r.find("worst_call_frag_after_bytes"), snap, "ops[].worst_call_frag_after_bytes");
-      info.ops.push_back(std::move(row));
-    }
-  }
 }
 
 Snapshot parse_snapshot(std::string_view bytes, const std::string& source, const ReadLimits& limits) {

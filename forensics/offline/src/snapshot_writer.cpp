@@ -25,9 +25,7 @@ enum Key : std::uint8_t {
   kSize, kState, kOp,
   kAction, kAddr, kTimeUs, kDeviceFree, kCompileContext, kUserMetadata,
   kName, kFilename, kLine,
-  kVersion, kSettings, kDeviceTotal, kCap, kOps,
-  kCalls, kAllocs, kAllocatedBytes, kLiveBytes, kPeakContributionBytes, kReservedGrowthBytes,
-  kFragDeltaBytes, kWorstCallFragBeforeBytes, kWorstCallFragAfterBytes,
+  kVersion, kSettings, kDeviceTotal, kCap,
   kExpandableSegments, kMaxSplitSize, kOpFrames,
   kKeyCount
 };
@@ -39,9 +37,7 @@ constexpr std::array<std::string_view, kKeyCount> kKeyNames = {
     "size", "state", "op",
     "action", "addr", "time_us", "device_free", "compile_context", "user_metadata",
     "name", "filename", "line",
-    "version", "settings", "device_total", "cap", "ops",
-    "calls", "allocs", "allocated_bytes", "live_bytes", "peak_contribution_bytes", "reserved_growth_bytes",
-    "frag_delta_bytes", "worst_call_frag_before_bytes", "worst_call_frag_after_bytes",
+    "version", "settings", "device_total", "cap",
     "expandable_segments", "max_split_size", "op_frames",
 };
 
@@ -482,22 +478,6 @@ void write_entry(Sink& s, const SnapshotTraceEntry& e, bool op_frames) {
 }
 
 template <typename Sink>
-void write_op_row(Sink& s, const OpRow& r) {
-  s.begin_dict();
-  s.key(kName); s.interned(r.name);
-  s.key(kCalls); s.u64(r.calls);
-  s.key(kAllocs); s.u64(r.allocs);
-  s.key(kAllocatedBytes); s.u64(r.allocated_bytes);
-  s.key(kLiveBytes); s.u64(r.live_bytes);
-  s.key(kPeakContributionBytes); s.u64(r.peak_contribution_bytes);
-  s.key(kReservedGrowthBytes); s.u64(r.reserved_growth_bytes);
-  s.key(kFragDeltaBytes); s.i64(r.frag_delta_bytes);
-  s.key(kWorstCallFragBeforeBytes); s.i64(r.worst_call_frag_before_bytes);
-  s.key(kWorstCallFragAfterBytes); s.i64(r.worst_call_frag_after_bytes);
-  s.end_dict();
-}
-
-template <typename Sink>
 void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.begin_dict();
   s.preamble();
@@ -536,10 +516,6 @@ void write_snapshot_dict(Sink& s, const Snapshot& snap) {
   s.key(kDeviceFree); s.u64(snap.gpumem.device_free_bytes);
   s.key(kCap); s.u64(snap.gpumem.cap_bytes);
   s.key(kOpFrames); s.boolean(snap.gpumem.op_frames);
-  s.key(kOps);
-  s.begin_list();
-  for (const auto& r : snap.gpumem.ops) write_op_row(s, r);
-  s.end_list();
   s.end_dict();
 
   s.end_dict();

@@ -1,4 +1,5 @@
-// The forensics keys: trace_entries, oom_report_dir, record_ops (gpumem/forensics/config.h).
+// The forensics keys: trace_entries, oom_report_dir, record_ops, record_stacks
+// (gpumem/forensics/config.h).
 // docs/config.md documents them; keep the table below and that page in step.
 #include "gpumem/forensics/config.h"
 
@@ -31,20 +32,38 @@ void apply_record_ops(const Entry& e, const KeyInfo& k, Config& c) {
   c.record_ops = alloc::config_syntax::want_bool(e, k);
 }
 
+void apply_record_stacks(const Entry& e, const KeyInfo& k, Config& c) {
+  const std::string& v = alloc::config_syntax::want_scalar(e, k);
+  if (v == "auto") c.record_stacks = StackMode::automatic;
+  else if (v == "python") c.record_stacks = StackMode::python;
+  else if (v == "none") c.record_stacks = StackMode::none;
+  else fail_value(e, k, "is not a stack mode");
+}
+
 constexpr Key<Config> kKeys[] = {
     {{"trace_entries", "", "a whole number from 0 (off) to 1073741824", "trace_entries:100000"}, apply_trace_entries},
     {{"oom_report_dir", "", "a directory path without ',', ':', '[' or ']' (empty = off)", "oom_report_dir:/tmp/oom"},
      apply_oom_report_dir},
     {{"record_ops", "", "True or False", "record_ops:True"}, apply_record_ops},
+    {{"record_stacks", "", "auto, python or none", "record_stacks:python"}, apply_record_stacks},
 };
 
 }  // namespace
 
 alloc::config_syntax::KeyTable config_key_table(Config& target) { return alloc::config_syntax::KeyTable(kKeys, target); }
 
+const char* to_string(StackMode mode) noexcept {
+  switch (mode) {
+    case StackMode::automatic: return "auto";
+    case StackMode::none: return "none";
+    case StackMode::python: return "python";
+  }
+  return "auto";
+}
+
 std::string to_string(const Config& c) {
-  return fmt::format("trace_entries:{},oom_report_dir:{},record_ops:{}", c.trace_entries, c.oom_report_dir,
-                     alloc::config_syntax::bool_text(c.record_ops));
+  return fmt::format("trace_entries:{},oom_report_dir:{},record_ops:{},record_stacks:{}", c.trace_entries,
+                     c.oom_report_dir, alloc::config_syntax::bool_text(c.record_ops), to_string(c.record_stacks));
 }
 
 }  // namespace gpumem::forensics

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -14,9 +15,6 @@
 
 namespace gpumem::forensics {
 namespace {
-
-// With a postmortem but no trace configured, a small ring still records the failing request.
-constexpr std::size_t kPostmortemMinTrace = 4096;
 
 void write_text(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
@@ -31,36 +29,38 @@ EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& 
     : EngineForensics(engine, config, nullptr, std::string()) {}
 
 EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& config,
-                                 std::shared_ptr<TraceRing> ring, std::string settings)
-    : engine_(engine), report_dir_(config.oom_report_dir), settings_(std::move(settings)) {
+                                 std::shared_ptr<TraceRing> ring, std::string settings, StackSymbolizer symbolize)
+    : engine_(engine),
+      report_dir_(config.oom_report_dir),
+      settings_(std::move(settings)),
+      stacks_(config.python_stacks() && symbolize != nullptr),
+      symbolize_(std::move(symbolize)) {
   std::size_t trace = config.trace_entries;
-  if (trace == 0 && !report_dir_.empty()) trace = kPostmortemMinTrace;
+  if (!report_dir_.empty()) trace = std::max(trace, kPostmortemTrace);
   if (trace > 0 && ring != nullptr) {
     ring_ = std::move(ring);
     ring_->keep_at_least(trace);
     ring_->set_record_ops(config.record_ops);
+    if (stacks_) ring_->set_keep_contexts(true);
   } else if (trace > 0) {
     ring_ = std::make_shared<TraceRing>(trace, config.record_ops);
+    ring_->set_keep_contexts(stacks_);
     own_ring_ = true;
     engine_.attach_observer(ring_);
   }
   if (trace > 0 || config.record_ops) {
-    tracker_ = std::make_shared<FragmentationTracker>(config.record_ops);
+    tracker_ = std::make_shared<FragmentationTracker>(config.record_ops, stacks_);
     engine_.attach_observer(tracker_);
-  }
-  if (config.record_ops) {
-    ops_ = std::make_shared<OpTableObserver>();
-    engine_.attach_observer(ops_);
   }
 }
 
 EngineForensics::~EngineForensics() {
-  if (ops_) engine_.detach_observer(ops_.get());
   if (tracker_) engine_.detach_observer(tracker_.get());
   if (ring_ && own_ring_) engine_.detach_observer(ring_.get());
   if (ring_ && !own_ring_) {  // the composer's ring goes back to its own settings
     ring_->keep_at_least(0);
     ring_->set_record_ops(false);
+    if (stacks_) ring_->set_keep_contexts(false);
   }
 }
 
@@ -68,7 +68,7 @@ Snapshot EngineForensics::snapshot_with(const std::optional<alloc::OomInfo>& oom
   const alloc::EngineSnapshot view = engine_.snapshot();
   EngineSnapshotExtras extras;
   extras.tracker = tracker_.get();
-  if (ops_) extras.ops = ops_->rows();
+  if (stacks_) extras.symbolize = &symbolize_;
   const alloc::ProviderMemInfo mem = oom ? oom->provider : engine_.source().mem_info();
   extras.device_total_bytes = mem.total_bytes;
   extras.device_free_bytes = mem.free_bytes;
@@ -96,7 +96,7 @@ std::optional<OomPostmortemFiles> EngineForensics::on_oom(const alloc::OomInfo& 
     snap.source = files.snapshot_path;
     write_snapshot(snap, files.snapshot_path);
     ReportOptions options;
-    options.replay_advice = false;  // keep the failing call short; `gpumem report` replays
+    options.replay = false;  // keep the failing call short; `gpumem report` replays
     const MemoryReport report = build_report(snap, options);
     files.verdict = report.oom ? report.oom->verdict : "";
     write_text(files.report_path, render_report_text(report));

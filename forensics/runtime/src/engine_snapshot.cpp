@@ -7,10 +7,31 @@
 #include "gpumem/alloc/config.h"
 #include "gpumem/alloc/memory_source.h"
 #include "gpumem/forensics/op_attribution.h"
-#include "gpumem/forensics/op_table_observer.h"
 
 namespace gpumem::forensics {
 namespace {
+
+// Stack contexts to symbolize, each once, and where their frames go.
+class FrameRequests {
+ public:
+  // Index of `context` in the batch (added on first sight); SIZE_MAX for null.
+  std::size_t add(const std::shared_ptr<void>& context) {
+    if (!context) return SIZE_MAX;
+    auto [it, added] = index_.emplace(context.get(), contexts_.size());
+    if (added) contexts_.push_back(context);
+    return it->second;
+  }
+  std::vector<std::vector<SnapshotFrame>> symbolize(const StackSymbolizer* symbolizer) const {
+    if (symbolizer == nullptr || contexts_.empty()) return {};
+    auto frames = (*symbolizer)(contexts_);
+    frames.resize(contexts_.size());
+    return frames;
+  }
+
+ private:
+  std::unordered_map<const void*, std::size_t> index_;
+  std::vector<std::shared_ptr<void>> contexts_;
+};
 
 const char* state_name(alloc::BlockState s) {
   switch (s) {
@@ -22,6 +43,23 @@ const char* state_name(alloc::BlockState s) {
 
 }  // namespace
 
+std::optional<TraceAction> trace_action_of(alloc::EventKind kind) noexcept {
+  using alloc::EventKind;
+  switch (kind) {
+    case EventKind::alloc: return TraceAction::alloc;
+    case EventKind::free_requested: return TraceAction::free_requested;
+    case EventKind::free_completed: return TraceAction::free_completed;
+    case EventKind::segment_alloc: return TraceAction::segment_alloc;
+    case EventKind::segment_free: return TraceAction::segment_free;
+    case EventKind::segment_map: return TraceAction::segment_map;
+    case EventKind::segment_unmap: return TraceAction::segment_unmap;
+    case EventKind::oom: return TraceAction::oom;
+    case EventKind::snapshot: return TraceAction::snapshot;
+    case EventKind::empty_cache: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<const TraceRecord> trace,
                               const EngineSnapshotExtras& extras) {
   const OpRegistry& names = OpRegistry::global();
@@ -32,7 +70,6 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   snap.gpumem.device_total_bytes = extras.device_total_bytes;
   snap.gpumem.device_free_bytes = extras.device_free_bytes;
   snap.gpumem.cap_bytes = engine.totals.cap_bytes == alloc::kNoLimit ? 0 : engine.totals.cap_bytes;
-  snap.gpumem.ops = extras.ops;
   snap.gpumem.op_frames = true;
   snap.expandable_segments = std::any_of(engine.segments.begin(), engine.segments.end(),
                                          [](const alloc::SegmentView& s) { return s.expandable; });
@@ -53,8 +90,11 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   snap.device_traces.resize(device + 1);
   auto& out = snap.device_traces[device];
   out.reserve(order.size());
-  std::unordered_map<std::uint64_t, std::uint32_t> op_of_seq;  // alloc seq -> op
-  op_of_seq.reserve(order.size() / 2 + 1);
+  // alloc seq -> its record (op, stack context)
+  std::unordered_map<std::uint64_t, const TraceRecord*> alloc_of_seq;
+  alloc_of_seq.reserve(order.size() / 2 + 1);
+  FrameRequests requests;
+  std::vector<std::size_t> entry_frames;  // per entry: index into the symbolized batch
   std::vector<std::string> name_cache;  // by id (ids are dense)
   std::vector<bool> named;
   auto name_of = [&](std::uint32_t id) -> const std::string& {
@@ -83,11 +123,21 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
     s.time_us = static_cast<std::int64_t>(e.t_ns / 1000) + offset_us;
     s.op = name_of(r->op);
     s.user_metadata = name_of(r->scope);
-    if (*action == TraceAction::alloc) op_of_seq[e.seq] = r->op;
+    if (*action == TraceAction::alloc) alloc_of_seq[e.seq] = r;
     if (*action == TraceAction::oom) last_oom = out.size();
+    entry_frames.push_back(*action == TraceAction::alloc || *action == TraceAction::oom ? requests.add(r->stack_context())
+                                                                                       : SIZE_MAX);
     out.push_back(std::move(s));
   }
   if (last_oom != SIZE_MAX) out[last_oom].device_free_bytes = extras.oom_device_free_bytes.value_or(0);
+
+  // Blocks whose alloc the ring no longer holds: what the tracker knows.
+  std::unordered_map<std::uintptr_t, LiveBlockInfo> older;
+  if (extras.tracker) older = extras.tracker->live_blocks();
+  struct BlockRef {
+    std::size_t segment, block, frames;
+  };
+  std::vector<BlockRef> block_frames;
 
   // Segments: classic segments whole, expandable regions split into mapped runs.
   for (const auto& view : engine.segments) {
@@ -122,16 +172,29 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
       sb.state = state_name(b.state);
       if (sb.state != "inactive") {
         std::uint32_t op = 0;
-        if (auto it = op_of_seq.find(b.alloc_seq); it != op_of_seq.end()) {
-          op = it->second;
-        } else if (extras.tracker) {
-          if (auto info = extras.tracker->live_block(b.addr)) op = info->op;
+        std::size_t frames = SIZE_MAX;
+        if (auto it = alloc_of_seq.find(b.alloc_seq); it != alloc_of_seq.end()) {
+          op = it->second->op;
+          frames = requests.add(it->second->stack_context());
+        } else if (auto old = older.find(b.addr); old != older.end()) {
+          op = old->second.op;
+          frames = requests.add(old->second.context);
         }
         sb.op = name_of(op);
+        if (frames != SIZE_MAX) block_frames.push_back(BlockRef{snap.segments.size(), cur.blocks.size(), frames});
       }
       cur.blocks.push_back(std::move(sb));
     }
     flush();
+  }
+
+  // Frames, symbolized once per distinct context.
+  const auto frames = requests.symbolize(extras.symbolize);
+  if (!frames.empty()) {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (entry_frames[i] != SIZE_MAX) out[i].frames = frames[entry_frames[i]];
+    }
+    for (const auto& ref : block_frames) snap.segments[ref.segment].blocks[ref.block].frames = frames[ref.frames];
   }
   std::sort(snap.segments.begin(), snap.segments.end(),
             [](const SnapshotSegment& a, const SnapshotSegment& b) { return a.address < b.address; });

@@ -2,9 +2,15 @@
 
 #include <algorithm>
 
+#include "gpumem/forensics/alloc_context.h"
 #include "gpumem/forensics/op_attribution.h"
 
 namespace gpumem::forensics {
+
+FragmentationTracker::FragmentationTracker(bool record_ops, bool keep_contexts)
+    : record_ops_(record_ops), keep_contexts_(keep_contexts) {
+  live_.reserve(4096);  // a training step's live blocks without rehashing
+}
 
 void FragmentationTracker::on_events(std::span<const alloc::AllocEvent> events) {
   using alloc::EventKind;
@@ -13,11 +19,13 @@ void FragmentationTracker::on_events(std::span<const alloc::AllocEvent> events) 
     op = OpStack::current_op();
     scope = OpStack::current_scope();
   }
+  const std::uint64_t ticks = detail::read_ticks();
   std::lock_guard lock(mutex_);
   for (const auto& e : events) {
     switch (e.kind) {
       case EventKind::alloc:
-        live_[e.addr] = LiveBlockInfo{e.size_bytes, e.requested_bytes, op, scope, e.t_ns, e.seq};
+        live_[e.addr] = LiveBlockInfo{e.size_bytes, e.requested_bytes, op, scope, ticks, e.seq,
+                                      keep_contexts_ ? AllocContext::current() : nullptr};
         c_.allocated_bytes += e.size_bytes;
         c_.requested_bytes += e.requested_bytes;
         ++c_.live_blocks;
@@ -63,7 +71,20 @@ std::optional<LiveBlockInfo> FragmentationTracker::live_block(std::uintptr_t add
   std::lock_guard lock(mutex_);
   auto it = live_.find(addr);
   if (it == live_.end()) return std::nullopt;
-  return it->second;
+  LiveBlockInfo info = it->second;
+  info.t_ns = clock_.converter().to_steady_ns(info.t_ns);
+  return info;
+}
+
+std::unordered_map<std::uintptr_t, LiveBlockInfo> FragmentationTracker::live_blocks() const {
+  std::unordered_map<std::uintptr_t, LiveBlockInfo> out;
+  {
+    std::lock_guard lock(mutex_);
+    out = live_;
+  }
+  const detail::TickCalibration::Converter to_ns = clock_.converter();
+  for (auto& [addr, info] : out) info.t_ns = to_ns.to_steady_ns(info.t_ns);
+  return out;
 }
 
 }  // namespace gpumem::forensics

@@ -1,27 +1,63 @@
 #include "gpumem/forensics/op_attribution.h"
 
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <unordered_map>
 
 namespace gpumem::forensics {
 namespace {
 
+// name pointer -> id, per thread: a direct-mapped cache, each hit confirmed by content.
+class NameCache {
+ public:
+  std::uint32_t id_of(const char* name) {
+    Entry& e = entries_[(reinterpret_cast<std::uintptr_t>(name) >> 3) % kEntries];
+    if (e.pointer == name && e.text == name) return e.id;
+    e.pointer = name;
+    e.text = name;
+    e.id = OpRegistry::global().intern(e.text);
+    return e.id;
+  }
+
+ private:
+  static constexpr std::size_t kEntries = 512;
+  struct Entry {
+    const char* pointer = nullptr;
+    std::string text;
+    std::uint32_t id = 0;
+  };
+  Entry entries_[kEntries];
+};
+
+thread_local NameCache t_names;
+
+// An entry is an id, or a name not interned yet (id 0, name set).
 struct Stack {
-  std::uint32_t ids[OpStack::kMaxDepth];
+  struct Entry {
+    const char* name;
+    std::uint32_t id;
+  };
+  Entry entries[OpStack::kMaxDepth];
   std::size_t depth = 0;
 
-  void push(std::uint32_t id) noexcept {
-    if (depth < OpStack::kMaxDepth) ids[depth] = id;
+  void push(const char* name, std::uint32_t id) noexcept {
+    if (depth < OpStack::kMaxDepth) entries[depth] = Entry{name, id};
     ++depth;
   }
   void pop() noexcept {
     if (depth > 0) --depth;
   }
-  std::uint32_t top() const noexcept {
+  std::uint32_t top() noexcept {
     if (depth == 0) return 0;
-    return ids[(depth < OpStack::kMaxDepth ? depth : OpStack::kMaxDepth) - 1];
+    Entry& e = entries[(depth < OpStack::kMaxDepth ? depth : OpStack::kMaxDepth) - 1];
+    if (e.id == 0 && e.name != nullptr && e.name[0] != '\0') {
+      e.id = t_names.id_of(e.name);
+      e.name = nullptr;
+    }
+    return e.id;
   }
 };
 
@@ -70,10 +106,12 @@ std::size_t OpRegistry::size() const {
   return impl_->names.size() - 1;
 }
 
-void OpStack::push_op(std::uint32_t id) noexcept { t_ops.push(id); }
+void OpStack::push_op(std::uint32_t id) noexcept { t_ops.push(nullptr, id); }
 void OpStack::pop_op() noexcept { t_ops.pop(); }
-void OpStack::push_scope(std::uint32_t id) noexcept { t_scopes.push(id); }
+void OpStack::push_scope(std::uint32_t id) noexcept { t_scopes.push(nullptr, id); }
 void OpStack::pop_scope() noexcept { t_scopes.pop(); }
+void OpStack::push_op_name(const char* name) noexcept { t_ops.push(name, 0); }
+void OpStack::push_scope_name(const char* name) noexcept { t_scopes.push(name, 0); }
 std::uint32_t OpStack::current_op() noexcept { return t_ops.top(); }
 std::uint32_t OpStack::current_scope() noexcept { return t_scopes.top(); }
 std::size_t OpStack::op_depth() noexcept { return t_ops.depth; }

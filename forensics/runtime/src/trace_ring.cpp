@@ -3,13 +3,12 @@
 #include <cstring>
 #include <utility>
 
+#include "gpumem/forensics/alloc_context.h"
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/op_attribution.h"
 
 namespace gpumem::forensics {
 namespace {
-
-thread_local std::shared_ptr<void> t_pending_context;
 
 // An engine oom event held for record_oom on the thread that published it.
 struct HeldOom {
@@ -40,8 +39,6 @@ TraceRing::TraceRing(std::size_t capacity, bool record_ops) {
   record_ops_.store(record_ops, std::memory_order_relaxed);
   configure(TraceSettings{capacity, 0, false}, /*clear=*/true);
 }
-
-void TraceRing::set_thread_context(std::shared_ptr<void> context) { t_pending_context = std::move(context); }
 
 void TraceRing::configure(const TraceSettings& settings, bool clear) {
   std::lock_guard lock(mutex_);
@@ -156,19 +153,23 @@ void TraceRing::note_locked(const std::shared_ptr<const TraceNotes>& notes, std:
 void TraceRing::grow_locked(const Slot& slot) { buffer_.push_back(slot); }
 
 // The hot path of on_events: one store of the slot once the ring is full.
-inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint32_t op, std::uint32_t scope,
-                                     const std::shared_ptr<const TraceNotes>& notes, std::size_t cap) {
+inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint64_t ticks, std::uint32_t op,
+                                     std::uint32_t scope, const std::shared_ptr<const TraceNotes>& notes,
+                                     std::size_t cap) {
   const std::uint64_t ordinal = appended_++;
   if (notes != nullptr) [[unlikely]]
     note_locked(notes, ordinal);
   if (buffer_.size() < cap) [[unlikely]] {
-    grow_locked(Slot{event, op, scope});
+    Slot slot{event, op, scope};
+    slot.event.t_ns = ticks;
+    grow_locked(slot);
     return;
   }
   // Full: overwrite the oldest record: whole-slot stores (the slot's line is cold in a large ring;
   // field by field, the event's padding bytes would be left out and each store would wait for it).
   Slot& slot = buffer_[head_];
   std::memcpy(&slot.event, &event, sizeof event);
+  slot.event.t_ns = ticks;
   slot.op = op;
   slot.scope = scope;
   if (++head_ == buffer_.size()) head_ = 0;
@@ -179,23 +180,26 @@ inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint32
 
 void TraceRing::on_events(std::span<const alloc::AllocEvent> events) {
   if (!active()) return;
-  std::shared_ptr<void> context;  // the thread's stack context, read only while contexts are recorded
-  if (contexts_.load(std::memory_order_relaxed)) context = std::move(t_pending_context);
+  // The allocation's stack context, read only while contexts are kept.
+  const bool want_context = contexts_.load(std::memory_order_relaxed) || keep_contexts_.load(std::memory_order_relaxed);
+  const std::shared_ptr<void>* context = want_context ? &AllocContext::current() : nullptr;
+  if (context != nullptr && *context == nullptr) context = nullptr;
   std::uint32_t op = 0, scope = 0;
   if (record_ops_.load(std::memory_order_relaxed)) {
     op = OpStack::current_op();
     scope = OpStack::current_scope();
   }
+  const std::uint64_t ticks = detail::read_ticks();  // one time for the batch: one engine call
   std::vector<Hook> hooks;
   std::vector<TraceRecord> for_hooks;
   {
     std::lock_guard lock(mutex_);
     // Alloc records carry the stack context the adapter gathered for this call (one allocation
-    // per batch, only while contexts are recorded).
+    // per batch, only while contexts are kept).
     std::shared_ptr<const TraceNotes> with_context;
-    if (context != nullptr && settings_.contexts) {
+    if (context != nullptr && (settings_.contexts || keep_contexts_.load(std::memory_order_relaxed))) {
       auto notes = std::make_shared<TraceNotes>(current_notes_ ? *current_notes_ : TraceNotes{});
-      notes->stack_context = std::move(context);
+      notes->stack_context = *context;
       with_context = std::move(notes);
     }
     const std::size_t cap = capacity_locked();
@@ -210,13 +214,19 @@ void TraceRing::on_events(std::span<const alloc::AllocEvent> events) {
       const std::shared_ptr<const TraceNotes>& notes =
           event.kind == alloc::EventKind::alloc && with_context != nullptr ? with_context : current_notes_;
       if (!skipped && any_hooks) for_hooks.push_back(TraceRecord{event, op, scope, notes});
-      if (cap != 0) append_locked(event, op, scope, notes, cap);
+      if (cap != 0) append_locked(event, ticks, op, scope, notes, cap);
     }
     if (!for_hooks.empty()) hooks = hooks_;
   }
-  for (const auto& record : for_hooks)
+  if (for_hooks.empty()) return;
+  const std::uint64_t now_ns = clock_.converter().to_steady_ns(ticks);
+  for (auto& record : for_hooks) {
+    record.event.t_ns = now_ns;
     for (const auto& hook : hooks) hook(record);
+  }
 }
+
+void TraceRing::set_thread_context(std::shared_ptr<void> context) noexcept { AllocContext::set(std::move(context)); }
 
 void TraceRing::record_oom(const alloc::AllocEvent& fallback, std::size_t device_free_bytes) {
   alloc::AllocEvent event = fallback;
@@ -230,6 +240,7 @@ void TraceRing::record_oom(const alloc::AllocEvent& fallback, std::size_t device
     op = OpStack::current_op();
     scope = OpStack::current_scope();
   }
+  const std::uint64_t ticks = detail::read_ticks();
   std::vector<Hook> hooks;
   TraceRecord record;
   {
@@ -238,11 +249,13 @@ void TraceRing::record_oom(const alloc::AllocEvent& fallback, std::size_t device
     if (skipped && floor_ == 0) return;  // nobody keeps this kind
     auto notes = std::make_shared<TraceNotes>(current_notes_ ? *current_notes_ : TraceNotes{});
     notes->device_free_bytes = device_free_bytes;
+    if (settings_.contexts || keep_contexts_.load(std::memory_order_relaxed)) notes->stack_context = AllocContext::current();
     record = TraceRecord{event, op, scope, std::move(notes)};
     if (!skipped) hooks = hooks_;
     const std::size_t cap = capacity_locked();
-    if (cap != 0) append_locked(record.event, op, scope, record.notes, cap);
+    if (cap != 0) append_locked(record.event, ticks, op, scope, record.notes, cap);
   }
+  record.event.t_ns = clock_.converter().to_steady_ns(ticks);
   for (const auto& hook : hooks) hook(record);
 }
 
@@ -251,11 +264,13 @@ std::vector<TraceRecord> TraceRing::copy_out_locked(std::size_t first, Keep keep
   std::vector<TraceRecord> out;
   out.reserve(buffer_.size() - std::min(first, buffer_.size()));
   const std::uint64_t oldest = oldest_ordinal_locked();
+  const detail::TickCalibration::Converter to_ns = clock_.converter();
   auto run = notes_.begin();
   for (std::size_t i = first; i < buffer_.size(); ++i) {
     const Slot& s = buffer_[(head_ + i) % buffer_.size()];
     if (!keep(s)) continue;
     TraceRecord r{s.event, s.op, s.scope, nullptr};
+    r.event.t_ns = to_ns.to_steady_ns(s.event.t_ns);
     // Runs are in record order: the record's, if any, is the first that ends at or after it.
     const std::uint64_t ordinal = oldest + i;
     while (run != notes_.end() && run->last_ordinal < ordinal) ++run;

@@ -4,10 +4,7 @@
 #include <ATen/record_function.h>
 
 #include <atomic>
-#include <cstring>
 #include <mutex>
-#include <string>
-#include <unordered_map>
 
 #include "gpumem/forensics/op_attribution.h"
 
@@ -18,28 +15,14 @@ std::mutex g_install_mutex;
 std::atomic<bool> g_installed{false};
 at::CallbackHandle g_handle = 0;
 
-struct CachedName {
-  std::uint32_t id = 0;
-  std::string name;
-};
-
-// name pointer -> id, per thread. Op names (schema names) have stable pointers; user scope names
-// may not, so a hit is confirmed by content.
-std::uint32_t op_id(const char* name) {
-  thread_local std::unordered_map<const char*, CachedName> cache;
-  auto it = cache.find(name);
-  if (it != cache.end() && it->second.name == name) return it->second.id;
-  const std::uint32_t id = OpRegistry::global().intern(name);
-  cache[name] = CachedName{id, name};
-  return id;
-}
-
+// The callbacks run around every op once installed, and most ops allocate nothing: push the
+// name's pointer (valid until the op ends) and leave interning to the first event that asks
+// (OpStack::current_op). No inputs, outputs or ids are requested, so RecordFunction gathers none.
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  const std::uint32_t id = op_id(fn.name());
   if (fn.scope() == at::RecordScope::USER_SCOPE) {
-    OpStack::push_scope(id);
+    OpStack::push_scope_name(fn.name());
   } else {
-    OpStack::push_op(id);
+    OpStack::push_op_name(fn.name());
   }
   return nullptr;
 }
@@ -59,6 +42,9 @@ bool install_record_function_attribution() {
   if (g_installed.load()) return true;
   g_handle = at::addGlobalCallback(
       at::RecordFunctionCallback(&on_start, &on_end)
+          .needsInputs(false)
+          .needsOutputs(false)
+          .needsIds(false)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
   g_installed.store(true);
   return true;

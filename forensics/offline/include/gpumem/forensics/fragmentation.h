@@ -2,7 +2,7 @@
 // or state_at_moment's): where reserved-but-unallocated memory sits, how broken up the free memory
 // is, and which segments are held only by a few small live blocks.
 //
-// Terms (bytes):
+// Terms (bytes; vocabulary.h and docs/forensics.md define them once for every command):
 //   reserved      sum of segment sizes (memory held from the device)
 //   allocated     sizes of active_allocated blocks (rounded, as the allocator hands them out)
 //   requested     what the program asked for in those blocks
@@ -10,10 +10,11 @@
 //   free          inactive blocks = reserved - allocated - pending_free
 // and the identities (checked in the tests):
 //   reserved - requested = rounding + pending_free + inactive_split + cached_free
-//   rounding = allocated - requested; inactive_split = free bytes in segments that also hold
-//   active blocks; cached_free = free bytes in segments that hold none.
-// partly_used_granule_bytes is the part of `free` that lies in 2 MiB granules (aligned from the
-// segment's start) that also hold active bytes: memory an expandable allocator cannot unmap.
+//   rounding = allocated - requested; free = inactive_split + cached_free, split by the release
+//   unit: a classic segment's free bytes are inactive split when the segment also holds active
+//   (allocated or pending) blocks, cached free when it holds none; an expandable segment's free
+//   bytes are inactive split in the 2 MiB pages (aligned from the segment's start) that also
+//   hold active bytes, cached free in wholly free pages (those could be unmapped as they are).
 // external_fragmentation = 1 - largest_free_extent / free (0 when nothing is free).
 //
 // A segment is "pinned" when at most max_pinned_blocks active blocks hold at most 1/8 of it and
@@ -59,7 +60,6 @@ struct Fragmentation {
   std::uint64_t rounding_bytes = 0;
   std::uint64_t inactive_split_bytes = 0;
   std::uint64_t cached_free_bytes = 0;
-  std::uint64_t partly_used_granule_bytes = 0;
   std::uint64_t largest_free_extent_bytes = 0;
   double external_fragmentation = 0.0;
   std::size_t segments = 0;

@@ -12,8 +12,9 @@
 //                  "creates": N, "releases": N, "alloc_retries": N, "failed_allocations": N, "trace_ooms_served": N,
 //                  "segments_at_peak": N, "peak_entry": N, "peak_time_us": N,
 //                  "at_peak": {"requested_bytes", "allocated_bytes", "reserved_bytes",
-//                              "rounding_bytes", "inactive_split_bytes", "cached_free_bytes",
-//                              "partly_used_granule_bytes"},
+//                              "rounding_bytes", "inactive_split_bytes", "cached_free_bytes"},
+//                  (the terms of vocabulary.h: inactive split counts the free bytes of partly used
+//                  pages of expandable segments too)
 //                  "call_seconds": X, "call_share": X, "replay_seconds": X,
 //                  "top_sites": [{"site": S, "live_bytes": N, "live_blocks": N}]}]}
 //
@@ -28,6 +29,7 @@
 #include "gpumem/forensics/replay.h"
 #include "gpumem/forensics/trace.h"
 #include "gpumem/forensics/trace_loader.h"
+#include "gpumem/forensics/vocabulary.h"
 
 namespace gpumem::forensics {
 
@@ -44,8 +46,5 @@ std::string format_json(const ReplayReport& report);
 // Writes `step,entry,time_us,action,requested_bytes` then `<policy>.allocated_bytes` and
 // `<policy>.reserved_bytes` per policy; needs policies replayed with record_timeline.
 void write_timeline_csv(std::ostream& out, const ReplayReport& report);
-
-// "1.234 GiB", "12.5 MiB", "512 B".
-std::string format_bytes(std::size_t bytes);
 
 }  // namespace gpumem::forensics

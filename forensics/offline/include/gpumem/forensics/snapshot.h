@@ -14,11 +14,26 @@
 #include <utility>
 #include <vector>
 
-#include "gpumem/forensics/op_table.h"
 #include "gpumem/forensics/pickle_value.h"
 #include "gpumem/forensics/trace.h"
 
 namespace gpumem::forensics {
+
+// gpumem's additions to PyTorch's snapshot dict (written under the key "gpumem"; PyTorch's tools
+// ignore it). version 0 = the snapshot did not come from gpumem. (Snapshots of gpumem before the
+// reports built their tables from the trace also carried a per-op table, "ops": readers ignore it.)
+struct GpumemSnapshotInfo {
+  static constexpr int kVersion = 1;
+  int version = 0;
+  std::string settings;                  // gpumem's configuration string
+  std::uint64_t device_total_bytes = 0;  // 0 = unknown
+  std::uint64_t device_free_bytes = 0;   // when the snapshot was taken; 0 = unknown
+  std::uint64_t cap_bytes = 0;           // cap on reserved bytes; 0 = none / unknown
+  // Blocks and trace entries without frames but with an op are written with frames naming the
+  // op (and, for entries, the user scope in user_metadata) as {name, filename "??", line 0}, so
+  // PyTorch's viewer shows them; reading such a file removes those frames again.
+  bool op_frames = false;
+};
 
 struct SnapshotFrame {
   std::string name;      // function

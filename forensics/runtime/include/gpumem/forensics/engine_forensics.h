@@ -1,11 +1,16 @@
 // EngineForensics: gpumem's forensics attached to one engine, as its forensics::Config asks:
 //   trace_entries > 0     a TraceRing of that many records (the snapshots' trace)
-//   record_ops            events tagged with the current op / user scope (OpStack) and a per-op
-//                         table (OpTableObserver)
+//   record_ops            events tagged with the current op / user scope (OpStack)
 //   oom_report_dir != ""  the OOM postmortem: on_oom() writes a snapshot and a report there (with
-//                         at least the last 4096 events, even when trace_entries is 0)
-// plus a FragmentationTracker whenever any of them is on. With all off nothing is attached and
-// the engine pays nothing.
+//                         at least the last kPostmortemTrace events, whatever trace_entries says:
+//                         a training step of the corpus's largest workloads, so that the trace
+//                         covers the memory a step allocates)
+//   python_stacks()       live blocks and alloc records keep their allocation's stack context
+//                         (AllocContext), symbolized through the StackSymbolizer at snapshots
+// plus a FragmentationTracker whenever any of them is on (live blocks with their op, stack and
+// age, for blocks older than the trace). The per-op and per-site tables of reports are computed
+// from the snapshot (its blocks and trace), not counted here. With all off nothing is attached
+// and the engine pays nothing.
 //
 // The trace ring: alone, EngineForensics makes and attaches its own. A composer that already keeps
 // a ring on the engine (the torch adapter: PyTorch's _record_memory_history reads it) passes that
@@ -32,8 +37,8 @@
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/forensics/config.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
-#include "gpumem/forensics/op_table_observer.h"
 #include "gpumem/forensics/snapshot.h"
+#include "gpumem/forensics/stack_symbolizer.h"
 #include "gpumem/forensics/trace_ring.h"
 
 namespace gpumem::forensics {
@@ -48,12 +53,17 @@ struct OomPostmortemFiles {
 
 class EngineForensics {
  public:
+  // Records the postmortem keeps at least (64 bytes each: 4 MiB).
+  static constexpr std::size_t kPostmortemTrace = 65536;
+
   // With its own trace ring (attached to engine while this object lives).
   EngineForensics(alloc::CachingAllocator& engine, const Config& config);
   // With the ring the composer attached to engine (not detached here), and the configuration text
   // snapshots report as gpumem's settings (empty: the engine's own settings).
+  // symbolize: turns the stack contexts of records and live blocks into frames at snapshots
+  // (null: snapshots carry no frames).
   EngineForensics(alloc::CachingAllocator& engine, const Config& config, std::shared_ptr<TraceRing> ring,
-                  std::string settings);
+                  std::string settings, StackSymbolizer symbolize = nullptr);
   ~EngineForensics();
   EngineForensics(const EngineForensics&) = delete;
   EngineForensics& operator=(const EngineForensics&) = delete;
@@ -70,17 +80,17 @@ class EngineForensics {
 
   const TraceRing* trace_ring() const noexcept { return ring_.get(); }
   const FragmentationTracker* tracker() const noexcept { return tracker_.get(); }
-  const OpTableObserver* op_table() const noexcept { return ops_.get(); }
 
  private:
   Snapshot snapshot_with(const std::optional<alloc::OomInfo>& oom);
   alloc::CachingAllocator& engine_;
   std::string report_dir_;
   std::string settings_;
+  bool stacks_ = false;
   std::shared_ptr<TraceRing> ring_;
   bool own_ring_ = false;  // attached (and detached) by this object
   std::shared_ptr<FragmentationTracker> tracker_;
-  std::shared_ptr<OpTableObserver> ops_;
+  StackSymbolizer symbolize_;
   std::mutex write_mutex_;
   unsigned reports_written_ = 0;
 };

@@ -1,6 +1,7 @@
 // snapshot_from_engine: a Snapshot (PyTorch's layout plus gpumem's additions) of a running engine,
 // from its EngineSnapshot (the block layout), the records of its TraceRing, and optionally the
-// FragmentationTracker (ops of blocks whose alloc the ring no longer holds) and the per-op table.
+// FragmentationTracker (ops and stacks of blocks whose alloc the ring no longer holds) and a
+// StackSymbolizer (frames of the stack contexts records and blocks carry, symbolized once each).
 //
 // Layout as PyTorch's snapshot() gives it: one segment per classic segment and one per
 // contiguous mapped run of an expandable region (unmapped address space is left out), blocks in
@@ -21,20 +22,23 @@
 
 #include "gpumem/alloc/introspection.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
-#include "gpumem/forensics/op_table.h"
 #include "gpumem/forensics/snapshot.h"
+#include "gpumem/forensics/stack_symbolizer.h"
 #include "gpumem/forensics/trace_ring.h"
 
 namespace gpumem::forensics {
 
 struct EngineSnapshotExtras {
   const FragmentationTracker* tracker = nullptr;
-  std::vector<OpRow> ops;
+  const StackSymbolizer* symbolize = nullptr;  // null: no frames
   std::uint64_t device_total_bytes = 0;
   std::uint64_t device_free_bytes = 0;
   // Provider free bytes for the last oom record (PyTorch's oom entries carry them).
   std::optional<std::uint64_t> oom_device_free_bytes;
 };
+
+// PyTorch's trace action for an engine event (nullopt for empty_cache, which PyTorch does not trace).
+std::optional<TraceAction> trace_action_of(alloc::EventKind kind) noexcept;
 
 Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<const TraceRecord> trace,
                               const EngineSnapshotExtras& extras = {});

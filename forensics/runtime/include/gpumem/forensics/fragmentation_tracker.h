@@ -5,18 +5,23 @@
 // The finer split of reserved-unallocated (inactive split, cached free, partly used granules,
 // largest free extent) needs the layout: analyze_fragmentation() on a snapshot gives it.
 //
+// Cost: one tick-counter read per batch (tick_clock.h; the engine is asked for sequence numbers
+// only), one hash-table insert per allocation and one erase per free, under its own lock.
+//
 // Invariants: allocated_bytes == sum of live blocks' sizes; reserved_bytes >= 0 (clamped).
 // Thread-safety: all members may be called from any thread (one mutex, held per batch).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
 
 #include "gpumem/alloc/events.h"
+#include "gpumem/forensics/detail/tick_clock.h"
 
 namespace gpumem::forensics {
 
@@ -38,20 +43,28 @@ struct LiveBlockInfo {
   std::uint64_t requested_bytes = 0;
   std::uint32_t op = 0;     // OpRegistry ids (0 = unknown)
   std::uint32_t scope = 0;
-  std::uint64_t t_ns = 0;   // allocation time (steady clock)
+  std::uint64_t t_ns = 0;   // allocation time (steady clock, ns)
   std::uint64_t seq = 0;
+  std::shared_ptr<void> context;  // the allocation's AllocContext, when contexts are kept
 };
 
 class FragmentationTracker final : public alloc::AllocObserver {
  public:
-  explicit FragmentationTracker(bool record_ops = false) : record_ops_(record_ops) {}
+  // record_ops: tag live blocks with the op current at their allocation (OpStack);
+  // keep_contexts: keep each live block's AllocContext (its stack).
+  explicit FragmentationTracker(bool record_ops = false, bool keep_contexts = false);
   void on_events(std::span<const alloc::AllocEvent> events) override;
+  unsigned needs() const noexcept override { return alloc::kNeedsSequence; }
 
   FragmentationCounters counters() const;
   std::optional<LiveBlockInfo> live_block(std::uintptr_t addr) const;
+  // Every live block, by address.
+  std::unordered_map<std::uintptr_t, LiveBlockInfo> live_blocks() const;
 
  private:
   const bool record_ops_;
+  const bool keep_contexts_;
+  detail::TickCalibration clock_;  // LiveBlockInfo::t_ns is kept in ticks
   mutable std::mutex mutex_;
   FragmentationCounters c_;
   std::unordered_map<std::uintptr_t, LiveBlockInfo> live_;

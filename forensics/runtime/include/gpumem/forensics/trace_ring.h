@@ -17,10 +17,17 @@
 // leave_oom_to_caller(true); the engine's oom event is then held on the publishing thread until
 // that thread calls record_oom(), which keeps it with the free bytes.
 //
+// Stack contexts: an alloc record carries the allocation's AllocContext (alloc_context.h) when the
+// history asks for contexts (TraceSettings::contexts) or a postmortem does (keep_contexts); so
+// does the oom record of record_oom().
+//
 // Cost: while inactive (no history, no floor, no hook) on_events returns after one atomic load.
-// Active, the ring's lock is held only to copy the batch's records in; the buffer grows on demand
+// Active, it reads the CPU's tick counter once per batch (tick_clock.h; the engine is asked for
+// sequence numbers only, never for its clock), and the ring's lock is held only to copy the
+// batch's records in: a few stores per event once the buffer is full. The buffer grows on demand
 // up to its capacity (a few allocations, amortized), and hooks run after the lock is released.
 // 64 bytes a record (what the program attached is kept once per run of records that share it).
+// Times are ticks while kept and steady-clock nanoseconds in every record handed out.
 //
 // Invariants: records().size() <= max(settings().capacity, floor); records() is oldest first, in
 // publication order; history() is an ordered subset of records(); dropped() counts records
@@ -42,6 +49,7 @@
 #include <vector>
 
 #include "gpumem/alloc/events.h"
+#include "gpumem/forensics/detail/tick_clock.h"
 
 namespace gpumem::forensics {
 
@@ -87,10 +95,8 @@ class TraceRing final : public alloc::AllocObserver {
   // with the publishing thread's op and scope.
   explicit TraceRing(std::size_t capacity, bool record_ops = false);
 
-  // Times and order only matter while it keeps records or feeds hooks.
-  unsigned needs() const noexcept override {
-    return active() ? (alloc::kNeedsTimestamps | alloc::kNeedsSequence) : alloc::kNeedsNothing;
-  }
+  // Order only matters while it keeps records or feeds hooks; times come from its own clock.
+  unsigned needs() const noexcept override { return active() ? alloc::kNeedsSequence : alloc::kNeedsNothing; }
   void on_events(std::span<const alloc::AllocEvent> events) override;
 
   // ---- configuration ----
@@ -104,6 +110,9 @@ class TraceRing final : public alloc::AllocObserver {
   // Tag records with the publishing thread's op and scope (OpStack) from now on.
   void set_record_ops(bool on) noexcept { record_ops_.store(on, std::memory_order_relaxed); }
   bool records_ops() const noexcept { return record_ops_.load(std::memory_order_relaxed); }
+  // Attach the allocation's stack context to alloc records whatever the history settings (the
+  // postmortem's stacks). Contexts the history asks for are attached either way.
+  void set_keep_contexts(bool on) noexcept { keep_contexts_.store(on, std::memory_order_relaxed); }
   // See "OOM records" above.
   void leave_oom_to_caller(bool on);
   // Adds a hook called for every record of a kind the history does not skip, from now on (even
@@ -116,11 +125,12 @@ class TraceRing final : public alloc::AllocObserver {
   std::string user_metadata() const;
   void push_compile_context(std::string context);
   void pop_compile_context();
-  // The stack context for the alloc event the calling thread's next engine call emits (engines
-  // publish events on the thread that made the call); consumed by that call's batch.
-  static void set_thread_context(std::shared_ptr<void> context);
+  // Sets the calling thread's AllocContext (alloc_context.h) for its next engine call; kept for
+  // callers that set and clear it around the call (the torch adapter). Prefer AllocContext::Scope.
+  static void set_thread_context(std::shared_ptr<void> context) noexcept;
   // The oom record of the failure the calling thread just saw: the engine's oom event held for it
-  // (leave_oom_to_caller), else `fallback`, with the provider's free bytes.
+  // (leave_oom_to_caller), else `fallback`, with the provider's free bytes and the calling
+  // thread's AllocContext (when contexts are kept).
   void record_oom(const alloc::AllocEvent& fallback, std::size_t device_free_bytes);
 
   // ---- reading ----
@@ -153,7 +163,7 @@ class TraceRing final : public alloc::AllocObserver {
   bool skipped_locked(alloc::EventKind kind) const noexcept { return (settings_.skip_mask & skip_bit(kind)) != 0; }
   std::size_t capacity_locked() const noexcept { return std::max(settings_.capacity, floor_); }
   std::uint64_t oldest_ordinal_locked() const noexcept { return appended_ - buffer_.size(); }
-  void append_locked(const alloc::AllocEvent& event, std::uint32_t op, std::uint32_t scope,
+  void append_locked(const alloc::AllocEvent& event, std::uint64_t ticks, std::uint32_t op, std::uint32_t scope,
                      const std::shared_ptr<const TraceNotes>& notes, std::size_t cap);
   void note_locked(const std::shared_ptr<const TraceNotes>& notes, std::uint64_t ordinal);
   void grow_locked(const Slot& slot);
@@ -170,6 +180,8 @@ class TraceRing final : public alloc::AllocObserver {
   std::atomic<bool> active_{false};
   std::atomic<bool> record_ops_{false};
   std::atomic<bool> contexts_{false};  // settings_.contexts, read without the lock
+  std::atomic<bool> keep_contexts_{false};
+  detail::TickCalibration clock_;      // ticks of kept records -> steady ns
   TraceSettings settings_;
   std::size_t floor_ = 0;
   bool oom_to_caller_ = false;

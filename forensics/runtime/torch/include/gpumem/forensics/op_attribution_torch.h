@@ -3,11 +3,11 @@
 // with the innermost op (aten::mm, autograd's MmBackward0, a C++ RECORD_FUNCTION block) and the
 // innermost user scope (torch.profiler.record_function, RECORD_USER_SCOPE).
 //
-// The callbacks take no lock and allocate nothing after a thread's first call of an op: op names
-// are interned once per thread and name pointer (a thread-local cache checked by content). Their
-// cost is that of any global RecordFunction callback: libtorch builds a RecordFunction for every
-// op once one is installed (see bench/op_attribution_overhead.cpp, run by
-// scripts/gpu/forensics.sh).
+// The callbacks take no lock and allocate nothing: start pushes the op's name pointer, end pops
+// it (two stores each); a name is interned only when an allocation inside the op asks for it
+// (OpStack). The rest of their cost is libtorch's: once any global callback is installed it builds
+// a RecordFunction for every op (bench/op_attribution_overhead.cpp --on callbacks|observers|all measures them, and
+// scripts/gpu/forensics.sh runs it on the GPU host).
 //
 // Thread-safety: install/remove during initialization or while no other thread runs ops
 // (at::addGlobalCallback / at::removeCallback's own rule). installed() is safe anywhere.

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 13's whole speed table in one run, with binaries from scripts/gpu/stage.sh (nothing is
+# compiled here): the engine alone on SimSource (bench_alloc_pairs: 1 thread and 4 threads, fixed
+# sizes and windows of 64 / 1024 live allocations; again with the stats observer attached, as the
+# torch adapter runs it), then the CUDA allocators through libtorch's c10 calls, PyTorch's native
+# one beside gpumem's, 1 thread and 4 threads (torch_alloc_pairs). Budget: 100 s wall; each step
+# runs under its own timeout and says so when it is cut.
+#
+#   OUT=/dir scripts/gpu/speed.sh          ($OUT gets speed-summary.txt and speed-logs.tar.gz)
+#   SPEED_QUICK=1 OUT=/dir BUILD=build scripts/gpu/speed.sh
+#        a short run (fewer pairs, 1 round) to try the script on a machine without a GPU: the
+#        torch step then reports that no CUDA device is there.
+# Needs in BUILD: bench/bench_alloc_pairs, bench/torch_alloc_pairs (GPUMEM_WITH_TORCH=ON).
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$gpu_root"
+: "${OUT:?set OUT}"
+logs=$OUT/speed-logs
+mkdir -p "$logs"
+summary=$OUT/speed-summary.txt
+: >"$summary"
+status=0
+note() { echo "$*" | tee -a "$summary"; }
+trap 'tar czf "$OUT/speed-logs.tar.gz" -C "$OUT" speed-logs && rm -rf "$logs"' EXIT
+
+if [ -n "${SPEED_QUICK:-}" ]; then
+  engine_args=(--ops 20000 --threads 4 --rounds 1)
+  torch_args=(--ops 20000 --thread-ops 5000 --threads 4 --rounds 1)
+else
+  engine_args=(--ops 200000 --threads 4 --rounds 3)
+  torch_args=(--ops 200000 --thread-ops 20000 --threads 4 --rounds 5)
+fi
+
+# step NAME SECONDS BINARY [ARGS...]: runs it under timeout, copies its table into the summary.
+step() {
+  local name=$1 limit=$2 bin=$3; shift 3
+  if [ ! -x "$bin" ]; then note "$name: MISSING ($bin; build its target and stage the build)"; status=1; return; fi
+  local t0=$SECONDS
+  timeout --kill-after=5 "$limit" "$bin" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  note "--- $name ($(basename "$bin") $*): exit $rc in $((SECONDS - t0)) s"
+  if [ $rc -ge 124 ]; then
+    note "$name: CUT at its ${limit} s limit; the rows below are the ones it finished"; status=1
+  elif [ $rc -ne 0 ]; then
+    note "$name: FAILED (exit $rc; see $name.log)"; status=1
+  fi
+  cat "$logs/$name.log" >>"$summary"
+  cat "$logs/$name.log"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } | tee -a "$summary"
+note "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+# Engine alone: the issue's first three rows (1 thread fixed / windows; 4 threads windows).
+step engine 25 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}"
+# The same with the stats observer the torch adapter attaches: what the adapter's engine costs.
+step engine_observer 20 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}" --observer
+# Through libtorch: native beside gpumem, 1 and 4 threads (the issue's last two rows).
+step torch 45 "$BUILD/bench/torch_alloc_pairs" "${torch_args[@]}"
+note "speed: $([ $status = 0 ] && echo 'all steps ran' || echo 'a step FAILED or was cut (see above)')"
+exit $status
