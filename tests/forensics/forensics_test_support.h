@@ -3,6 +3,7 @@
 #pragma once
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "catch.h"
 #include "gpumem/forensics/trace.h"
 
 namespace gpumem::forensics::testing {
@@ -24,6 +26,18 @@ inline std::optional<std::string> shared_dir() {
 }
 
 // $GPUMEM_PYTHON, if set and runnable.
+// The trace the repository ships (traces/resnet50.native.trace.csv.gz, with its measured .json
+// beside it: PyTorch 2.11 native on the H200, the same file as the shared one), so that the tests
+// of real traces check something in a clone without ../shared (CI). A test calling this fails,
+// loudly, when GPUMEM_SOURCE_DIR (set by ctest) is unset or the file is missing.
+inline std::string repo_trace() {
+  const char* d = std::getenv("GPUMEM_SOURCE_DIR");
+  if (!d || !*d) FAIL("GPUMEM_SOURCE_DIR is not set (ctest sets it to the source tree; export it to run by hand)");
+  const std::string path = std::string(d) + "/traces/resnet50.native.trace.csv.gz";
+  if (!std::filesystem::exists(path)) FAIL("the repository's trace " << path << " is missing");
+  return path;
+}
+
 inline std::optional<std::string> python() {
   const char* p = std::getenv("GPUMEM_PYTHON");
   if (!p || !*p || !std::filesystem::exists(p)) return std::nullopt;
@@ -47,6 +61,21 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// text, gzip-compressed (as a .gz file holds it).
+inline std::string gzip(const std::string& text) {
+  z_stream zs{};
+  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(deflateBound(&zs, static_cast<uLong>(text.size())), '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  zs.avail_in = static_cast<uInt>(text.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
 
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -1,7 +1,5 @@
 // The compact CSV trace reader: every action kind, gzip and plain files, the shared traces, and
 // one clear error (file + line or byte offset) for truncated and corrupt files.
-#include <zlib.h>
-
 #include <string>
 
 #include "catch.h"
@@ -27,20 +25,6 @@ const std::string kEveryAction =
     "oom,0,209715200,0,107,model.py:3:forward;backward\n"
     "snapshot,0,0,0,108,\n";
 
-std::string gzip(const std::string& text) {
-  z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  std::string out(deflateBound(&zs, static_cast<uLong>(text.size())), '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  zs.avail_in = static_cast<uInt>(text.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
-
 std::string error_of(const std::string& path) {
   try {
     fx::load_trace(path);
@@ -56,7 +40,7 @@ TEST_CASE("every action kind reads, from gzip and from plain text", "[csv]") {
   TempDir dir;
   for (const bool compressed : {true, false}) {
     const std::string path = dir.file(compressed ? "t.csv.gz" : "t.csv");
-    fx::testing::write_file(path, compressed ? gzip(kEveryAction) : kEveryAction);
+    fx::testing::write_file(path, compressed ? fx::testing::gzip(kEveryAction) : kEveryAction);
     const fx::Trace t = fx::read_csv_trace(path);
     REQUIRE(t.entries.size() == 9);
     CHECK(t.entries[0].action == fx::TraceAction::segment_alloc);
@@ -95,7 +79,7 @@ TEST_CASE("a truncated gzip file names the byte offset", "[csv]") {
   TempDir dir;
   std::string text = kEveryAction;
   for (int i = 0; i < 200; ++i) text += "alloc," + std::to_string(1000000 + i * 4096) + ",4096,0,200,x.py:1:f\n";
-  const std::string z = gzip(text);
+  const std::string z = fx::testing::gzip(text);
   const std::string path = dir.file("cut.csv.gz");
   fx::testing::write_file(path, z.substr(0, z.size() / 2));
   const std::string err = error_of(path);
@@ -106,7 +90,7 @@ TEST_CASE("a truncated gzip file names the byte offset", "[csv]") {
 
 TEST_CASE("corrupt gzip data names the byte offset", "[csv]") {
   TempDir dir;
-  std::string z = gzip(kEveryAction + kEveryAction.substr(kEveryAction.find('\n') + 1));
+  std::string z = fx::testing::gzip(kEveryAction + kEveryAction.substr(kEveryAction.find('\n') + 1));
   for (std::size_t i = 12; i < z.size() - 12; i += 3) z[i] = static_cast<char>(z[i] ^ 0x5a);
   const std::string path = dir.file("bad.csv.gz");
   fx::testing::write_file(path, z);

@@ -26,10 +26,12 @@ struct SharedTrace {
   bool expandable;
 };
 
-std::vector<SharedTrace> shared_traces(const std::string& shared) {
+// The repository's trace, then every trace in $GPUMEM_SHARED_DIR/traces when that is there.
+std::vector<SharedTrace> shared_traces(const std::optional<std::string>& shared) {
   std::vector<SharedTrace> out;
+  if (!shared) return {{fx::testing::repo_trace(), false}};
   for (const char* dir : {"native", "expandable"}) {
-    const fs::path d = fs::path(shared) / "traces" / dir;
+    const fs::path d = fs::path(*shared) / "traces" / dir;
     if (!fs::exists(d)) continue;
     for (const auto& f : fs::directory_iterator(d)) {
       const std::string name = f.path().filename().string();
@@ -39,6 +41,7 @@ std::vector<SharedTrace> shared_traces(const std::string& shared) {
     }
   }
   std::sort(out.begin(), out.end(), [](const SharedTrace& a, const SharedTrace& b) { return a.path < b.path; });
+  out.insert(out.begin(), {fx::testing::repo_trace(), false});
   return out;
 }
 
@@ -55,10 +58,9 @@ std::size_t recorded_cap(const std::string& json_path) {
 }  // namespace
 
 TEST_CASE("the PyTorch model predicts peak reserved within 2% on every shared trace", "[fidelity]") {
-  const auto shared = fx::testing::shared_dir();
-  if (!shared) GPUMEM_SKIP("GPUMEM_SHARED_DIR does not point at the shared traces; nothing to check");
-  const auto traces = shared_traces(*shared);
-  REQUIRE(traces.size() >= 6);
+  const auto shared = fx::testing::shared_dir();  // absent: the repository's trace alone
+  const auto traces = shared_traces(shared);
+  REQUIRE(traces.size() >= (shared ? 7u : 1u));
   for (const auto& t : traces) {
     const auto measured = fx::measured_beside(t.path);
     REQUIRE(measured.has_value());
@@ -80,9 +82,8 @@ TEST_CASE("the PyTorch model predicts peak reserved within 2% on every shared tr
 }
 
 TEST_CASE("without the trace's segment addresses the model is still within 2%", "[fidelity]") {
-  const auto shared = fx::testing::shared_dir();
-  if (!shared) GPUMEM_SKIP("GPUMEM_SHARED_DIR does not point at the shared traces; nothing to check");
-  for (const auto& t : shared_traces(*shared)) {
+  const auto shared = fx::testing::shared_dir();  // absent: the repository's trace alone
+  for (const auto& t : shared_traces(shared)) {
     const auto measured = fx::measured_beside(t.path);
     REQUIRE(measured.has_value());
     const fx::LoadedTrace loaded = fx::load_trace(t.path);
@@ -102,9 +103,8 @@ TEST_CASE("without the trace's segment addresses the model is still within 2%", 
 }
 
 TEST_CASE("the model's segment calls are the trace's segment entries, in order", "[fidelity]") {
-  const auto shared = fx::testing::shared_dir();
-  if (!shared) GPUMEM_SKIP("GPUMEM_SHARED_DIR does not point at the shared traces; nothing to check");
-  for (const auto& t : shared_traces(*shared)) {
+  const auto shared = fx::testing::shared_dir();  // absent: the repository's trace alone
+  for (const auto& t : shared_traces(shared)) {
     const auto measured = fx::measured_beside(t.path);
     REQUIRE(measured.has_value());
     const fx::LoadedTrace loaded = fx::load_trace(t.path);
@@ -155,7 +155,7 @@ TEST_CASE("the model's segment calls are the trace's segment entries, in order",
 
 TEST_CASE("the snapshot pickle replays to PyTorch's measured peak", "[fidelity]") {
   const auto shared = fx::testing::shared_dir();
-  if (!shared) GPUMEM_SKIP("GPUMEM_SHARED_DIR does not point at the shared traces; nothing to check");
+  if (!shared) GPUMEM_SKIP("GPUMEM_SHARED_DIR does not point at the shared traces (the OOM snapshot is there only)");
   const std::string path = *shared + "/traces/native/oom.snapshot.pickle";
   const auto measured = fx::measured_beside(path);
   REQUIRE(measured.has_value());

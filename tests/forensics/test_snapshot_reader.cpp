@@ -184,6 +184,7 @@ TEST_CASE("a pickle that is not a snapshot is one error naming what is wrong", "
                                        {PickleValue::string("device_traces"),
                                         PickleValue::list({PickleValue::list({entry})})}});
   const std::string err = error_of(bad);
+  INFO(err);
   CHECK(err.find("s.pickle: device_traces[0][0].action") != std::string::npos);
   CHECK(err.find("'malloc'") != std::string::npos);
   PickleValue seg = PickleValue::dict({{PickleValue::string("address"), PickleValue::string("0x10")}});

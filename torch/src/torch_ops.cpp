@@ -26,6 +26,7 @@
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
+#include "python_error.h"
 
 namespace gpumem::torch {
 namespace {
@@ -73,8 +74,9 @@ bool op_cpu_installed() { return cpu_installed(); }
 
 void op_write_snapshot(c10::Device device, std::string path) { write_snapshot(device, path); }
 
-// Installs at load time when GPUMEM_ALLOC_CONF is set. A failure cannot be thrown out of dlopen,
-// so it is printed on stderr and kept for torch.ops.gpumem.load_error().
+// Installs at load time when GPUMEM_ALLOC_CONF is set. A failure cannot be thrown out of dlopen:
+// loaded from Python, it raises RuntimeError there as the load returns (python_error.h); loaded
+// from C++, it is printed on stderr. Either way it is kept for torch.ops.gpumem.load_error().
 const bool g_installed_on_load = [] {
   if (std::getenv("GPUMEM_ALLOC_CONF") == nullptr) return false;
   try {
@@ -85,10 +87,10 @@ const bool g_installed_on_load = [] {
   } catch (const std::exception& e) {
     load_error_text() = e.what();
   }
-  std::fprintf(stderr,
-               "gpumem: GPUMEM_ALLOC_CONF is set but gpumem was not installed when libgpumem_torch.so was loaded; "
-               "PyTorch's own CUDA allocator stays in use. %s\n",
-               load_error_text().c_str());
+  const std::string message = "gpumem: GPUMEM_ALLOC_CONF is set but gpumem was not installed when "
+                              "libgpumem_torch.so was loaded; PyTorch's own CUDA allocator stays in use. " +
+                              load_error_text();
+  if (!detail::raise_in_python(message)) std::fprintf(stderr, "%s\n", message.c_str());
   return false;
 }();
 

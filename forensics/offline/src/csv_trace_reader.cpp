@@ -1,11 +1,13 @@
 #include "gpumem/forensics/csv_trace_reader.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
 
 #include "file_bytes.h"
 #include "gpumem/forensics/error.h"
+#include "plausibility.h"
 
 namespace gpumem::forensics {
 namespace {
@@ -24,7 +26,7 @@ std::string_view shown(std::string_view s) {
 
 }  // namespace
 
-Trace parse_csv_trace(std::string_view text, const std::string& source) {
+Trace parse_csv_trace(std::string_view text, const std::string& source, const ReadLimits& limits) {
   Trace trace;
   trace.source = source;
   if (text.empty()) {
@@ -35,7 +37,8 @@ Trace parse_csv_trace(std::string_view text, const std::string& source) {
   std::size_t pos = 0;
   std::size_t line_no = 0;
   bool header_seen = false;
-  trace.entries.reserve(text.size() / 48);
+  trace.entries.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(text.size() / 48, limits.max_records)));
+  detail::SizeSum total;
   while (pos < text.size()) {
     const std::size_t eol = text.find('\n', pos);
     const bool last_without_newline = eol == std::string_view::npos;
@@ -89,6 +92,14 @@ Trace parse_csv_trace(std::string_view text, const std::string& source) {
     if (!parse_number(fields[2], e.size_bytes)) fail(fmt::format("size '{}' is not a non-negative integer", shown(fields[2])));
     if (!parse_number(fields[3], e.stream)) fail(fmt::format("stream '{}' is not a non-negative integer", shown(fields[3])));
     if (!parse_number(fields[4], e.time_us)) fail(fmt::format("time_us '{}' is not an integer", shown(fields[4])));
+    if (const std::string why = detail::implausible_numbers(e.addr, e.size_bytes, e.time_us); !why.empty()) {
+      fail(why + ": the trace is damaged");
+    }
+    if (!total.add(e.size_bytes)) fail(detail::total_too_large("entries up to this line") + ": the trace is damaged");
+    if (trace.entries.size() >= limits.max_records) {
+      fail(fmt::format("the trace holds more than {} entries; {}", limits.max_records,
+                       read_limit_hint("GPUMEM_MAX_RECORDS", limits.max_records)));
+    }
     e.site = trace.intern_site(fields[5]);
     trace.entries.push_back(e);
   }
@@ -99,9 +110,9 @@ Trace parse_csv_trace(std::string_view text, const std::string& source) {
   return trace;
 }
 
-Trace read_csv_trace(const std::string& path) {
-  const detail::FileBytes file = detail::read_file_bytes(path);
-  return parse_csv_trace(file.bytes, path);
+Trace read_csv_trace(const std::string& path, const ReadLimits& limits) {
+  const detail::FileBytes file = detail::read_file_bytes(path, limits);
+  return parse_csv_trace(file.bytes, path, limits);
 }
 
 }  // namespace gpumem::forensics

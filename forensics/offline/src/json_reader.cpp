@@ -2,17 +2,26 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "gpumem/forensics/error.h"
+#include "pickle_tree.h"
 
 namespace gpumem::forensics::detail {
 namespace {
 
+// Values the parser may build per record the limits allow (as the pickle reader).
+constexpr std::uint64_t kValuesPerRecord = 8;
+
 class JsonParser {
  public:
-  JsonParser(std::string_view text, const std::string& source) : t_(text), source_(source) {}
+  JsonParser(std::string_view text, const std::string& source, const ReadLimits& limits)
+      : t_(text), source_(source), limits_(limits) {
+    const std::uint64_t budget = limits.max_records * kValuesPerRecord;
+    value_budget_ = budget / kValuesPerRecord == limits.max_records ? budget : ~std::uint64_t{0};
+  }
 
   PickleValue document() {
     PickleValue v = value(0);
@@ -49,7 +58,14 @@ class JsonParser {
   }
 
   PickleValue value(int depth) {
-    if (depth > 512) fail("nesting deeper than 512 levels");
+    if (depth >= kMaxNestingDepth) {
+      fail(fmt::format("arrays and objects are nested more than {} levels deep (a memory snapshot nests 7)",
+                       kMaxNestingDepth));
+    }
+    if (++values_ > value_budget_) {
+      fail(fmt::format("the text holds more than {} values, more than a snapshot of {} records would; {}",
+                       value_budget_, limits_.max_records, read_limit_hint("GPUMEM_MAX_RECORDS", limits_.max_records)));
+    }
     const char c = peek();
     if (c == '{') return object(depth);
     if (c == '[') return array(depth);
@@ -61,15 +77,30 @@ class JsonParser {
     fail(fmt::format("unexpected character '{}'", c));
   }
 
+  // Object keys repeat in every entry of a trace: one shared string per distinct key.
+  PickleValue key_string() {
+    std::string text = string();
+    auto it = keys_.find(text);
+    if (it == keys_.end()) {
+      if (keys_.size() >= 4096) return PickleValue::string(std::move(text));  // not a key vocabulary
+      it = keys_.emplace(text, PickleValue::string(text)).first;
+    }
+    return it->second;
+  }
+
   PickleValue object(int depth) {
     ++p_;
     PickleDictItems items;
+    detail::DictKeys index;
     if (peek() == '}') { ++p_; return PickleValue::dict(std::move(items)); }
     for (;;) {
       if (peek() != '"') fail("expected a string key");
-      PickleValue key = PickleValue::string(string());
+      PickleValue key = key_string();
       expect(':');
-      items.emplace_back(std::move(key), value(depth + 1));
+      // A repeated key keeps its place and takes the later value, as Python's json does.
+      PickleValue v = value(depth + 1);
+      detail::DictKeys::set(items, std::move(key), std::move(v),
+                            items.size() >= detail::DictKeys::kIndexFrom ? &index : nullptr);
       const char c = peek();
       ++p_;
       if (c == '}') break;
@@ -140,9 +171,14 @@ class JsonParser {
         case 'u': {
           std::uint32_t cp = hex4();
           if (cp >= 0xD800 && cp < 0xDC00 && t_.substr(p_, 2) == "\\u") {
+            const std::size_t at = p_;
             p_ += 2;
             const std::uint32_t lo = hex4();
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            if (lo >= 0xDC00 && lo < 0xE000) {
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else {
+              p_ = at;  // a lone high surrogate; the next escape stands alone
+            }
           }
           utf8(out, cp);
           break;
@@ -177,13 +213,17 @@ class JsonParser {
 
   std::string_view t_;
   const std::string& source_;
+  const ReadLimits& limits_;
+  std::uint64_t value_budget_ = 0;
+  std::uint64_t values_ = 0;
   std::size_t p_ = 0;
+  std::unordered_map<std::string, PickleValue> keys_;
 };
 
 }  // namespace
 
-PickleValue parse_json(std::string_view text, const std::string& source) {
-  return JsonParser(text, source).document();
+PickleValue parse_json(std::string_view text, const std::string& source, const ReadLimits& limits) {
+  return JsonParser(text, source, limits).document();
 }
 
 }  // namespace gpumem::forensics::detail

@@ -348,6 +348,12 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
                                   "the moment (block sizes rounded to 512 B; {} entries could not be applied)",
                                   r.state.moment_entries, r.state.skipped_entries));
   }
+  if (!r.state.reconstructed && r.state.skipped_entries > 0) {
+    r.notes.push_back(fmt::format("{} trace entries could not be applied to the file's segments (allocations "
+                                  "outside every segment, frees of unknown blocks): the memory numbers below leave "
+                                  "them out",
+                                  r.state.skipped_entries));
+  }
   if (r.state.rolled_back_entries > 0) {
     r.notes.push_back(fmt::format("the file's segments are from after the moment: the {} trace entries recorded "
                                   "after it were undone ({} frees) so that segments and numbers are those of the "

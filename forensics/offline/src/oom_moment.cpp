@@ -44,6 +44,11 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device, const Moment
     return out;
   }
 
+  if (!has_segments) {
+    // Neither segments nor segment entries: the trace's allocations lie in no memory the file
+    // describes. Count them, so that the report says so instead of showing 0 B allocated.
+    for (std::size_t i = 0; i < out.moment_entries; ++i) out.skipped_entries += trace[i].action == TraceAction::alloc;
+  }
   // Undo, newest first, what was recorded after the moment.
   detail::SegmentMap map(device, snapshot.segments);
   for (std::size_t i = trace.size(); i-- > out.moment_entries;) {
@@ -70,7 +75,7 @@ StateAtMoment state_at_moment(const Snapshot& snapshot, int device, const Moment
     }
   }
   out.segments = map.segments();
-  out.skipped_entries = map.skipped;
+  out.skipped_entries += map.skipped;
   return out;
 }
 

@@ -10,14 +10,31 @@
 
 #include "file_bytes.h"
 #include "gpumem/forensics/error.h"
+#include "pickle_tree.h"
 
 namespace gpumem::forensics {
 namespace {
 
 // The pickle virtual machine, restricted to plain data. See the header for the opcode list.
+// Values the machine may hold per record the limits allow (a trace entry of PyTorch's is a dict
+// of about 8 keys and values plus its frames, each a dict of 3).
+constexpr std::uint64_t kValuesPerRecord = 8;
+
 class Unpickler {
  public:
-  Unpickler(std::string_view bytes, const std::string& source) : in_(bytes), source_(source) {}
+  Unpickler(std::string_view bytes, const std::string& source, const ReadLimits& limits)
+      : in_(bytes), source_(source), limits_(limits) {
+    const std::uint64_t budget = limits.max_records * kValuesPerRecord;
+    value_budget_ = budget / kValuesPerRecord == limits.max_records ? budget : ~std::uint64_t{0};
+  }
+  ~Unpickler() {
+    // Anything the machine still holds (a failed read) may form cycles: take it all apart.
+    stack_.clear();
+    memo_.clear();
+    for (auto& c : created_) c.clear_items();
+  }
+  Unpickler(const Unpickler&) = delete;
+  Unpickler& operator=(const Unpickler&) = delete;
 
   PickleValue run() {
     for (;;) {
@@ -30,7 +47,20 @@ class Unpickler {
       const auto op = static_cast<unsigned char>(in_[pos_++]);
       if (op == '.') {  // STOP
         if (stack_.size() != 1 || !marks_.empty()) fail("STOP with an unbalanced stack: the pickle is corrupt");
-        return take_value(std::move(stack_.back()));
+        PickleValue root = take_value(std::move(stack_.back()));
+        stack_.clear();
+        memo_.clear();
+        switch (detail::PickleTree::adopt(root, created_, kMaxNestingDepth)) {
+          case detail::PickleTree::Shape::ok: break;
+          case detail::PickleTree::Shape::cycle:
+            fail("a container holds itself (through the memo): a memory snapshot has no such cycles; the "
+                 "pickle is corrupt or not a snapshot");
+          case detail::PickleTree::Shape::too_deep:
+            fail(fmt::format("containers are nested more than {} levels deep (a memory snapshot nests 7): the "
+                             "pickle is corrupt or not a snapshot",
+                             kMaxNestingDepth));
+        }
+        return root;
       }
       step(op);
     }
@@ -76,7 +106,24 @@ class Unpickler {
     return static_cast<std::size_t>(n);
   }
 
-  void push(PickleValue v) { stack_.push_back(Slot{std::move(v), {}}); }
+  // Every value, mark and memo entry the machine makes counts against the budget, so that no
+  // pickle makes it hold more than the limits allow (a single opcode byte can push a value).
+  void spend(std::uint64_t n = 1) {
+    values_ += n;
+    if (values_ > value_budget_) {
+      fail(fmt::format("the pickle builds more than {} values, more than a snapshot of {} records would; {}",
+                       value_budget_, limits_.max_records, read_limit_hint("GPUMEM_MAX_RECORDS", limits_.max_records)));
+    }
+  }
+  // A new container: remembered, so that whatever cycles a damaged pickle makes can be broken.
+  PickleValue made(PickleValue container) {
+    created_.push_back(container);
+    return container;
+  }
+  void push(PickleValue v) {
+    spend();
+    stack_.push_back(Slot{std::move(v), {}});
+  }
   Slot pop_slot() {
     if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
       fail("an opcode needs a value but the stack is empty: the pickle is corrupt");
@@ -112,11 +159,17 @@ class Unpickler {
   }
   void memo_put(std::uint64_t index) {
     Slot& s = top();
-    memo_[index] = s;
+    auto [it, inserted] = memo_.try_emplace(index, s);
+    if (inserted) {
+      spend();
+    } else {
+      it->second = s;
+    }
   }
   void memo_get(std::uint64_t index) {
     auto it = memo_.find(index);
     if (it == memo_.end()) fail(fmt::format("memo entry {} is used before it is defined: the pickle is corrupt", index));
+    spend();
     stack_.push_back(it->second);
   }
 
@@ -175,18 +228,10 @@ class Unpickler {
     if (kv.size() % 2 != 0) fail("SETITEMS with an odd number of items: the pickle is corrupt");
     auto& dst = target.value.dict_items();
     for (std::size_t i = 0; i < kv.size(); i += 2) {
-      // Python semantics: a repeated key replaces the earlier value.
-      bool replaced = false;
-      if (kv[i].is_string()) {
-        for (auto& [k, v] : dst) {
-          if (k.is_string() && k.as_string() == kv[i].as_string()) {
-            v = std::move(kv[i + 1]);
-            replaced = true;
-            break;
-          }
-        }
-      }
-      if (!replaced) dst.emplace_back(std::move(kv[i]), std::move(kv[i + 1]));
+      // Python semantics: a repeated key keeps its place and takes the later value.
+      detail::DictKeys* index = nullptr;
+      if (dst.size() >= detail::DictKeys::kIndexFrom) index = &dict_keys_[target.value.container_id()];
+      detail::DictKeys::set(dst, std::move(kv[i]), std::move(kv[i + 1]), index);
     }
   }
 
@@ -201,6 +246,7 @@ class Unpickler {
                        "snapshot holds plain data only (dict, list, str, int, float, bool, None)",
                        full));
     }
+    spend();
     stack_.push_back(Slot{PickleValue(), full});
   }
 
@@ -227,7 +273,17 @@ class Unpickler {
     if (!args.is_tuple()) fail(fmt::format("REDUCE of '{}' without an argument tuple: the pickle is corrupt", callable.global));
     const std::string& c = callable.global;
     if (c == "builtins.set" || c == "builtins.frozenset") {
-      push(PickleValue::set(args.items().empty() ? PickleItems{} : args.items()[0].items()));
+      if (args.items().empty()) {
+        push(made(PickleValue::set()));
+        return;
+      }
+      const PickleValue& from = args.items()[0];
+      if (!from.is_sequence() && !from.is_set()) {
+        fail(fmt::format("REDUCE of '{}' over a {} (a set is made of a list or tuple): the pickle is corrupt", c,
+                         PickleValue::kind_name(from.kind())));
+      }
+      spend(from.items().size());
+      push(made(PickleValue::set(from.items())));
       return;
     }
     if (c == "builtins.bytes" || c == "builtins.bytearray") {
@@ -235,17 +291,25 @@ class Unpickler {
         push(PickleValue::bytes(""));
         return;
       }
-      if (args.items()[0].is_sequence()) {  // bytes([1, 2, 3])
+      const PickleValue& from = args.items()[0];
+      if (from.is_sequence()) {  // bytes([1, 2, 3])
         std::string out;
-        for (const auto& b : args.items()[0].items()) out += static_cast<char>(b.as_int());
+        out.reserve(from.items().size());
+        for (const auto& b : from.items()) {
+          if (!b.is_int() || b.as_int() < 0 || b.as_int() > 255) {
+            fail(fmt::format("REDUCE of '{}' over a list holding {} (bytes are ints 0 to 255): the pickle is corrupt",
+                             c, b.is_int() ? std::to_string(b.as_int()) : std::string("a ") + PickleValue::kind_name(b.kind())));
+          }
+          out += static_cast<char>(b.as_int());
+        }
         push(PickleValue::bytes(std::move(out)));
         return;
       }
-      if (args.items()[0].is_string()) {
-        push(PickleValue::bytes(args.items()[0].as_string()));
+      if (from.is_string() || from.is_bytes()) {
+        push(PickleValue::bytes(from.as_string()));
         return;
       }
-      fail(fmt::format("REDUCE of '{}' with unexpected arguments: the pickle is corrupt", c));
+      fail(fmt::format("REDUCE of '{}' over a {}: the pickle is corrupt", c, PickleValue::kind_name(from.kind())));
     }
     if (c == "_codecs.encode") {
       if (args.items().empty() || !args.items()[0].is_string()) fail("_codecs.encode without a string: the pickle is corrupt");
@@ -277,11 +341,15 @@ class Unpickler {
         return;
       }
       case 0x95: take_le(8); return;  // FRAME: a framing hint only
-      case '(': marks_.push_back(stack_.size()); return;  // MARK
+      case '(':  // MARK
+        spend();
+        marks_.push_back(stack_.size());
+        return;
       case '0': pop_slot(); return;                        // POP
       case '1': pop_to_mark(); return;                     // POP_MARK
       case '2': {  // DUP
         Slot copy = top();
+        spend();
         stack_.push_back(std::move(copy));
         return;
       }
@@ -323,35 +391,35 @@ class Unpickler {
       case 'C': push(PickleValue::bytes(std::string(take(take_length(1))))); return;    // SHORT_BINBYTES
       case 0x8e: push(PickleValue::bytes(std::string(take(take_length(8))))); return;   // BINBYTES8
       case 0x96: push(PickleValue::bytes(std::string(take(take_length(8))))); return;   // BYTEARRAY8
-      case '}': push(PickleValue::dict()); return;
-      case ']': push(PickleValue::list()); return;
-      case ')': push(PickleValue::tuple()); return;
-      case 0x8f: push(PickleValue::set()); return;  // EMPTY_SET
+      case '}': push(made(PickleValue::dict())); return;
+      case ']': push(made(PickleValue::list())); return;
+      case ')': push(made(PickleValue::tuple())); return;
+      case 0x8f: push(made(PickleValue::set())); return;  // EMPTY_SET
       case 'd': {                                    // DICT
         PickleItems kv = pop_to_mark();
-        push(PickleValue::dict());
+        push(made(PickleValue::dict()));
         set_items(stack_.back(), std::move(kv));
         return;
       }
-      case 'l': push(PickleValue::list(pop_to_mark())); return;  // LIST
-      case 't': push(PickleValue::tuple(pop_to_mark())); return;  // TUPLE
-      case 0x91: push(PickleValue::set(pop_to_mark())); return;   // FROZENSET
+      case 'l': push(made(PickleValue::list(pop_to_mark()))); return;  // LIST
+      case 't': push(made(PickleValue::tuple(pop_to_mark()))); return;  // TUPLE
+      case 0x91: push(made(PickleValue::set(pop_to_mark()))); return;   // FROZENSET
       case 0x85: {  // TUPLE1
         PickleValue a = pop();
-        push(PickleValue::tuple({std::move(a)}));
+        push(made(PickleValue::tuple({std::move(a)})));
         return;
       }
       case 0x86: {  // TUPLE2
         PickleValue b = pop();
         PickleValue a = pop();
-        push(PickleValue::tuple({std::move(a), std::move(b)}));
+        push(made(PickleValue::tuple({std::move(a), std::move(b)})));
         return;
       }
       case 0x87: {  // TUPLE3
         PickleValue c = pop();
         PickleValue b = pop();
         PickleValue a = pop();
-        push(PickleValue::tuple({std::move(a), std::move(b), std::move(c)}));
+        push(made(PickleValue::tuple({std::move(a), std::move(b), std::move(c)})));
         return;
       }
       case 'a': {  // APPEND
@@ -439,6 +507,11 @@ class Unpickler {
 
   std::string_view in_;
   const std::string& source_;
+  const ReadLimits& limits_;
+  std::uint64_t value_budget_ = 0;
+  std::uint64_t values_ = 0;
+  std::vector<PickleValue> created_;  // every container made (see made())
+  std::unordered_map<const void*, detail::DictKeys> dict_keys_;  // indexes of large dicts
   std::size_t pos_ = 0;
   std::size_t op_pos_ = 0;
   std::vector<Slot> stack_;
@@ -448,14 +521,14 @@ class Unpickler {
 
 }  // namespace
 
-PickleValue parse_pickle(std::string_view bytes, const std::string& source) {
+PickleValue parse_pickle(std::string_view bytes, const std::string& source, const ReadLimits& limits) {
   if (bytes.empty()) throw ForensicsError(fmt::format("{}: the file is empty, not a pickle", source));
-  return Unpickler(bytes, source).run();
+  return Unpickler(bytes, source, limits).run();
 }
 
-PickleValue read_pickle_file(const std::string& path) {
-  const detail::FileBytes file = detail::read_file_bytes(path);
-  return parse_pickle(file.bytes, path);
+PickleValue read_pickle_file(const std::string& path, const ReadLimits& limits) {
+  const detail::FileBytes file = detail::read_file_bytes(path, limits);
+  return parse_pickle(file.bytes, path, limits);
 }
 
 }  // namespace gpumem::forensics

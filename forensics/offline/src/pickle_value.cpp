@@ -1,17 +1,17 @@
 #include "gpumem/forensics/pickle_value.h"
 
-#include <cstdio>
-#include <cstdlib>
-
 #include <fmt/format.h>
 
+#include "gpumem/forensics/error.h"
+#include "pickle_tree.h"
+
 namespace gpumem::forensics {
+
 namespace {
 
 [[noreturn]] void wrong_kind(PickleValue::Kind have, const char* want) {
-  std::fprintf(stderr, "gpumem: internal error: PickleValue is %s, used as %s\n",
-               PickleValue::kind_name(have), want);
-  std::abort();
+  throw ForensicsError(fmt::format("a {} was found where a {} was expected (the file's data has the wrong type)",
+                                   PickleValue::kind_name(have), want));
 }
 
 }  // namespace
@@ -35,6 +35,9 @@ PickleValue PickleValue::floating(double v) {
   return p;
 }
 PickleValue PickleValue::string(std::string v) {
+  return string(std::make_shared<const std::string>(std::move(v)));
+}
+PickleValue PickleValue::string(std::shared_ptr<const std::string> v) {
   PickleValue p;
   p.kind_ = Kind::string;
   p.data_ = std::move(v);
@@ -43,13 +46,15 @@ PickleValue PickleValue::string(std::string v) {
 PickleValue PickleValue::bytes(std::string v) {
   PickleValue p;
   p.kind_ = Kind::bytes;
-  p.data_ = std::move(v);
+  p.data_ = std::make_shared<const std::string>(std::move(v));
   return p;
 }
 PickleValue PickleValue::list(PickleItems items) {
   PickleValue p;
   p.kind_ = Kind::list;
-  p.data_ = std::make_shared<PickleItems>(std::move(items));
+  auto c = std::make_shared<Container>();
+  c->items = std::move(items);
+  p.data_ = std::move(c);
   return p;
 }
 PickleValue PickleValue::tuple(PickleItems items) {
@@ -65,7 +70,9 @@ PickleValue PickleValue::set(PickleItems items) {
 PickleValue PickleValue::dict(PickleDictItems items) {
   PickleValue p;
   p.kind_ = Kind::dict;
-  p.data_ = std::make_shared<PickleDictItems>(std::move(items));
+  auto c = std::make_shared<Container>();
+  c->dict = std::move(items);
+  p.data_ = std::move(c);
   return p;
 }
 
@@ -84,31 +91,49 @@ double PickleValue::as_float() const {
 }
 const std::string& PickleValue::as_string() const {
   if (kind_ != Kind::string && kind_ != Kind::bytes) wrong_kind(kind_, "str");
-  return std::get<std::string>(data_);
+  return *std::get<std::shared_ptr<const std::string>>(data_);
 }
 const PickleItems& PickleValue::items() const {
   if (kind_ != Kind::list && kind_ != Kind::tuple && kind_ != Kind::set) wrong_kind(kind_, "list");
-  return *std::get<std::shared_ptr<PickleItems>>(data_);
+  return std::get<std::shared_ptr<Container>>(data_)->items;
 }
 PickleItems& PickleValue::items() {
   if (kind_ != Kind::list && kind_ != Kind::tuple && kind_ != Kind::set) wrong_kind(kind_, "list");
-  return *std::get<std::shared_ptr<PickleItems>>(data_);
+  return std::get<std::shared_ptr<Container>>(data_)->items;
 }
 const PickleDictItems& PickleValue::dict_items() const {
   if (kind_ != Kind::dict) wrong_kind(kind_, "dict");
-  return *std::get<std::shared_ptr<PickleDictItems>>(data_);
+  return std::get<std::shared_ptr<Container>>(data_)->dict;
 }
 PickleDictItems& PickleValue::dict_items() {
   if (kind_ != Kind::dict) wrong_kind(kind_, "dict");
-  return *std::get<std::shared_ptr<PickleDictItems>>(data_);
+  return std::get<std::shared_ptr<Container>>(data_)->dict;
 }
 
 const PickleValue* PickleValue::find(std::string_view key) const noexcept {
   if (kind_ != Kind::dict) return nullptr;
-  for (const auto& [k, v] : *std::get<std::shared_ptr<PickleDictItems>>(data_)) {
-    if (k.kind_ == Kind::string && std::get<std::string>(k.data_) == key) return &v;
+  const auto& d = std::get<std::shared_ptr<Container>>(data_)->dict;
+  for (auto it = d.rbegin(); it != d.rend(); ++it) {
+    if (it->first.kind_ == Kind::string && *std::get<std::shared_ptr<const std::string>>(it->first.data_) == key) {
+      return &it->second;
+    }
   }
   return nullptr;
+}
+
+const void* PickleValue::container_id() const noexcept {
+  const auto* c = std::get_if<std::shared_ptr<Container>>(&data_);
+  return c ? c->get() : nullptr;
+}
+
+void PickleValue::clear_items() noexcept {
+  auto* c = std::get_if<std::shared_ptr<Container>>(&data_);
+  if (!c) return;
+  // Moved out first: clearing may release the last reference to containers that hold this one.
+  PickleItems items = std::move((*c)->items);
+  PickleDictItems dict = std::move((*c)->dict);
+  (*c)->items.clear();
+  (*c)->dict.clear();
 }
 
 const char* PickleValue::kind_name(Kind kind) noexcept {

@@ -8,6 +8,7 @@
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/pickle_reader.h"
 #include "gpumem/forensics/snapshot_reader.h"
+#include "gpumem/forensics/csv_trace_reader.h"
 #include "gpumem/forensics/trace_loader.h"
 #include "json_reader.h"
 
@@ -18,6 +19,17 @@ std::uint64_t u64_of(const PickleValue* v) {
   return v && v->is_int() && v->as_int() > 0 ? static_cast<std::uint64_t>(v->as_int()) : 0;
 }
 std::int64_t i64_of(const PickleValue* v) { return v && v->is_int() ? v->as_int() : 0; }
+
+// A byte count of gpumem's additions: at most kMaxTotalBytes in magnitude (a sum over a trace).
+std::uint64_t bytes_of(const PickleValue* v, const Snapshot& snap, const char* what) {
+  const std::uint64_t b = u64_of(v);
+  if (b > kMaxTotalBytes) {
+    throw ForensicsError(fmt::format("{}: gpumem.{} is {} bytes, more than any trace holds; the snapshot is damaged "
+                                     "(write it again)",
+                                     snap.source, what, b));
+  }
+  return b;
+}
 std::string str_of(const PickleValue* v) { return v && v->is_string() ? v->as_string() : std::string(); }
 
 // "file.py:12:function" -> one frame (the CSV traces' `where`).
@@ -120,48 +132,52 @@ void read_gpumem_additions(const PickleValue& root, Snapshot& snap) {
     }
   }
   auto& info = snap.gpumem;
-  info.version = static_cast<int>(i64_of(g->find("version")));
-  if (info.version <= 0) {
+  const std::int64_t version = i64_of(g->find("version"));
+  if (version <= 0) {
     throw ForensicsError(fmt::format("{}: the 'gpumem' dict has no positive 'version'; the file was not written "
                                      "by gpumem or is damaged (write it again with gpumem)",
                                      snap.source));
   }
-  if (info.version > GpumemSnapshotInfo::kVersion) {
+  if (version > GpumemSnapshotInfo::kVersion) {
     throw ForensicsError(fmt::format("{}: written by a newer gpumem (snapshot version {}, this gpumem reads up "
                                      "to {}); update gpumem",
-                                     snap.source, info.version, GpumemSnapshotInfo::kVersion));
+                                     snap.source, version, GpumemSnapshotInfo::kVersion));
   }
+  info.version = static_cast<int>(version);
   info.settings = str_of(g->find("settings"));
-  info.device_total_bytes = u64_of(g->find("device_total"));
-  info.device_free_bytes = u64_of(g->find("device_free"));
-  info.cap_bytes = u64_of(g->find("cap"));
+  info.device_total_bytes = bytes_of(g->find("device_total"), snap, "device_total");
+  info.device_free_bytes = bytes_of(g->find("device_free"), snap, "device_free");
+  info.cap_bytes = bytes_of(g->find("cap"), snap, "cap");
   if (const PickleValue* f = g->find("op_frames"); f && f->is_bool()) info.op_frames = f->as_bool();
   if (info.op_frames) strip_op_frames(snap);
 }
 
-Snapshot parse_snapshot(std::string_view bytes, const std::string& source) {
+Snapshot parse_snapshot(std::string_view bytes, const std::string& source, const ReadLimits& limits) {
   std::size_t i = 0;
   while (i < bytes.size() && (bytes[i] == ' ' || bytes[i] == '\n' || bytes[i] == '\r' || bytes[i] == '\t')) ++i;
   if (i < bytes.size() && bytes[i] == '{') {
-    const PickleValue root = detail::parse_json(bytes, source);
-    Snapshot snap = snapshot_from_pickle(root, source);
+    const PickleValue root = detail::parse_json(bytes, source, limits);
+    Snapshot snap = snapshot_from_pickle(root, source, limits);
     read_gpumem_additions(root, snap);
     return snap;
   }
-  const PickleValue root = parse_pickle(bytes, source);
-  Snapshot snap = snapshot_from_pickle(root, source);
+  const PickleValue root = parse_pickle(bytes, source, limits);
+  Snapshot snap = snapshot_from_pickle(root, source, limits);
   read_gpumem_additions(root, snap);
   return snap;
 }
 
-Snapshot load_snapshot(const std::string& path) {
-  const auto file = detail::read_file_bytes(path);
+Snapshot load_snapshot(const std::string& path, const ReadLimits& limits) {
+  const auto file = detail::read_file_bytes(path, limits);
+  return parse_snapshot_file_bytes(file.bytes, path, limits);
+}
+
+Snapshot parse_snapshot_file_bytes(std::string_view b, const std::string& source, const ReadLimits& limits) {
   std::size_t i = 0;
-  const auto& b = file.bytes;
   while (i < b.size() && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t')) ++i;
-  if (i < b.size() && (b[i] == '{' || static_cast<unsigned char>(b[i]) == 0x80)) return parse_snapshot(b, path);
-  // Not a pickle nor JSON: a CSV trace (load_trace names the problem if it is not one either).
-  return snapshot_from_trace(load_trace(path).trace);
+  if (i < b.size() && (b[i] == '{' || static_cast<unsigned char>(b[i]) == 0x80)) return parse_snapshot(b, source, limits);
+  // Not a pickle nor JSON: a CSV trace (its reader names the problem if it is not one either).
+  return snapshot_from_trace(parse_csv_trace(b, source, limits));
 }
 
 }  // namespace gpumem::forensics

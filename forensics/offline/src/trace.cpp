@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 
 namespace gpumem::forensics {
 namespace {
@@ -39,7 +40,12 @@ std::uint32_t Trace::intern_site(std::string_view where) {
 
 std::int64_t Trace::duration_us() const noexcept {
   if (entries.size() < 2) return 0;
-  return std::max<std::int64_t>(0, entries.back().time_us - entries.front().time_us);
+  // Readers bound time stamps (read_limits.h); a Trace built otherwise may hold any: saturate.
+  std::int64_t d = 0;
+  if (__builtin_sub_overflow(entries.back().time_us, entries.front().time_us, &d)) {
+    return entries.back().time_us > entries.front().time_us ? std::numeric_limits<std::int64_t>::max() : 0;
+  }
+  return std::max<std::int64_t>(0, d);
 }
 
 std::size_t Trace::count(TraceAction action) const noexcept {

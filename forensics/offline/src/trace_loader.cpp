@@ -1,8 +1,7 @@
 #include "gpumem/forensics/trace_loader.h"
 
-#include <charconv>
 #include <fstream>
-#include <iterator>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -11,6 +10,7 @@
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/pickle_reader.h"
 #include "gpumem/forensics/snapshot_reader.h"
+#include "json_reader.h"
 
 namespace gpumem::forensics {
 namespace {
@@ -25,42 +25,27 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The value of a top-level "key": in a flat-enough JSON object (numbers and strings only).
-std::optional<std::string> json_scalar(const std::string& text, std::string_view key) {
-  const std::string quoted = fmt::format("\"{}\"", key);
-  std::size_t pos = text.find(quoted);
-  if (pos == std::string::npos) return std::nullopt;
-  pos = text.find(':', pos + quoted.size());
-  if (pos == std::string::npos) return std::nullopt;
-  ++pos;
-  while (pos < text.size() && (text[pos] == ' ' || text[pos] == '\n' || text[pos] == '\t')) ++pos;
-  if (pos >= text.size()) return std::nullopt;
-  if (text[pos] == '"') {
-    const std::size_t end = text.find('"', pos + 1);
-    if (end == std::string::npos) return std::nullopt;
-    return text.substr(pos + 1, end - pos - 1);
-  }
-  std::size_t end = pos;
-  while (end < text.size() && text[end] != ',' && text[end] != '}' && text[end] != '\n') ++end;
-  return text.substr(pos, end - pos);
-}
-
+// A top-level number of a measured-peaks JSON (absent, null or of another kind: fallback).
 template <class T>
-T json_number(const std::string& text, std::string_view key, T fallback) {
-  const auto s = json_scalar(text, key);
-  if (!s) return fallback;
-  T v{};
-  auto [p, ec] = std::from_chars(s->data(), s->data() + s->size(), v);
-  return ec == std::errc() ? v : fallback;
+T json_number(const PickleValue& root, const char* key, T fallback) {
+  const PickleValue* v = root.find(key);
+  if (!v) return fallback;
+  if constexpr (std::is_floating_point_v<T>) {
+    return v->is_int() || v->is_float() ? static_cast<T>(v->as_float()) : fallback;
+  } else if constexpr (std::is_unsigned_v<T>) {
+    return v->is_int() && v->as_int() >= 0 ? static_cast<T>(v->as_int()) : fallback;
+  } else {
+    return v->is_int() ? static_cast<T>(v->as_int()) : fallback;
+  }
 }
 
 }  // namespace
 
-LoadedTrace load_trace(const std::string& path, std::optional<int> device) {
-  detail::FileBytes file = detail::read_file_bytes(path);
+LoadedTrace load_trace(const std::string& path, std::optional<int> device, const ReadLimits& limits) {
+  detail::FileBytes file = detail::read_file_bytes(path, limits);
   LoadedTrace loaded;
   if (looks_like_pickle(file.bytes)) {
-    const Snapshot snap = snapshot_from_pickle(parse_pickle(file.bytes, path), path);
+    const Snapshot snap = snapshot_from_pickle(parse_pickle(file.bytes, path, limits), path, limits);
     loaded.format = TraceFormat::snapshot;
     loaded.device = device.value_or(first_traced_device(snap));
     loaded.trace = trace_from_snapshot(snap, loaded.device);
@@ -73,7 +58,7 @@ LoadedTrace load_trace(const std::string& path, std::optional<int> device) {
                                      path, *device));
   }
   loaded.format = TraceFormat::csv;
-  loaded.trace = parse_csv_trace(file.bytes, path);
+  loaded.trace = parse_csv_trace(file.bytes, path, limits);
   return loaded;
 }
 
@@ -87,18 +72,19 @@ std::optional<MeasuredPeaks> measured_beside(const std::string& trace_path) {
     }
   }
   const std::string json_path = base + ".json";
-  std::ifstream in(json_path);
-  if (!in) return std::nullopt;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!std::ifstream(json_path)) return std::nullopt;
+  // It is read like any other file the user hands in: a damaged one is an error, not a guess.
+  const detail::FileBytes file = detail::read_file_bytes(json_path, default_read_limits());
+  const PickleValue root = detail::parse_json(file.bytes, json_path, default_read_limits());
   MeasuredPeaks m;
   m.json_path = json_path;
-  m.peak_reserved_bytes = json_number<std::uint64_t>(text, "peak_reserved", 0);
+  m.peak_reserved_bytes = json_number<std::uint64_t>(root, "peak_reserved", 0);
   if (m.peak_reserved_bytes == 0) return std::nullopt;
-  m.peak_allocated_bytes = json_number<std::uint64_t>(text, "peak_allocated", 0);
-  m.num_alloc_retries = json_number<std::int64_t>(text, "num_alloc_retries", 0);
-  m.num_ooms = json_number<std::int64_t>(text, "num_ooms", 0);
-  m.step_s = json_number<double>(text, "step_s", 0.0);
-  m.alloc_conf = json_scalar(text, "alloc_conf").value_or("");
+  m.peak_allocated_bytes = json_number<std::uint64_t>(root, "peak_allocated", 0);
+  m.num_alloc_retries = json_number<std::int64_t>(root, "num_alloc_retries", 0);
+  m.num_ooms = json_number<std::int64_t>(root, "num_ooms", 0);
+  m.step_s = json_number<double>(root, "step_s", 0.0);
+  if (const PickleValue* conf = root.find("alloc_conf"); conf && conf->is_string()) m.alloc_conf = conf->as_string();
   return m;
 }
 

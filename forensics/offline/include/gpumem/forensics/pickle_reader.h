@@ -12,6 +12,9 @@
 // ids, out-of-band buffers) is an error.
 //
 // Errors: one ForensicsError naming the source and the byte offset of the opcode that failed.
+// Bounds (read_limits.h): the values the machine builds (memo references included) are limited by
+// ReadLimits::max_records, nesting by kMaxNestingDepth; a container that holds itself is refused.
+// Any input gives a value or that error, in time linear in its size.
 //
 // Thread-safety: free functions; no shared state.
 #pragma once
@@ -20,13 +23,15 @@
 #include <string_view>
 
 #include "gpumem/forensics/pickle_value.h"
+#include "gpumem/forensics/read_limits.h"
 
 namespace gpumem::forensics {
 
 // Parses one pickle from bytes; `source` names it in error messages. Bytes after STOP are ignored.
-PickleValue parse_pickle(std::string_view bytes, const std::string& source);
+PickleValue parse_pickle(std::string_view bytes, const std::string& source,
+                         const ReadLimits& limits = default_read_limits());
 
 // Reads a pickle file (gzip-compressed files are decompressed first).
-PickleValue read_pickle_file(const std::string& path);
+PickleValue read_pickle_file(const std::string& path, const ReadLimits& limits = default_read_limits());
 
 }  // namespace gpumem::forensics

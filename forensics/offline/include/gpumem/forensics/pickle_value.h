@@ -1,10 +1,18 @@
 // PickleValue: a generic tree of the plain Python data a pickle can carry (None, bool, int,
-// float, str, bytes, list, tuple, dict, set). It is what the pickle reader produces and what the
-// snapshot reader walks.
+// float, str, bytes, list, tuple, dict, set). It is what the pickle and JSON readers produce and
+// what the snapshot reader walks.
 //
-// Containers are shared (a pickle may refer to one object several times through its memo), so
-// copying a PickleValue is cheap and copies of a container see the same items. Dicts keep their
-// insertion order. Integers are 64-bit signed (a snapshot's addresses and sizes fit).
+// Containers and strings are shared (a pickle may refer to one object many times through its
+// memo), so copying a PickleValue is cheap (no string or item is copied) and copies of a container
+// see the same items. Dicts keep their insertion order. Integers are 64-bit signed (a snapshot's
+// addresses and sizes fit).
+//
+// Trees from the readers are finite and acyclic (the readers refuse a container that holds itself)
+// and at most kMaxNestingDepth deep, so recursive walks of them are bounded. Destroying any tree,
+// however deep, uses a bounded amount of stack: containers are taken apart iteratively.
+//
+// Accessors require the matching kind; a wrong kind throws ForensicsError ("... is a str, used as
+// an int"), never aborts: readers check kinds first and name the file and position themselves.
 //
 // Thread-safety: a value; share it read-only once reading is done.
 #pragma once
@@ -19,6 +27,10 @@
 
 namespace gpumem::forensics {
 
+namespace detail {
+struct PickleTree;  // the readers' checks of a tree they built (forensics/offline/src/pickle_tree.h)
+}
+
 class PickleValue;
 using PickleItems = std::vector<PickleValue>;
 using PickleDictItems = std::vector<std::pair<PickleValue, PickleValue>>;
@@ -32,6 +44,7 @@ class PickleValue {
   static PickleValue integer(std::int64_t v);
   static PickleValue floating(double v);
   static PickleValue string(std::string v);
+  static PickleValue string(std::shared_ptr<const std::string> v);  // shares v
   static PickleValue bytes(std::string v);
   static PickleValue list(PickleItems items = {});
   static PickleValue tuple(PickleItems items = {});
@@ -50,8 +63,9 @@ class PickleValue {
   bool is_sequence() const noexcept { return kind_ == Kind::list || kind_ == Kind::tuple; }
   bool is_dict() const noexcept { return kind_ == Kind::dict; }
   bool is_set() const noexcept { return kind_ == Kind::set; }
+  bool is_container() const noexcept { return kind_ >= Kind::list; }
 
-  // Accessors; each requires the matching kind (checked: a wrong kind aborts).
+  // Accessors; each requires the matching kind (a wrong kind throws ForensicsError).
   bool as_bool() const;
   std::int64_t as_int() const;
   double as_float() const;              // also accepts an integer
@@ -61,8 +75,15 @@ class PickleValue {
   const PickleDictItems& dict_items() const;
   PickleDictItems& dict_items();
 
-  // For a dict: the value under a str key, or nullptr if absent (or not a dict).
+  // For a dict: the value under a str key, or nullptr if absent (or not a dict). The last entry
+  // with the key wins, as in Python (readers keep one entry per key anyway).
   const PickleValue* find(std::string_view key) const noexcept;
+
+  // The identity of a container (the same for every copy of it), null for other kinds.
+  const void* container_id() const noexcept;
+  // Removes every item of a container (no-op for other kinds). Readers use it to take apart a
+  // tree that a damaged file made cyclic.
+  void clear_items() noexcept;
 
   // Python-like rendering (repr-ish), for messages and settings; long containers are cut.
   std::string to_repr(std::size_t max_chars = 200) const;
@@ -70,9 +91,12 @@ class PickleValue {
   static const char* kind_name(Kind kind) noexcept;
 
  private:
+  friend struct detail::PickleTree;
+  struct Container;  // list/tuple/set items or dict items; destroyed iteratively (pickle_value.cpp)
+
   Kind kind_ = Kind::none;
-  std::variant<std::monostate, bool, std::int64_t, double, std::string,
-               std::shared_ptr<PickleItems>, std::shared_ptr<PickleDictItems>>
+  std::variant<std::monostate, bool, std::int64_t, double, std::shared_ptr<const std::string>,
+               std::shared_ptr<Container>>
       data_;
 };
 

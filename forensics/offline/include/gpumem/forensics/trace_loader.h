@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "gpumem/forensics/read_limits.h"
 #include "gpumem/forensics/trace.h"
 
 namespace gpumem::forensics {
@@ -28,7 +29,8 @@ struct LoadedTrace {
 
 // device: which device's trace to take from a snapshot (default: the first with entries).
 // CSV traces hold one device; asking for another device than 0 is an error.
-LoadedTrace load_trace(const std::string& path, std::optional<int> device = std::nullopt);
+LoadedTrace load_trace(const std::string& path, std::optional<int> device = std::nullopt,
+                       const ReadLimits& limits = default_read_limits());
 
 struct MeasuredPeaks {
   std::string json_path;
@@ -40,7 +42,8 @@ struct MeasuredPeaks {
   double step_s = 0.0;  // mean step time, 0 if absent
 };
 
-// The .json beside trace_path, if there is one with peak_reserved; nullopt otherwise.
+// The .json beside trace_path, if there is one with peak_reserved; nullopt otherwise. A JSON file
+// that is there but is not valid JSON is an error (ForensicsError naming it and the position).
 std::optional<MeasuredPeaks> measured_beside(const std::string& trace_path);
 
 }  // namespace gpumem::forensics
