@@ -287,7 +287,8 @@ Snapshot snapshot_from_pickle(const PickleValue& root, const std::string& source
   // gpumem's pinned host memory trace, in its own dict (snapshot_writer.cpp).
   if (const PickleValue* g = root.find("gpumem"); g && g->is_dict()) {
     if (const PickleValue* host = g->find("host_trace"); host && !host->is_none()) {
-      const FieldPath hp = top / "gpumem" / "host_trace";
+      const FieldPath gp = top / "gpumem";
+      const FieldPath hp = gp / "host_trace";
       const auto& entries = d.list_of(*host, hp);
       snap.host_trace.reserve(std::min<std::size_t>(entries.size(), limits.max_records));
       for (std::size_t i = 0; i < entries.size(); ++i) snap.host_trace.push_back(d.trace_entry(entries[i], hp[i]));
