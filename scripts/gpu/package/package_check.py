@@ -65,8 +65,9 @@ def main():
     snap = gpumem.snapshot()
     check(len(snap["segments"]) > 0 and len(snap["device_traces"]) >= 1, f"gpumem.snapshot(): {len(snap['segments'])} segments")
     live = gpumem.report(snap)
-    check(live["reserved_bytes"] >= live["allocated_bytes"] > 0 and live["verdict"] is None,
-          f"gpumem.report(snapshot): {live['allocated_bytes'] >> 20} MiB allocated, no OOM verdict")
+    check(live["reserved_bytes"] >= live["allocated_bytes"] > 0 and not live["oom"],
+          f"gpumem.report(snapshot): {live['allocated_bytes'] >> 20} MiB allocated, no OOM "
+          f"(verdict at the {live['moment'].get('kind', 'peak')} moment: {live['verdict']})")
     torch_snap = torch.cuda.memory._snapshot()
     check(gpumem.report(torch_snap)["reserved_bytes"] > 0, "gpumem.report(torch.cuda.memory._snapshot()) reads torch's dict")
 
