@@ -137,7 +137,14 @@ def load() -> None:
                     continue
                 ctypes.CDLL(str(dep), mode=ctypes.RTLD_GLOBAL)
         if not _ops_available(torch):
-            torch.ops.load_library(path)
+            try:
+                torch.ops.load_library(path)
+            except OSError:
+                # With GPUMEM_ALLOC_CONF set the library installs itself as it loads, and a failed
+                # install raises here although the library did load. check_config() and install()
+                # report that problem in their own words; only a load that registered nothing is fatal.
+                if not _ops_available(torch):
+                    raise
         _loaded = True
 
 

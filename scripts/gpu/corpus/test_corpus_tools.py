@@ -230,7 +230,9 @@ class ReplayReadBackTest(unittest.TestCase):
             self.skipTest("gpumem CLI not given (--gpumem PATH): the replay read-back is not tested")
 
     def replay(self, path):
-        r = subprocess.run([GPUMEM or os.environ["GPUMEM_CLI"], "replay", path, "--top", "3"],
+        # The same memory for both: a snapshot that records an OOM otherwise replays under the memory
+        # it had there, which the CSV does not carry.
+        r = subprocess.run([GPUMEM or os.environ["GPUMEM_CLI"], "replay", path, "--top", "3", "--memory-limit", "185MiB"],
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         # The first line names the file and its format; replay times are wall-clock.
