@@ -45,7 +45,9 @@ else
       "$BUILD/tests/torch/torch_cuda_allocator" "gpu 2: record_stream keeps blocks from early reuse under stress"
   fi
   if need "$BUILD/tests/allocator/test_memory_source" memcheck_vmm; then
-    step memcheck_vmm 20 "$sanitizer" --tool memcheck --error-exitcode 3 \
+    # The conformance cases provoke driver errors on purpose (out of memory at capacity, bad
+    # arguments); memcheck is here for memory accesses, so API errors are not counted.
+    step memcheck_vmm 20 "$sanitizer" --tool memcheck --error-exitcode 3 --report-api-errors no \
       "$BUILD/tests/allocator/test_memory_source" "[cuda_vmm]"
   fi
 fi

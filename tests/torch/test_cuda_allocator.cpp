@@ -248,7 +248,7 @@ TEST_CASE("gpu 5: snapshots with history: segments tile, traces pair up, the pic
   CHECK_FALSE(cca::isHistoryEnabled());
 }
 
-TEST_CASE("gpu 6: unsupported features raise one clear error naming them", "[gpu]") {
+TEST_CASE("gpu 6: a malformed CUDA IPC handle raises one clear error", "[gpu]") {
   GPUMEM_REQUIRE_GPU();
   auto message_of = [](auto&& f) {
     try {
@@ -260,10 +260,8 @@ TEST_CASE("gpu 6: unsupported features raise one clear error naming them", "[gpu
   };
   const auto ipc = message_of([] { cca::getIpcDevPtr("x"); });
   CHECK(ipc.find("cannot open a CUDA IPC handle") != std::string::npos);  // malformed (IPC: scripts/gpu/package.sh)
-  const auto pool = message_of([] { cca::beginAllocateToPool(0, {1, 0}, [](cudaStream_t) { return true; }); });
-  CHECK(pool.find("gpumem does not support CUDA-graph private memory pools") != std::string::npos);
-  const auto checkpoint = message_of([] { cca::getCheckpointState(0, {1, 0}); });
-  CHECK(checkpoint.find("checkpoint state") != std::string::npos);
+  // Private pools and checkpoint state are supported (tests/torch/test_graph_pools.cpp,
+  // scripts/gpu/graphs.sh); a pool begun here would take the later cases' allocations.
 }
 
 TEST_CASE("gpu 7: with caching disabled, allocations go straight to cudaMalloc and back", "[gpu]") {
