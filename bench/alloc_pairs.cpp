@@ -3,11 +3,13 @@
 // and windows of W live allocations (W = 64, 1024; sizes log-uniform in 512 B..32 MiB; each step
 // frees a random slot and allocates a new size into it).
 //
-//   bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--tsv]
+//   bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer]
+//                     [--config TEXT] [--tsv]
 //
 // --threads 0 measures one thread only. --rounds R runs every measurement R times on a fresh
 // engine and prints the median and the spread (min..max). --pattern keeps the patterns whose name
 // contains TEXT (repeatable). --observer attaches the stats observer, as the torch adapter does.
+// --config takes engine settings in GPUMEM_ALLOC_CONF's syntax (e.g. thread_cache:False).
 // --tsv prints one tab-separated line per measurement instead of the table:
 //   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
 // Every engine is made and destroyed outside the timed loops.
@@ -68,8 +70,7 @@ struct Engine {
   SimSource source;
   std::unique_ptr<StreamEvents> events = make_immediate_events();
   std::unique_ptr<CachingAllocator> engine;
-  explicit Engine(bool observer) : source(options()) {
-    Config cfg;
+  Engine(bool observer, Config cfg) : source(options()) {
     cfg.va_reserve_bytes = std::size_t{1} << 42;
     engine = std::make_unique<CachingAllocator>(source, *events, cfg);
     if (observer) engine->attach_observer(std::make_shared<StatsObserver>());
@@ -83,8 +84,9 @@ struct Engine {
 
 // One measurement on a fresh engine: `threads` == 0 runs the pattern on this thread; otherwise
 // that many threads run it at once, each with its own sequence. Returns ns per pair (per thread).
-double measure(const AllocPattern& p, std::size_t ops, int threads, bool observer, SimSourceCounters* counters) {
-  Engine e(observer);
+double measure(const AllocPattern& p, std::size_t ops, int threads, bool observer, const Config& config,
+               SimSourceCounters* counters) {
+  Engine e(observer, config);
   double ns = 0;
   if (threads == 0) {
     ns = run_pattern(*e.engine, p, ops, 1, 0);
@@ -121,7 +123,7 @@ std::string cell(const Spread& s, int rounds) {
 [[noreturn]] void usage(const std::string& what) {
   fmt::print(stderr,
              "bench_alloc_pairs: {}\nusage: bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... "
-             "[--observer] [--tsv]\n",
+             "[--observer] [--config TEXT] [--tsv]\n",
              what);
   std::exit(2);
 }
@@ -132,6 +134,7 @@ int main(int argc, char** argv) {
   std::size_t ops = 1'000'000;
   int threads = 4, rounds = 1;
   bool observer = false, tsv = false;
+  Config config;
   std::vector<std::string> wanted;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -145,6 +148,11 @@ int main(int argc, char** argv) {
       else if (a == "--rounds") rounds = std::stoi(next());
       else if (a == "--pattern") wanted.push_back(next());
       else if (a == "--observer") observer = true;
+      else if (a == "--config") {
+        auto parsed = parse_config(next());
+        if (auto* err = std::get_if<ConfigError>(&parsed)) usage("--config: " + err->message);
+        config = std::get<Config>(parsed);
+      }
       else if (a == "--tsv") tsv = true;
       else usage("unknown argument '" + a + "'");
     } catch (const std::logic_error&) {
@@ -169,8 +177,8 @@ int main(int argc, char** argv) {
     std::vector<double> single, multi;
     SimSourceCounters c{};
     for (int r = 0; r < rounds; ++r) {
-      single.push_back(measure(p, ops, 0, observer, &c));
-      if (threads) multi.push_back(measure(p, ops, threads, observer, nullptr));
+      single.push_back(measure(p, ops, 0, observer, config, &c));
+      if (threads) multi.push_back(measure(p, ops, threads, observer, config, nullptr));
     }
     const Spread s = spread_of(single);
     if (tsv) {

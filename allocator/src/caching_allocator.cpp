@@ -115,23 +115,21 @@ Block* CachingAllocator::Impl::allocate_cached(ThreadCache& tc, PoolKind pool, S
   return b;
 }
 
-bool CachingAllocator::Impl::free_cached(ThreadCache& tc, std::uintptr_t addr, EventBatch& batch) {
-  // The block's lease (or none) is read under its shard's lock, then the cache that owns it is
-  // locked and everything checked again: a drain may have spliced the lease meanwhile.
+bool CachingAllocator::Impl::free_cached(std::uintptr_t addr, EventBatch& batch) {
+  // The block's lease is read under its shard's lock, then the cache that owns it is locked and
+  // everything checked again: a drain may have spliced the lease meanwhile. A block of no lease
+  // goes back to the engine (the caller), never into a cache (Note [Thread caches]).
   for (int attempt = 0; attempt < 4; ++attempt) {
     detail::Lease* l = nullptr;
-    std::size_t size = 0;
     const bool candidate = live.with_shard(addr, [&](detail::LiveTable& t) {
       Block* x = t.find(addr);
-      if (x == nullptr || x->state != BlockState::allocated || x->uses) return false;
+      if (x == nullptr || x->state != BlockState::allocated || x->uses || x->lease == nullptr) return false;
       l = x->lease;
-      size = x->size_bytes;
       return true;
     });
     if (!candidate) return false;
-    ThreadCache& owner = l ? *l->cache : tc;
+    ThreadCache& owner = *l->cache;
     std::lock_guard cl(owner.lock);
-    if (l == nullptr && !owner.can_adopt(size)) return false;
     Block* x = live.with_shard(addr, [&](detail::LiveTable& t) -> Block* {
       Block* y = t.find(addr);
       if (y == nullptr || y->state != BlockState::allocated || y->uses || y->lease != l) return nullptr;
@@ -144,8 +142,7 @@ bool CachingAllocator::Impl::free_cached(ThreadCache& tc, std::uintptr_t addr, E
     const PoolKind pool = x->region->pool;
     record(batch, EventKind::free_requested, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
     record(batch, EventKind::free_completed, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
-    if (l) owner.give_back(x);
-    else owner.adopt(x);
+    owner.give_back(x);
     return true;
   }
   return false;
@@ -176,9 +173,10 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
   const PoolKind pool = policy::pool_for(rounded);
 
-  // Fast path: this thread's leases (once the engine lock has been contended). No engine lock.
+  // Fast path: this thread's leases (once the engine lock has been contended; small pool only,
+  // Note [Thread caches]). No engine lock.
   ThreadCache* tc = nullptr;
-  if (m.use_caches() && !too_large) {
+  if (pool == PoolKind::small && m.use_caches() && !too_large) {
     tc = m.cache_for_this_thread(true);
     if (tc) {
       Block* b = nullptr;
@@ -252,14 +250,10 @@ FreeStatus CachingAllocator::free(void* ptr) {
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
 
-  // Fast path: back into the lease the block came from, or into a lease of this thread's cache.
-  if (m.use_caches()) {
-    if (ThreadCache* tc = m.cache_for_this_thread(true)) {
-      if (m.free_cached(*tc, addr, batch)) {
-        Impl::publish(m.observers_for(batch), batch);
-        return FreeStatus::ok;
-      }
-    }
+  // Fast path: back into the lease the block came from (whichever thread's it is).
+  if (m.use_caches() && m.free_cached(addr, batch)) {
+    Impl::publish(m.observers_for(batch), batch);
+    return FreeStatus::ok;
   }
 
   {

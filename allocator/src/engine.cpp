@@ -78,12 +78,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
     if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
   }
   if (use_caches()) {
-    // Free memory in threads' leases is used before growing (Note [Thread caches]).
+    // Free memory in threads' leases is used before growing (Note [Thread caches]); only leases
+    // of the request's pool and stream can serve it.
     detail::WorldStop stop(thread_caches);
-    if (cached_free_bytes_locked() > 0) {
-      drain_all_caches_locked();
+    if (drain_caches_for_locked(pool, stream))
       if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
-    }
   }
   // While capturing or holding nothing is released (Note [Engine during graph capture]): the
   // release steps find nothing to do.

@@ -266,11 +266,11 @@ struct CachingAllocator::Impl {
   detail::ThreadCache* create_cache_for_this_thread();
   // The fast paths (no engine lock). allocate_cached: a sub-block of tc's leases for the request,
   // allocated, in the live table, its event recorded; or null. free_cached: gives a block back
-  // to the lease it belongs to (any thread's), or makes a block of the engine's a lease of tc;
-  // false if the engine must do it (not allocated, recorded on other streams, tc full).
+  // to the lease it belongs to (any thread's); false if the engine must free it (not allocated,
+  // recorded on other streams, not leased).
   Block* allocate_cached(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t size,
                          std::size_t rounded, detail::EventBatch& batch);
-  bool free_cached(detail::ThreadCache& tc, std::uintptr_t addr, detail::EventBatch& batch);
+  bool free_cached(std::uintptr_t addr, detail::EventBatch& batch);
   // b (allocated, in the live table) is a sub-block of a lease: gives it back to its cache (takes
   // that cache's lock). Engine lock held.
   void free_leased_locked(Block* b, detail::EventBatch& batch);
@@ -284,6 +284,10 @@ struct CachingAllocator::Impl {
   void splice_lease_locked(detail::ThreadCache& tc, detail::Lease* l);
   // Returns every lease of a cache to the engine and folds its counters in (its lock held).
   void drain_cache_locked(detail::ThreadCache& tc);
+  // Returns to the engine the leases of (pool, stream) of every cache that holds free memory of
+  // that pool, the only ones whose memory can serve a request there; true if any was. The caches'
+  // byte deltas stay with them. A WorldStop held.
+  bool drain_caches_for_locked(PoolKind pool, StreamId stream);
   // Drains every thread's cache (a WorldStop held).
   void drain_all_caches_locked();
   // Free bytes held in thread caches (a WorldStop held, or an estimate).

@@ -2,8 +2,8 @@
 // freeing at once (of any mix of sizes) do not all take the engine's lock. Note [Thread caches]
 // (docs/notes/thread-caches.md) has the design; in short:
 //
-//   * A cache holds leases. A lease is one range of a region, taken from the engine's free memory
-//     (or a block this thread freed) and held by one block of the region's chain in state `cached`
+//   * A cache holds leases. A lease is one range of a small-pool region, taken from the engine's
+//     free memory and held by one block of the region's chain in state `cached`
 //     (Lease::block), which the engine never changes, merges with or hands out while it is leased.
 //   * Inside the range the cache keeps its own chain of sub-blocks (Lease::first, linked through
 //     prev/next, null at the lease's ends, so nothing merges across it) and its own FreeIndex of the
@@ -55,12 +55,8 @@ struct ThreadCache {
   static constexpr std::size_t kStashLow = 8;
   static constexpr std::size_t kStashHigh = 64;
   // How much free memory a new lease takes from the engine (a request larger than this takes
-  // what it needs).
-  static constexpr std::size_t kLeaseLargeBytes = std::size_t{64} << 20;
+  // what it needs). Leases serve the small pool only (Note [Thread caches] says why).
   static constexpr std::size_t kLeaseSmallBytes = std::size_t{2} << 20;
-  // A block this thread frees becomes a lease of its own only while the cache's free memory stays
-  // under this; beyond it, the block goes back to the engine.
-  static constexpr std::size_t kMaxFreeBytes = std::size_t{1} << 30;
 
   ThreadCache() = default;
   ThreadCache(const ThreadCache&) = delete;
@@ -113,12 +109,8 @@ struct ThreadCache {
     x->requested_bytes = 0;
     surgery::insert_free_merged(*this, x);
   }
-  // Whether adopt() can run now (a Block object at hand, room under kMaxFreeBytes).
-  bool can_adopt(std::size_t size_bytes) const noexcept {
-    return stash_count > 0 && free_bytes() + size_bytes <= kMaxFreeBytes;
-  }
-  // b (a block of a region's chain, out of every container: just freed by this thread, or taken
-  // from the engine's free index) becomes a lease: state cached, one free sub-block over it.
+  // b (a block of a region's chain, out of every container: taken from the engine's free index)
+  // becomes a lease: state cached, one free sub-block over it.
   Lease* adopt(Block* b) {
     Lease* l = new_lease();
     b->state = BlockState::cached;

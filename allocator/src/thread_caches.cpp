@@ -105,8 +105,7 @@ void CachingAllocator::Impl::refill_stash_locked(ThreadCache& tc) {
 
 bool CachingAllocator::Impl::lease_locked(ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded) {
   mutex.assert_held();
-  const std::size_t want =
-      std::max(rounded, pool == PoolKind::small ? ThreadCache::kLeaseSmallBytes : ThreadCache::kLeaseLargeBytes);
+  const std::size_t want = std::max(rounded, ThreadCache::kLeaseSmallBytes);
   // A range of `want` bytes from the best fit for it; else the best fit for the request, whole.
   Block* b = map.take_cached(pool, stream, want, rules.split);
   if (b == nullptr) b = map.take_cached(pool, stream, rounded, rules.split);
@@ -152,6 +151,23 @@ void CachingAllocator::Impl::drain_cache_locked(ThreadCache& tc) {
   tc.allocated_delta = tc.requested_delta = 0;
   while (tc.leases) splice_lease_locked(tc, tc.leases);
   while (tc.stash_count > ThreadCache::kStashLow) map.arena.dispose(tc.make_block());
+}
+
+bool CachingAllocator::Impl::drain_caches_for_locked(PoolKind pool, StreamId stream) {
+  mutex.assert_held();
+  bool any = false;
+  for (auto& tc : thread_caches.caches) {
+    if (tc->index[static_cast<int>(pool)].bytes() == 0) continue;
+    for (Lease* l = tc->leases; l != nullptr;) {
+      Lease* next = l->next;
+      if (l->block->region->pool == pool && l->block->stream == stream) {
+        splice_lease_locked(*tc, l);
+        any = true;
+      }
+      l = next;
+    }
+  }
+  return any;
 }
 
 void CachingAllocator::Impl::drain_all_caches_locked() {

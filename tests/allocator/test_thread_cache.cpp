@@ -172,3 +172,32 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
   CHECK(engine.totals().reserved_bytes <= t.reserved_bytes);
   engine.check_invariants();
 }
+
+TEST_CASE("leases hold small-pool memory only, and large-pool growth leaves them alone", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  contend(engine);
+  REQUIRE(engine.free(engine.allocate(4 * KiB, 0).ptr) == FreeStatus::ok);
+  if (engine.totals().thread_caches == 0) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  const std::size_t leased = engine.totals().thread_cached_bytes;
+  REQUIRE(leased > 0);
+
+  // A large-pool request is the engine's (no lease), its growth drains no small-pool lease, and
+  // its free goes back to the engine, not into this thread's cache.
+  constexpr std::size_t kLarge = std::size_t{64} << 20;
+  const std::size_t reserved_before = engine.totals().reserved_bytes;
+  auto big = engine.allocate(kLarge, 0);
+  REQUIRE(big.ok());
+  EngineTotals t = engine.totals();
+  CHECK(t.reserved_bytes > reserved_before);  // it grew
+  CHECK(t.thread_cached_bytes == leased);
+  CHECK(t.allocated_bytes == big.size_bytes);
+  REQUIRE(engine.free(big.ptr) == FreeStatus::ok);
+  t = engine.totals();
+  CHECK(t.thread_cached_bytes == leased);
+  CHECK(t.allocated_bytes == 0);
+  CHECK(t.cached_free_bytes >= big.size_bytes + leased);
+  CHECK(engine.free(big.ptr) == FreeStatus::double_free);
+  engine.check_invariants();
+}
