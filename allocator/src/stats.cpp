@@ -27,10 +27,98 @@ std::int64_t max_split_size_value(std::size_t bytes) noexcept {
   return bytes == kNoLimit ? -1 : static_cast<std::int64_t>(bytes);
 }
 
+std::uint64_t next_observer_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
 
+namespace detail {
+
+// Note [Stats shards] (stats.h): one thread's unfolded changes to the stats the engine's fast
+// paths touch. A ShardStat holds a net change, the highest value the net change reached (a
+// prefix maximum, >= 0) and the sums of increases and decreases, so that folding it keeps
+// PyTorch's Stat semantics: peak = max(peak, current + high), current += net.
+struct ShardStat {
+  std::int64_t net = 0;
+  std::int64_t high = 0;
+  std::int64_t increased = 0;
+  std::int64_t decreased = 0;
+  void increase(std::uint64_t amount) noexcept {
+    net += static_cast<std::int64_t>(amount);
+    if (net > high) high = net;
+    increased += static_cast<std::int64_t>(amount);
+  }
+  void decrease(std::uint64_t amount) noexcept {
+    net -= static_cast<std::int64_t>(amount);
+    decreased += static_cast<std::int64_t>(amount);
+  }
+  void fold_into(Stat& st) noexcept {
+    if (st.current + high > st.peak) st.peak = st.current + high;
+    st.current += net;
+    st.allocated += increased;
+    st.freed += decreased;
+    *this = ShardStat{};
+  }
+};
+using ShardArray = std::array<ShardStat, kNumStatTypes>;
+
+// Invariants: only the owning thread (owned) adds to it, under `lock`; the observer folds it
+// under its own lock and then `lock`. Kept alive by the observer and the owning thread's slot
+// (shared), so a thread that exits after its observer was destroyed touches live memory.
+struct StatsShard {
+  SpinLock lock;
+  std::atomic<bool> owned{true};          // a live thread's slot holds it
+  std::atomic<bool> observer_alive{true};  // cleared by ~StatsObserver: the slot may be reused
+  ShardArray allocation{}, allocated_bytes{}, active{}, active_bytes{}, requested_bytes{};
+  ShardStat oversize_allocations{};
+  std::int64_t num_events = 0;
+  unsigned batches = 0;  // since the last fold
+};
+
+namespace {
+
+// A thread's shards, one per observer it published to (up to kSlots observers at once).
+struct StatsShardSlots {
+  static constexpr int kSlots = 8;
+  struct Slot {
+    std::uint64_t observer_id = 0;
+    std::shared_ptr<StatsShard> shard;
+  };
+  Slot slots[kSlots];
+  ~StatsShardSlots() {
+    for (Slot& s : slots)
+      if (s.shard) s.shard->owned.store(false, std::memory_order_release);
+  }
+};
+thread_local StatsShardSlots t_shard_slots;
+
+// The hot events: the only ones a shard takes.
+bool shardable(std::span<const AllocEvent> events) noexcept {
+  for (const AllocEvent& e : events)
+    if (e.kind != EventKind::alloc && e.kind != EventKind::free_requested && e.kind != EventKind::free_completed)
+      return false;
+  return true;
+}
+
+void shard_increase(ShardArray& a, std::size_t p, std::uint64_t amount) noexcept {
+  a[static_cast<std::size_t>(StatType::all)].increase(amount);
+  a[p].increase(amount);
+}
+void shard_decrease(ShardArray& a, std::size_t p, std::uint64_t amount) noexcept {
+  a[static_cast<std::size_t>(StatType::all)].decrease(amount);
+  a[p].decrease(amount);
+}
+void fold_array(ShardArray& from, StatArray& into) noexcept {
+  for (std::size_t t = 0; t < kNumStatTypes; ++t) from[t].fold_into(into[t]);
+}
+
+}  // namespace
+}  // namespace detail
+
 StatsObserver::StatsObserver(StatsObserverOptions options)
-    : max_split_size_bytes_(options.max_split_size_bytes) {
+    : id_(next_observer_id()), max_split_size_bytes_(options.max_split_size_bytes) {
   stats_.max_split_size = max_split_size_value(max_split_size_bytes_);
   if (options.track_inactive_split) splits_ = std::make_unique<SplitSegmentTracker>();
 }
@@ -38,11 +126,120 @@ StatsObserver::StatsObserver(StatsObserverOptions options)
 StatsObserver::StatsObserver(const Config& config)
     : StatsObserver(StatsObserverOptions{config.max_split_size_bytes, true}) {}
 
-StatsObserver::~StatsObserver() = default;
+StatsObserver::~StatsObserver() {
+  for (const auto& shard : shards_) shard->observer_alive.store(false, std::memory_order_release);
+}
+
+detail::StatsShard* StatsObserver::shard_for_this_thread(bool create) {
+  using Slots = detail::StatsShardSlots;
+  Slots::Slot* free_slot = nullptr;
+  for (Slots::Slot& slot : detail::t_shard_slots.slots) {
+    if (slot.observer_id == id_) return slot.shard.get();
+    if (!free_slot && (slot.observer_id == 0 || !slot.shard->observer_alive.load(std::memory_order_acquire)))
+      free_slot = &slot;
+  }
+  if (!create || !free_slot) return nullptr;
+  std::shared_ptr<detail::StatsShard> shard;
+  {
+    std::lock_guard lock(mutex_);
+    // A shard of a thread that exited serves again (what it holds stays counted).
+    for (const auto& s : shards_) {
+      bool was_owned = false;
+      if (s->owned.compare_exchange_strong(was_owned, true, std::memory_order_acq_rel)) {
+        shard = s;
+        break;
+      }
+    }
+    if (!shard) {
+      shard = std::make_shared<detail::StatsShard>();
+      shards_.push_back(shard);
+    }
+  }
+  free_slot->observer_id = id_;
+  free_slot->shard = std::move(shard);
+  return free_slot->shard.get();
+}
+
+void StatsObserver::fold_locked(detail::StatsShard& sh) const {
+  DeviceStatsView& s = stats_;
+  std::lock_guard lock(sh.lock);
+  if (sh.batches == 0) return;
+  detail::fold_array(sh.allocation, s.allocation);
+  detail::fold_array(sh.allocated_bytes, s.allocated_bytes);
+  detail::fold_array(sh.active, s.active);
+  detail::fold_array(sh.active_bytes, s.active_bytes);
+  detail::fold_array(sh.requested_bytes, s.requested_bytes);
+  sh.oversize_allocations.fold_into(s.oversize_allocations);
+  s.num_events += sh.num_events;
+  sh.num_events = 0;
+  sh.batches = 0;
+}
+
+void StatsObserver::fold_all_locked() const {
+  for (const auto& shard : shards_) fold_locked(*shard);
+}
 
 void StatsObserver::on_events(std::span<const AllocEvent> events) {
-  std::lock_guard lock(mutex_);
-  for (const AllocEvent& e : events) apply_locked(e);
+  if (!contended_.load(std::memory_order_relaxed)) {
+    if (mutex_.try_lock()) {
+      std::lock_guard lock(mutex_, std::adopt_lock);
+      for (const AllocEvent& e : events) apply_locked(e);
+      return;
+    }
+    contended_.store(true, std::memory_order_relaxed);
+  }
+  const bool hot = !tracking_splits_.load(std::memory_order_acquire) && detail::shardable(events);
+  detail::StatsShard* sh = shard_for_this_thread(hot);
+  if (!hot || sh == nullptr) {
+    // Under the lock, after this thread's own unfolded changes (its peaks stay in order).
+    std::lock_guard lock(mutex_);
+    if (sh) fold_locked(*sh);
+    for (const AllocEvent& e : events) apply_locked(e);
+    return;
+  }
+  bool fold_due = false, must_fold = false;
+  {
+    std::lock_guard lock(sh->lock);
+    for (const AllocEvent& e : events) {
+      ++sh->num_events;
+      const std::size_t p = static_cast<std::size_t>(stat_type_of(e.pool));
+      const bool oversize = e.size_bytes >= max_split_size_bytes_;
+      switch (e.kind) {
+        case EventKind::alloc:
+          detail::shard_increase(sh->allocation, p, 1);
+          detail::shard_increase(sh->allocated_bytes, p, e.size_bytes);
+          detail::shard_increase(sh->active, p, 1);
+          detail::shard_increase(sh->active_bytes, p, e.size_bytes);
+          detail::shard_increase(sh->requested_bytes, p, e.requested_bytes);
+          if (oversize) sh->oversize_allocations.increase(1);
+          break;
+        case EventKind::free_requested:
+          detail::shard_decrease(sh->allocation, p, 1);
+          detail::shard_decrease(sh->allocated_bytes, p, e.size_bytes);
+          if (oversize) sh->oversize_allocations.decrease(1);
+          break;
+        case EventKind::free_completed:
+          detail::shard_decrease(sh->active, p, 1);
+          detail::shard_decrease(sh->active_bytes, p, e.size_bytes);
+          detail::shard_decrease(sh->requested_bytes, p, e.requested_bytes);
+          break;
+        default:
+          break;  // not shardable: never here
+      }
+    }
+    ++sh->batches;
+    const std::int64_t high = sh->allocated_bytes[0].high;
+    fold_due = sh->batches >= kFoldBatches || high >= kFoldBytes;
+    // Unfolded for too long (the lock was always taken): fold even if it means waiting.
+    must_fold = sh->batches >= 8 * kFoldBatches || high >= 8 * kFoldBytes;
+  }
+  if (must_fold) {
+    std::lock_guard lock(mutex_);
+    fold_locked(*sh);
+  } else if (fold_due && mutex_.try_lock()) {
+    std::lock_guard lock(mutex_, std::adopt_lock);
+    fold_locked(*sh);
+  }
 }
 
 void StatsObserver::apply_locked(const AllocEvent& e) {
@@ -91,6 +288,7 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
       if (splits_ && splits_->add_segment(e.addr, e.size_bytes, e.pool) !=
                          SplitSegmentTracker::Result::ok)
         ++s.num_inconsistent_events;
+      if (splits_) tracking_splits_.store(!splits_->empty(), std::memory_order_release);
       break;
     case EventKind::segment_free:
       decrease(s.segment, p, 1);
@@ -103,6 +301,7 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
           ++s.num_inconsistent_events;  // a segment_free without its segment_alloc
         else
           apply_split(r);
+        tracking_splits_.store(!splits_->empty(), std::memory_order_release);
       }
       break;
     case EventKind::segment_map:
@@ -131,11 +330,13 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
 
 DeviceStatsView StatsObserver::stats() const {
   std::lock_guard lock(mutex_);
+  fold_all_locked();
   return stats_;
 }
 
 void StatsObserver::reset_peak() {
   std::lock_guard lock(mutex_);
+  fold_all_locked();
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes})
@@ -146,6 +347,7 @@ void StatsObserver::reset_peak() {
 
 void StatsObserver::reset_accumulated() {
   std::lock_guard lock(mutex_);
+  fold_all_locked();
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes})

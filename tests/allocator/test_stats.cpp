@@ -364,6 +364,58 @@ TEST_CASE("stats: concurrent publishers", "[stats][threads]") {
   CHECK(v.active_bytes[kLarge].current == 0);
 }
 
+TEST_CASE("stats: per-thread shards of threads that come and go keep totals exact", "[stats][threads]") {
+  // Note [Stats shards]: once publishers meet, each thread's alloc/free batches go to its shard;
+  // shards of exited threads serve new threads. Totals are exact; a peak is at least every value
+  // one thread's own sequence reached.
+  StatsObserver obs;
+  constexpr int kWaves = 6, kThreads = 4, kRounds = 3000;
+  constexpr std::size_t kHeld = 64 * MiB;
+  std::int64_t bytes_per_thread = 0;
+  for (int i = 0; i < kRounds; ++i) bytes_per_thread += 512 * (1 + i % 8);
+  for (int wave = 0; wave < kWaves; ++wave) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&obs, t, wave] {
+        const std::uintptr_t base = 0x100000000ull * static_cast<std::uintptr_t>(1 + t + kThreads * wave);
+        // One large block held across the thread's pairs.
+        AllocEvent held = ev(EventKind::alloc, PoolKind::large, base, kHeld, kHeld);
+        obs.on_events(std::span(&held, 1));
+        for (int i = 0; i < kRounds; ++i) {
+          const std::size_t size = 512 * static_cast<std::size_t>(1 + i % 8);
+          AllocEvent a = ev(EventKind::alloc, PoolKind::small, base + kHeld, size, size);
+          obs.on_events(std::span(&a, 1));
+          AllocEvent f[2] = {ev(EventKind::free_requested, PoolKind::small, base + kHeld, size, size),
+                             ev(EventKind::free_completed, PoolKind::small, base + kHeld, size, size)};
+          obs.on_events(f);
+          if (i % 500 == 0) (void)obs.stats();  // readers fold shards while they are written
+        }
+        AllocEvent f[2] = {ev(EventKind::free_requested, PoolKind::large, base, kHeld, kHeld),
+                           ev(EventKind::free_completed, PoolKind::large, base, kHeld, kHeld)};
+        obs.on_events(f);
+      });
+    for (auto& th : threads) th.join();
+  }
+  const DeviceStatsView v = obs.stats();
+  const std::int64_t n = kWaves * kThreads;
+  CHECK(v.num_events == n * (3 * kRounds + 3));
+  CHECK(v.num_inconsistent_events == 0);
+  CHECK(v.allocation[kAll].current == 0);
+  CHECK(v.allocation[kAll].allocated == n * (kRounds + 1));
+  CHECK(v.allocation[kAll].freed == n * (kRounds + 1));
+  CHECK(v.allocated_bytes[kAll].current == 0);
+  CHECK(v.allocated_bytes[kSmall].allocated == n * bytes_per_thread);
+  CHECK(v.allocated_bytes[kLarge].allocated == n * static_cast<std::int64_t>(kHeld));
+  CHECK(v.active_bytes[kAll].current == 0);
+  CHECK(v.requested_bytes[kAll].current == 0);
+  CHECK(v.allocated_bytes[kAll].peak >= static_cast<std::int64_t>(kHeld) + 512);
+  CHECK(v.allocated_bytes[kAll].peak <= kThreads * static_cast<std::int64_t>(kHeld + 4096));
+  CHECK(v.allocation[kLarge].peak >= 1);
+  // reset_peak folds first: the peak is then the (zero) current value.
+  obs.reset_peak();
+  CHECK(obs.stats().allocated_bytes[kAll].peak == 0);
+}
+
 // ---- the real PyTorch 2.11 traces ($GPUMEM_SHARED_DIR/traces; format: docs/forensics.md) ----
 
 namespace {

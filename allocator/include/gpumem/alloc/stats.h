@@ -45,10 +45,24 @@
 // peak is exact when batches arrive in seq order and otherwise can differ from the engine's true
 // peak by the net size of the batches that were in flight at once (one per thread).
 //
-// Thread-safety: all members may be called concurrently; one mutex per observer.
+// Per-thread shards (Note [Stats shards]). Until two threads meet in on_events, every batch is
+// applied at once under the observer's lock, and every number is exact as above. From the first
+// time a thread finds that lock taken, the batches of alloc/free_requested/free_completed events
+// (the engine's fast paths; unless inactive_split is being tracked, i.e. classic segments exist)
+// go into the calling thread's shard: net changes, sums of increases and decreases, and the
+// highest prefix of each net change, with no shared write. A shard is folded into the totals
+// (peak = max(peak, current + highest prefix)) every kFoldBatches batches or once its
+// allocated_bytes rose by kFoldBytes, when the lock is free, and always before anything reads or
+// resets the totals. So every read sees exact current values and accumulated totals; a peak can
+// miss what other threads held unfolded at the moment of the peak: less than kFoldBytes (plus
+// their last batch) and kFoldBatches allocations per thread.
+//
+// Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> a
+// shard's lock (a shard's lock alone is taken by its thread for each batch).
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -134,6 +148,9 @@ struct StatsObserverOptions {
 };
 
 class SplitSegmentTracker;  // allocator/src/split_segment_tracker.h
+namespace detail {
+struct StatsShard;
+}
 
 class StatsObserver final : public AllocObserver {
  public:
@@ -157,13 +174,26 @@ class StatsObserver final : public AllocObserver {
   void add_alloc_retries(std::int64_t count);
   void add_sync_all_streams(std::int64_t count);
 
+  // A shard is folded after this many batches, or once its allocated bytes rose by this much.
+  static constexpr unsigned kFoldBatches = 64;
+  static constexpr std::int64_t kFoldBytes = std::int64_t{2} << 20;
+
  private:
   void apply_locked(const AllocEvent& event);
+  // The calling thread's shard (made if `create`), or null (no slot free: the caller applies
+  // under the lock).
+  detail::StatsShard* shard_for_this_thread(bool create);
+  void fold_locked(detail::StatsShard& shard) const;  // mutex_ held
+  void fold_all_locked() const;                        // mutex_ held
 
+  const std::uint64_t id_;  // tells this observer apart in threads' shard slots (never reused)
   mutable detail::SpinLock mutex_;  // no futex round trip: contended hand-offs are short
-  DeviceStatsView stats_;
+  mutable DeviceStatsView stats_;   // under mutex_; shards folded in by reads
   std::size_t max_split_size_bytes_;
   std::unique_ptr<SplitSegmentTracker> splits_;  // null when tracking is off
+  std::atomic<bool> tracking_splits_{false};      // splits_ holds a segment (set under mutex_)
+  std::atomic<bool> contended_{false};            // shards are in use (never cleared)
+  std::vector<std::shared_ptr<detail::StatsShard>> shards_;  // under mutex_; every shard ever made
 };
 
 // PyTorch's torch.cuda.memory_stats() for this view: the full 2.11 key set (122 keys, e.g.
