@@ -3,8 +3,9 @@
 # compiled here): the engine alone on SimSource (bench_alloc_pairs: 1 thread and 4 threads, fixed
 # sizes and windows of 64 / 1024 live allocations; again with the stats observer attached, as the
 # torch adapter runs it), then the CUDA allocators through libtorch's c10 calls, PyTorch's native
-# one beside gpumem's, 1 thread and 4 threads (torch_alloc_pairs). Budget: 100 s wall; each step
-# runs under its own timeout and says so when it is cut.
+# one beside gpumem's, 1 thread and 4 threads (torch_alloc_pairs). The engine and torch steps run
+# again with thread_cache:False, so the default's choice is measured in every run (Note [Thread
+# caches]). Budget: 90 s wall; each step runs under its own timeout and says so when it is cut.
 #
 #   OUT=/dir scripts/gpu/speed.sh          ($OUT gets speed-summary.txt and speed-logs.tar.gz)
 #   SPEED_QUICK=1 OUT=/dir BUILD=build scripts/gpu/speed.sh
@@ -26,9 +27,11 @@ trap 'tar czf "$OUT/speed-logs.tar.gz" -C "$OUT" speed-logs && rm -rf "$logs"' E
 if [ -n "${SPEED_QUICK:-}" ]; then
   engine_args=(--ops 20000 --threads 4 --rounds 1)
   torch_args=(--ops 20000 --thread-ops 5000 --threads 4 --rounds 1)
+  torch_off_args=("${torch_args[@]}")
 else
-  engine_args=(--ops 200000 --threads 4 --rounds 3)
+  engine_args=(--ops 150000 --threads 4 --rounds 3)
   torch_args=(--ops 200000 --thread-ops 20000 --threads 4 --rounds 5)
+  torch_off_args=(--ops 100000 --thread-ops 20000 --threads 4 --rounds 3)
 fi
 
 # step NAME SECONDS BINARY [ARGS...]: runs it under timeout, copies its table into the summary.
@@ -51,10 +54,13 @@ step() {
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } | tee -a "$summary"
 note "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 # Engine alone: the first three rows (1 thread fixed / windows; 4 threads windows).
-step engine 25 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}"
+step engine 18 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}"
+# Without thread caches (every call takes the engine lock): what the leases buy.
+step engine_no_thread_cache 15 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}" --config thread_cache:False
 # The same with the stats observer the torch adapter attaches: what the adapter's engine costs.
-step engine_observer 20 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}" --observer
+step engine_observer 18 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}" --observer
 # Through libtorch: native beside gpumem, 1 and 4 threads (the last two rows).
-step torch 45 "$BUILD/bench/torch_alloc_pairs" "${torch_args[@]}"
+step torch 30 "$BUILD/bench/torch_alloc_pairs" "${torch_args[@]}"
+step torch_no_thread_cache 16 "$BUILD/bench/torch_alloc_pairs" "${torch_off_args[@]}" --config thread_cache:False
 note "speed: $([ $status = 0 ] && echo 'all steps ran' || echo 'a step FAILED or was cut (see above)')"
 exit $status
