@@ -180,7 +180,7 @@ class FreeIndex {
     const SizeClasses::Class c = SizeClasses::of(old_size);
     ClassSet& set = bins.set_of(c);
     auto it = set.iterator_to(old);
-    if (SizeClasses::of(fresh.size_bytes).index() == c.index() && fits_at(set, it, fresh)) {
+    if (SizeClasses::of(fresh.size_bytes).index() == c.index() && (only_node(set, old) || fits_at(set, it, fresh))) {
       set.replace_node(it, fresh);
     } else {
       bins.remove(old, old_size);
@@ -193,7 +193,7 @@ class FreeIndex {
     Bins& bins = bins_for(b.stream);
     const SizeClasses::Class c = SizeClasses::of(old_size);
     ClassSet& set = bins.set_of(c);
-    if (SizeClasses::of(b.size_bytes).index() != c.index() || !fits_at(set, set.iterator_to(b), b)) {
+    if (SizeClasses::of(b.size_bytes).index() != c.index() || !(only_node(set, b) || fits_at(set, set.iterator_to(b), b))) {
       bins.remove(b, old_size);
       bins.add(b);
     }
@@ -302,6 +302,11 @@ class FreeIndex {
   }
 
  private:
+  // Whether b is the only block of set (most classes hold one block): then any key of the class
+  // fits at its place. Two reads of the tree's header.
+  static bool only_node(ClassSet& set, const Block& b) noexcept {
+    return &*set.begin() == &b && &*set.rbegin() == &b;
+  }
   // Whether key may sit at it's position of set: strictly between its neighbours.
   static bool fits_at(ClassSet& set, ClassSet::iterator it, const Block& key) noexcept {
     if (it != set.begin() && !ClassOrder{}(*std::prev(it), key)) return false;
