@@ -66,7 +66,8 @@ struct Config {
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
-  // thread_cache:True|False: per-thread caches (leases of free memory each thread allocates in).
+  // thread_cache:True|False: per-thread caches (leases of free small-pool memory each thread
+  // allocates in once threads contend for the engine).
   bool thread_cache = true;
   // va_reserve_mb: address space reserved per expandable region (0 = 1.125 x device memory).
   std::size_t va_reserve_bytes = 0;
