@@ -87,12 +87,19 @@ struct StatsShardSlots {
     std::shared_ptr<StatsShard> shard;
   };
   Slot slots[kSlots];
-  ~StatsShardSlots() {
-    for (Slot& s : slots)
-      if (s.shard) s.shard->owned.store(false, std::memory_order_release);
-  }
+  ~StatsShardSlots();
 };
 thread_local StatsShardSlots t_shard_slots;
+// Set when this thread's slots are gone (thread exit): a free made by a later thread-local
+// destructor (a cached workspace tensor, say) takes the locked path. Trivially destructible, so
+// it stays readable until the thread ends.
+thread_local bool t_shard_slots_gone = false;
+
+StatsShardSlots::~StatsShardSlots() {
+  t_shard_slots_gone = true;
+  for (Slot& s : slots)
+    if (s.shard) s.shard->owned.store(false, std::memory_order_release);
+}
 
 // The hot events: the only ones a shard takes.
 bool shardable(std::span<const AllocEvent> events) noexcept {
@@ -132,6 +139,7 @@ StatsObserver::~StatsObserver() {
 
 detail::StatsShard* StatsObserver::shard_for_this_thread(bool create) {
   using Slots = detail::StatsShardSlots;
+  if (detail::t_shard_slots_gone) return nullptr;
   Slots::Slot* free_slot = nullptr;
   for (Slots::Slot& slot : detail::t_shard_slots.slots) {
     if (slot.observer_id == id_) return slot.shard.get();
