@@ -7,12 +7,15 @@
 namespace gpumem::alloc {
 namespace {
 
-void increase(StatArray& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
+// An event of a pool changes [all] and [pool] (Stat arrays, and the shards' arrays alike).
+template <class Array>
+void increase(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
   stats[static_cast<std::size_t>(StatType::all)].increase(amount);
   stats[pool_index].increase(amount);
 }
 
-void decrease(StatArray& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
+template <class Array>
+void decrease(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
   stats[static_cast<std::size_t>(StatType::all)].decrease(amount);
   stats[pool_index].decrease(amount);
 }
@@ -109,14 +112,6 @@ bool shardable(std::span<const AllocEvent> events) noexcept {
   return true;
 }
 
-void shard_increase(ShardArray& a, std::size_t p, std::uint64_t amount) noexcept {
-  a[static_cast<std::size_t>(StatType::all)].increase(amount);
-  a[p].increase(amount);
-}
-void shard_decrease(ShardArray& a, std::size_t p, std::uint64_t amount) noexcept {
-  a[static_cast<std::size_t>(StatType::all)].decrease(amount);
-  a[p].decrease(amount);
-}
 void fold_array(ShardArray& from, StatArray& into) noexcept {
   for (std::size_t t = 0; t < kNumStatTypes; ++t) from[t].fold_into(into[t]);
 }
@@ -214,22 +209,22 @@ void StatsObserver::on_events(std::span<const AllocEvent> events) {
       const bool oversize = e.size_bytes >= max_split_size_bytes_;
       switch (e.kind) {
         case EventKind::alloc:
-          detail::shard_increase(sh->allocation, p, 1);
-          detail::shard_increase(sh->allocated_bytes, p, e.size_bytes);
-          detail::shard_increase(sh->active, p, 1);
-          detail::shard_increase(sh->active_bytes, p, e.size_bytes);
-          detail::shard_increase(sh->requested_bytes, p, e.requested_bytes);
+          increase(sh->allocation, p, 1);
+          increase(sh->allocated_bytes, p, e.size_bytes);
+          increase(sh->active, p, 1);
+          increase(sh->active_bytes, p, e.size_bytes);
+          increase(sh->requested_bytes, p, e.requested_bytes);
           if (oversize) sh->oversize_allocations.increase(1);
           break;
         case EventKind::free_requested:
-          detail::shard_decrease(sh->allocation, p, 1);
-          detail::shard_decrease(sh->allocated_bytes, p, e.size_bytes);
+          decrease(sh->allocation, p, 1);
+          decrease(sh->allocated_bytes, p, e.size_bytes);
           if (oversize) sh->oversize_allocations.decrease(1);
           break;
         case EventKind::free_completed:
-          detail::shard_decrease(sh->active, p, 1);
-          detail::shard_decrease(sh->active_bytes, p, e.size_bytes);
-          detail::shard_decrease(sh->requested_bytes, p, e.requested_bytes);
+          decrease(sh->active, p, 1);
+          decrease(sh->active_bytes, p, e.size_bytes);
+          decrease(sh->requested_bytes, p, e.requested_bytes);
           break;
         default:
           break;  // not shardable: never here

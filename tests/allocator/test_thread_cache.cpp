@@ -44,6 +44,14 @@ bool contend(CachingAllocator& engine) {
   return most_caches.load() > 0;
 }
 
+// contend(), then one allocation on this thread, which makes its own cache (caches stay on once
+// contended). Returns whether this thread has a cache.
+bool contend_and_lease(CachingAllocator& engine) {
+  contend(engine);
+  REQUIRE(engine.free(engine.allocate(4 * KiB, 0).ptr) == FreeStatus::ok);
+  return engine.totals().thread_caches != 0;
+}
+
 }  // namespace
 
 TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]") {
@@ -110,10 +118,7 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
   SimSource source;
   auto events = make_immediate_events();
   CachingAllocator engine(source, *events, Config{});
-  contend(engine);
-  // Caches stay on once contended: this thread's first call makes its own cache.
-  REQUIRE(engine.free(engine.allocate(4 * KiB, 0).ptr) == FreeStatus::ok);
-  if (engine.totals().thread_caches == 0) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   engine.check_invariants();
 
   // Mixed small sizes: all served, distinct, counted exactly.
@@ -177,9 +182,7 @@ TEST_CASE("leases hold small-pool memory only, and large-pool growth leaves them
   SimSource source;
   auto events = make_immediate_events();
   CachingAllocator engine(source, *events, Config{});
-  contend(engine);
-  REQUIRE(engine.free(engine.allocate(4 * KiB, 0).ptr) == FreeStatus::ok);
-  if (engine.totals().thread_caches == 0) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   const std::size_t leased = engine.totals().thread_cached_bytes;
   REQUIRE(leased > 0);
 
