@@ -52,10 +52,11 @@
 // go into the calling thread's shard: net changes, sums of increases and decreases, and the
 // highest prefix of each net change, with no shared write. A shard is folded into the totals
 // (peak = max(peak, current + highest prefix)) every kFoldBatches batches or once its
-// allocated_bytes rose by kFoldBytes, when the lock is free, and always before anything reads or
-// resets the totals. So every read sees exact current values and accumulated totals; a peak can
-// miss what other threads held unfolded at the moment of the peak: less than kFoldBytes (plus
-// their last batch) and kFoldBatches allocations per thread.
+// allocated_bytes rose by kFoldBytes, when the lock is free (after 8 x kFoldBatches, waiting for
+// it), and always before anything reads or resets the totals. So every read sees exact current
+// values and accumulated totals; a peak can miss what other threads held unfolded at the moment
+// of the peak: per thread, less than kFoldBytes plus its last batch when its last try found the
+// lock free, and at most 8 x kFoldBatches batches.
 //
 // Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> a
 // shard's lock (a shard's lock alone is taken by its thread for each batch).
