@@ -358,9 +358,10 @@ TEST_CASE("the recycle budget's memory guard: past the slack, recycling goes on 
   f.engine.check_invariants();
 }
 
-TEST_CASE("without a recycle budget (the default) recycling never waits for time", "[engine][recycle][recycle_budget]") {
+TEST_CASE("without a recycle budget (recycle_budget:1) recycling never waits for time",
+          "[engine][recycle][recycle_budget]") {
   Config c = test_config();
-  REQUIRE(c.recycle_budget == 1.0);
+  c.recycle_budget = 1.0;
   ClockedFixture f(c);
   for (int round = 0; round < 3; ++round) {
     const auto before = f.source.inner.counters();

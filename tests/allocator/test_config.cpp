@@ -35,6 +35,9 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.per_process_memory_fraction == 1.0);
     CHECK(c.small_piece_bytes == 2 * kMiB);
     CHECK(c.recycle);
+    CHECK(c.recycle_budget == 0.005);
+    CHECK(c.recycle_burst_ms == 10);
+    CHECK(c.recycle_slack == 0.02);
     CHECK(c.thread_cache);
   }
 }
@@ -311,7 +314,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
         "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
         "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
-        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.005,"
+        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.05,"
         "recycle_burst_ms:25,recycle_slack:0.5,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
     Config c = parse_ok(text);
     Config d;
