@@ -261,37 +261,39 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<policy::GrowthOption> options;
   std::vector<policy::FreePiece> offered;
   const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
+  // Plans the growth at each shortlisted place (with or without recycling); the best one's index.
   auto plan_all = [&](bool recycle) {
-  planned.clear();
-  options.clear();
-  for (std::size_t i : shortlist) {
-    const Placement& pl = places[i];
-    const Region& r = *pl.region;
-    Planned x;
-    x.place = i;
-    x.runs = target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded);
-    x.claim_lo = pl.addr;
-    x.claim_hi = pl.addr + rounded;
-    if (!x.runs.empty()) {
-      x.claim_lo = std::min(x.claim_lo, r.slot_addr(x.runs.front().slots.lo));
-      x.claim_hi = std::max(x.claim_hi, r.slot_addr(x.runs.back().slots.hi));
-    }
-    offered.clear();
-    if (pl.need > 0)
-      for (std::size_t k = 0; k < refs.size(); ++k) {
-        const policy::FreePiece& fp = all_pieces[k];
-        const bool inside = refs[k].block->region == &r && fp.addr < x.claim_hi && fp.addr + fp.slots * slot > x.claim_lo;
-        if (inside) continue;  // where the request lands
-        x.piece_refs.push_back(k);
-        offered.push_back(fp);
+    planned.clear();
+    options.clear();
+    for (std::size_t i : shortlist) {
+      const Placement& pl = places[i];
+      const Region& r = *pl.region;
+      Planned x;
+      x.place = i;
+      x.runs = target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded);
+      x.claim_lo = pl.addr;
+      x.claim_hi = pl.addr + rounded;
+      if (!x.runs.empty()) {
+        x.claim_lo = std::min(x.claim_lo, r.slot_addr(x.runs.front().slots.lo));
+        x.claim_hi = std::max(x.claim_hi, r.slot_addr(x.runs.back().slots.hi));
       }
-    x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
-    for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
-    options.push_back({x.layout.created_slots(),
-                       x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
-    planned.push_back(std::move(x));
-  }
-  return *policy::choose_growth(options);
+      offered.clear();
+      if (pl.need > 0)
+        for (std::size_t k = 0; k < refs.size(); ++k) {
+          const policy::FreePiece& fp = all_pieces[k];
+          const bool inside =
+              refs[k].block->region == &r && fp.addr < x.claim_hi && fp.addr + fp.slots * slot > x.claim_lo;
+          if (inside) continue;  // where the request lands
+          x.piece_refs.push_back(k);
+          offered.push_back(fp);
+        }
+      x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
+      for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
+      options.push_back({x.layout.created_slots(),
+                         x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
+      planned.push_back(std::move(x));
+    }
+    return *policy::choose_growth(options);
   };
   std::size_t chosen = plan_all(recycle_now);
   const bool budget_denied = may_recycle && !recycle_now;
@@ -303,7 +305,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     const std::size_t chosen_without = chosen;
     std::vector<Planned> planned_without = std::move(planned);
     std::vector<policy::GrowthOption> options_without = std::move(options);
-    const std::size_t with = planned[plan_all(true)].layout.created_slots();
+    const std::size_t chosen_with = plan_all(true);
+    const std::size_t with = planned[chosen_with].layout.created_slots();
     buying_bytes = (without - std::min(without, with)) * slot;
     // Memory comes first: past the cap, or past the memory the budget may add (its slack), growth
     // recycles whatever it costs; that recycling is not charged (the budget counts what it chose).
@@ -311,7 +314,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
         !policy::within_slack(recycle_budget_bought_bytes, buying_bytes, map.reserved_bytes,
                               rules.recycle_budget.slack))) {
       recycle_now = true;
-      chosen = *policy::choose_growth(options);
+      chosen = chosen_with;
       buying_bytes = 0;
     } else {
       planned = std::move(planned_without);
