@@ -57,7 +57,8 @@ namespace gpumem::forensics {
 // A container's items. Destroying a deep tree recursively (each container's destructor running
 // its items' destructors) would use stack in proportion to the depth; instead the destructor moves
 // the child containers it holds the last reference to onto a work list and empties them one at a
-// time, so no destructor runs inside another one's items.
+// time, so no destructor runs inside another one's items (except, when two threads drop the last two
+// references to one container at once, that container's own destructor: iterative too).
 struct PickleValue::Container {
   PickleItems items;       // list, tuple, set
   PickleDictItems dict;    // dict
@@ -77,8 +78,12 @@ struct PickleValue::Container {
   }
 
   void take_children(std::vector<std::shared_ptr<Container>>& work) noexcept {
+    // Only the children this holds the last reference to: a shared one (a pickle's memo may put one
+    // dict in a list ten million times) is merely released with the items, which runs no
+    // destructor, and the work list stays as small as the tree's distinct containers.
     auto take = [&](PickleValue& v) {
-      if (auto* p = std::get_if<std::shared_ptr<Container>>(&v.data_)) work.push_back(std::move(*p));
+      auto* p = std::get_if<std::shared_ptr<Container>>(&v.data_);
+      if (p && p->use_count() == 1) work.push_back(std::move(*p));
     };
     for (auto& v : items) take(v);
     for (auto& [k, v] : dict) {
