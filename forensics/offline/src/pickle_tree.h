@@ -78,12 +78,19 @@ struct PickleValue::Container {
   }
 
   void take_children(std::vector<std::shared_ptr<Container>>& work) noexcept {
-    // Only the children this holds the last reference to: a shared one (a pickle's memo may put one
-    // dict in a list ten million times) is merely released with the items, which runs no
-    // destructor, and the work list stays as small as the tree's distinct containers.
+    // Queues only the children this holds the last reference to; a reference to a child held
+    // elsewhere too is dropped on the spot, which destroys nothing. So a dict that a pickle's memo
+    // puts in a list ten million times is queued once (when its last reference is reached), not
+    // ten million times, and a child held twice by this very container is queued at its second
+    // reference instead of being destroyed, recursively, with the items.
     auto take = [&](PickleValue& v) {
       auto* p = std::get_if<std::shared_ptr<Container>>(&v.data_);
-      if (p && p->use_count() == 1) work.push_back(std::move(*p));
+      if (!p) return;
+      if (p->use_count() == 1) {
+        work.push_back(std::move(*p));
+      } else {
+        p->reset();
+      }
     };
     for (auto& v : items) take(v);
     for (auto& [k, v] : dict) {
