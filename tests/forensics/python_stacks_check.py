@@ -16,7 +16,10 @@ Each case runs in a fresh interpreter (an allocator is installed once per proces
             4 MiB tensors: ns per pair, median of 5 rounds of 20000
 
 --device cuda runs the same on the GPU (gpumem as torch's CUDA allocator through load_library,
-memory_limit_mb caps it). Exit status 0 only if every check passed.
+memory_limit_mb caps it); --quick keeps the auto case and a two-mode bench (scripts/gpu/forensics.sh).
+--device sim: gpumem's CUDA allocator on a simulated device (GPUMEM_ALLOW_SIM=1, no GPU), allocating
+through its C API from a Python function: gpumem's snapshot file and torch.cuda.memory._snapshot()
+both name that function's line on the live blocks. Exit status 0 only if every check passed.
 """
 import argparse
 import glob
@@ -221,12 +224,13 @@ def case_min_kb(lib, device, limit_mb, line):
         check(not any(names_site(f, line) for f in frames), "min_kb: blocks below python_stacks_min_kb have no stack")
 
 
-def bench(lib, device):
+def bench(lib, device, quick):
     """ns per alloc+free pair: oom_report_dir with python_stacks False, auto (every allocation) and
-    auto with python_stacks_min_kb:1024; each in its own interpreter."""
+    (unless quick) auto with python_stacks_min_kb:1024; each in its own interpreter."""
     with tempfile.TemporaryDirectory() as d:
-        modes = [("off", f"oom_report_dir:{d},python_stacks:False"), ("auto", f"oom_report_dir:{d}"),
-                 ("min_kb:1024", f"oom_report_dir:{d},python_stacks_min_kb:1024")]
+        modes = [("off", f"oom_report_dir:{d},python_stacks:False"), ("auto", f"oom_report_dir:{d}")]
+        if not quick:
+            modes.append(("min_kb:1024", f"oom_report_dir:{d},python_stacks_min_kb:1024"))
         got = {name: run_child(lib, device, conf, bench=True) for name, conf in modes}
     print(f"alloc+free pairs from Python on {device} (torch.empty, median of 5 rounds of 20000), ns per pair:")
     print(f"{'size':>8} " + " ".join(f"{name:>12}" for name, _ in modes) + f" {'auto +ns':>9}")
@@ -245,6 +249,8 @@ def main():
     p.add_argument("--child-sim", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--limit-mb", type=int, default=64)
     p.add_argument("--bench", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="the auto case only, and the bench without the min_kb mode (3 interpreters: the GPU run)")
     p.add_argument("--conf", default="", help=argparse.SUPPRESS)
     p.add_argument("--tensor-kb", type=int, default=1024, help=argparse.SUPPRESS)
     p.add_argument("--request-kb", type=int, default=1024, help=argparse.SUPPRESS)
@@ -267,10 +273,11 @@ def main():
         return 1 if failures else 0
     line = alloc_line()
     case_auto(lib, args.device, args.limit_mb, line)
-    case_off(lib, args.device, args.limit_mb, line)
-    case_min_kb(lib, args.device, args.limit_mb, line)
+    if not args.quick:
+        case_off(lib, args.device, args.limit_mb, line)
+        case_min_kb(lib, args.device, args.limit_mb, line)
     if args.bench:
-        bench(lib, args.device)
+        bench(lib, args.device, args.quick)
     print(f"python_stacks ({args.device}): {'FAILED: ' + '; '.join(failures) if failures else 'all checks passed'}")
     return 1 if failures else 0
 
