@@ -103,6 +103,8 @@ fi
 
 step "bench_op_attribution_overhead (CUDA)"
 t=$(left)
+# With the breakdown, the full run leaves time for the two partial ones.
+[ "${ATTRIBUTION_BREAKDOWN:-0}" = 1 ] && [ "$t" -gt 20 ] && t=20
 if [ "$t" -lt 12 ]; then
   note "op attribution: skipped (${t}s left)"
 elif run_for "$t" "$LOGS/op_attribution_overhead.log" "$BUILD/bench/bench_op_attribution_overhead" \

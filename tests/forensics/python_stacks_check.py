@@ -169,7 +169,8 @@ def names_site(frames, line):
 def case_auto(lib, device, limit_mb, line):
     with tempfile.TemporaryDirectory() as d:
         out = run_child(lib, device, f"oom_report_dir:{d},memory_limit_mb:{limit_mb}")
-        check(out["held"] > 0 and out["error"] != "", f"auto: {out['held']} tensors, then the OOM")
+        check(out["held"] > 0 and out["error"] != "",
+              f"auto: {out['held']} tensors, then the OOM" + ("" if out["held"] > 0 else f" ({out['error'][:300]})"))
         check("gpumem wrote an OOM report" in out["error"], "auto: the OOM message names the postmortem")
         pickles, texts = postmortem(d)
         check(len(pickles) >= 1 and len(texts) >= 1, f"auto: postmortem files written ({len(pickles)} pickles)")
