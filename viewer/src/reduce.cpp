@@ -206,7 +206,9 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
             return s;
           }
         }
-        s.message = "no live block pins this segment: empty_cache would release it";
+        s.message = segment_has_live_block(state, seg_addr)
+                        ? "live blocks fill this segment: it holds no free memory, nothing is pinned"
+                        : "no live block pins this segment: empty_cache would release it";
         break;
       }
       const bool moves = key.code == KeyCode::left || key.code == KeyCode::right || key.code == KeyCode::up ||
