@@ -31,7 +31,8 @@ constexpr std::string_view kHelpKeys =
     "Live:      Up / Down select   s sort by bytes / count   g group by call site / function\n"
     "           / search (Enter keeps, Esc clears)\n"
     "Pins:      Up / Down select a segment; its live blocks are what keeps it reserved\n"
-    "Diff:      g group by call site / function\n"
+    "Diff:      g group by call site / function   b: with two files (--diff), the stepping keys\n"
+    "           move B's cursor instead of A's (each file is compared at its own cursor)\n"
     "\n"
     "?  this help (any key closes it)     q  quit";
 
@@ -42,7 +43,7 @@ const char* help_line(const ViewState& s) {
     case View::timeline: return "←→ move  PgUp PgDn  Home End  p peak reserved  a peak allocated  o OOM  m mark";
     case View::live: return "↑↓ select  s sort  g group  / search  , . step  p a o jump";
     case View::pins: return "↑↓ segment  , . step  p a o jump";
-    case View::diff: return "m mark cursor  g group  , . step  p a o jump";
+    case View::diff: return "m mark  g group  b A/B cursor  , . step  p a o jump";
   }
   return "? help  q quit";
 }
@@ -588,9 +589,11 @@ void draw_diff(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   const MemoryState* sb = nullptr;
   const ViewerModel* ma = &model;
   if (model.compare) {
-    other = model.compare->state_at(model.compare->initial_cursor());
-    a_name = fmt::format("A = {} at entry {}", model.source(), s.cursor);
-    b_name = fmt::format("B = {} at entry {}", model.compare->source(), model.compare->initial_cursor());
+    // Each side at its own cursor; ▸ marks the one the stepping keys move (b switches).
+    const std::size_t b_cursor = s.compare_cursor.value_or(model.compare->initial_cursor());
+    other = model.compare->state_at(b_cursor);
+    a_name = fmt::format("{}A = {} at entry {}", s.diff_moves_b ? "" : "▸", model.source(), s.cursor);
+    b_name = fmt::format("{}B = {} at entry {}", s.diff_moves_b ? "▸" : "", model.compare->source(), b_cursor);
     sa = &state;
     sb = &other;
     mb = model.compare.get();
