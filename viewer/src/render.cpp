@@ -543,7 +543,7 @@ void draw_pins(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   const PinCounts counts = pin_counts(state);
   std::uint64_t held = 0;
   for (const auto& p : pins) held += p.held_free_bytes;
-  g.put(1, a.top, fmt::format("{} pinned segments hold {} free behind live blocks; {} filled, {} releasable", pins.size(),
+  g.put(1, a.top, fmt::format("{} pinned segments hold {} free; {} filled, {} releasable", pins.size(),
                               format_bytes(held), counts.full, counts.releasable));
   if (pins.empty()) {
     g.put(2, a.top + 2, "no live block pins free memory at this point", Style::dim);
