@@ -71,6 +71,10 @@ fi
 step "forensics tests (CPU)"
 for t in forensics_test_oom_report forensics_test_report_cli forensics_test_engine_forensics forensics_test_observers; do
   bin=$BUILD/tests/forensics/$t
+  # These two read PyTorch's shared OOM trace; the GPU machine has no copy (CI runs them).
+  if [ ! -d "$shared/traces" ] && { [ "$t" = forensics_test_oom_report ] || [ "$t" = forensics_test_report_cli ]; }; then
+    note "$t: skipped (needs the shared traces, absent here; CI and the CPU machine run it)"; continue
+  fi
   if [ ! -x "$bin" ]; then note "$t: FAILED (missing)"; status=1; continue; fi
   (cd "$root" && GPUMEM_SHARED_DIR="$shared" run_for 20 "$LOGS/$t.log" "$bin" --order lex)
   rc=$?
