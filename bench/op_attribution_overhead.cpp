@@ -68,9 +68,12 @@ int main(int argc, char** argv) {
   if (o.device == "cuda" && !cuda) {
     std::fprintf(stderr, "no CUDA device: running on the CPU\n");
   }
+  // gpumem alone at install (the "off" phases: no ring, no tracker, no callbacks); the "on" phases
+  // attach what trace_entries:262144,record_ops:True would.
   gpumem::torch::Config config;
-  config.forensics.trace_entries = 262144;
-  config.forensics.record_ops = true;
+  gpumem::forensics::Config attribution;
+  attribution.trace_entries = 262144;
+  attribution.record_ops = true;
   if (cuda) {
     gpumem::torch::install(config);
   } else {
@@ -109,7 +112,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<gpumem::forensics::EngineForensics> fx;
     if (on) {
       if (o.on != "observers") gpumem::forensics::install_record_function_attribution();
-      if (o.on != "callbacks") fx = std::make_unique<gpumem::forensics::EngineForensics>(*engine, config.forensics);
+      if (o.on != "callbacks") fx = std::make_unique<gpumem::forensics::EngineForensics>(*engine, attribution);
     }
     for (int s = 0; s < o.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();

@@ -7,13 +7,18 @@
 #
 # Needs in $BUILD (.gpu/build): cli/gpumem, bench/bench_snapshot_write,
 # bench/bench_op_attribution_overhead, tests/forensics/forensics_test_{oom_report,report_cli,
-# engine_forensics,observers}.
+# engine_forensics,observers}, torch/libgpumem_torch.so (python stacks; $PY with torch).
 # 1. gpumem report / diff / replay on PyTorch's OOM snapshot (the shared traces): verdict, the
 #    replay under the recorded cap, the number format
 # 2. the quick forensics tests (CPU)
 # 3. bench_snapshot_write: a snapshot with 100,000 trace entries written as pickle; target <= 50 ms
-# 4. bench_op_attribution_overhead on CUDA: a GPT-style step with attribution (RecordFunction
-#    callbacks + trace ring + record_ops) off and on, alternating phases; target <= 3% slower
+# 4. python stacks on CUDA (tests/forensics/python_stacks_check.py --device cuda --quick --bench):
+#    an OOM under memory_limit_mb:64 with oom_report_dir alone, whose report names the Python
+#    line; alloc+free pairs from Python with python_stacks off and auto (ns per pair)
+# 5. bench_op_attribution_overhead on CUDA: a GPT-style step with attribution (RecordFunction
+#    callbacks + trace ring + record_ops) off and on, alternating phases; target <= 3% slower.
+#    ATTRIBUTION_BREAKDOWN=1 also runs it with only the callbacks and only the observers on (when
+#    the time left allows; each run takes about 8 s there)
 # $OUT gets forensics_summary.txt and the logs. Exit status: 0 if every check that ran passed.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -66,6 +71,10 @@ fi
 step "forensics tests (CPU)"
 for t in forensics_test_oom_report forensics_test_report_cli forensics_test_engine_forensics forensics_test_observers; do
   bin=$BUILD/tests/forensics/$t
+  # These two read PyTorch's shared OOM trace; the GPU machine has no copy (CI runs them).
+  if [ ! -d "$shared/traces" ] && { [ "$t" = forensics_test_oom_report ] || [ "$t" = forensics_test_report_cli ]; }; then
+    note "$t: skipped (needs the shared traces, absent here; CI and the CPU machine run it)"; continue
+  fi
   if [ ! -x "$bin" ]; then note "$t: FAILED (missing)"; status=1; continue; fi
   (cd "$root" && GPUMEM_SHARED_DIR="$shared" run_for 20 "$LOGS/$t.log" "$bin" --order lex)
   rc=$?
@@ -82,8 +91,24 @@ else
   note "bench_snapshot_write: FAILED or cut (rc $?; see logs/snapshot_write.log)"; status=1
 fi
 
+step "python stacks on CUDA (oom_report_dir alone names the Python line; cost per allocation)"
+lib=$BUILD/torch/libgpumem_torch.so
+if [ ! -f "$lib" ]; then
+  note "python stacks: FAILED ($lib missing from the staged build)"; status=1
+else
+  (cd "$root" && run_for 30 "$LOGS/python_stacks.log" "$PY" tests/forensics/python_stacks_check.py \
+     --lib "$lib" --device cuda --quick --bench)
+  rc=$?
+  if [ $rc -eq 0 ]; then note "python stacks: passed"
+  elif [ $rc -eq 125 ]; then note "python stacks: skipped (no time left)"
+  else note "python stacks: FAILED or cut rc $rc (see logs/python_stacks.log)"; tail -12 "$LOGS/python_stacks.log"; status=1; fi
+  grep -E "^ok: auto: the report|^FAIL|KiB|ns per pair" "$LOGS/python_stacks.log" | sed 's/^/  /' | tee -a "$summary"
+fi
+
 step "bench_op_attribution_overhead (CUDA)"
 t=$(left)
+# With the breakdown, the full run leaves time for the two partial ones.
+[ "${ATTRIBUTION_BREAKDOWN:-0}" = 1 ] && [ "$t" -gt 20 ] && t=20
 if [ "$t" -lt 12 ]; then
   note "op attribution: skipped (${t}s left)"
 elif run_for "$t" "$LOGS/op_attribution_overhead.log" "$BUILD/bench/bench_op_attribution_overhead" \
@@ -94,6 +119,18 @@ elif run_for "$t" "$LOGS/op_attribution_overhead.log" "$BUILD/bench/bench_op_att
 else
   note "op attribution: FAILED or cut at the budget (rc $?; see logs/op_attribution_overhead.log)"
   tail -8 "$LOGS/op_attribution_overhead.log"; status=1
+fi
+if [ "${ATTRIBUTION_BREAKDOWN:-0}" = 1 ]; then
+  for part in callbacks observers; do
+    t=$(left)
+    if [ "$t" -lt 12 ]; then note "op attribution --on $part: skipped (${t}s left)"; continue; fi
+    if run_for "$t" "$LOGS/op_attribution_$part.log" "$BUILD/bench/bench_op_attribution_overhead" \
+         --device cuda --phases 6 --steps-per-phase 10 --on "$part"; then
+      note "op attribution --on $part: $(grep -E '^overhead' "$LOGS/op_attribution_$part.log") ($(grep -E '^attribution off' "$LOGS/op_attribution_$part.log"))"
+    else
+      note "op attribution --on $part: FAILED or cut (see logs/op_attribution_$part.log)"
+    fi
+  done
 fi
 note "forensics: done in ${SECONDS}s, status $status"
 exit $status

@@ -55,6 +55,9 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.forensics.trace_entries == 0);
     CHECK(c.forensics.oom_report_dir.empty());
     CHECK_FALSE(c.forensics.record_ops);
+    CHECK(c.forensics.python_stacks == gpumem::forensics::StackMode::automatic);
+    CHECK(c.forensics.python_stacks_min_bytes == 0);
+    CHECK_FALSE(c.forensics.python_stacks_on());
     CHECK(c.source_string == text);
   }
 }
@@ -141,6 +144,17 @@ TEST_CASE("config: the adapter's source and the forensics keys", "[config]") {
   CHECK(parse_ok("oom_report_dir:").forensics.oom_report_dir.empty());
   check_error("oom_report_dir:/a:b", {"unexpected ':' after oom_report_dir:/a", "cannot contain"});
   check_error("oom_report_dir:[x:y]", {"oom_report_dir", "is a list"});
+
+  using gpumem::forensics::StackMode;
+  CHECK(parse_ok("oom_report_dir:/tmp/oom").forensics.python_stacks_on());  // auto follows oom_report_dir
+  CHECK_FALSE(parse_ok("oom_report_dir:/tmp/oom,python_stacks:False").forensics.python_stacks_on());
+  CHECK(parse_ok("python_stacks:True").forensics.python_stacks_on());
+  CHECK(parse_ok("python_stacks:auto").forensics.python_stacks == StackMode::automatic);
+  CHECK(parse_ok("python_stacks_min_kb:64").forensics.python_stacks_min_bytes == 64 * 1024);
+  check_error("python_stacks:yes", {"python_stacks:yes", "auto", "True or False"});
+  check_error("python_stacks:true", {"python_stacks:true", "exactly True or False"});
+  check_error("python_stacks_min_kb:-1", {"python_stacks_min_kb", "negative"});
+  check_error("python_stacks_min_kb:1MB", {"python_stacks_min_kb:1MB", "KiB"});
 }
 
 TEST_CASE("config: unknown keys are named, with the accepted keys and a suggestion", "[config]") {
@@ -231,7 +245,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "pinned_allocator:gpumem,memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.01,"
         "recycle_burst_ms:50,recycle_slack:0.1,thread_cache:False,"
         "va_reserve_mb:4096,check_invariants:True,trace_entries:5000,oom_report_dir:/tmp/o,"
-        "record_ops:True";
+        "record_ops:True,python_stacks:True,python_stacks_min_kb:256";
     Config c = parse_ok(text);
     Config d;
     CHECK(c.engine.large_segment_size_bytes != d.engine.large_segment_size_bytes);
@@ -261,6 +275,8 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.forensics.trace_entries != d.forensics.trace_entries);
     CHECK(c.forensics.oom_report_dir != d.forensics.oom_report_dir);
     CHECK(c.forensics.record_ops != d.forensics.record_ops);
+    CHECK(c.forensics.python_stacks != d.forensics.python_stacks);
+    CHECK(c.forensics.python_stacks_min_bytes != d.forensics.python_stacks_min_bytes);
     CHECK_FALSE(c == d);
 
     std::string canonical = to_string(c);
@@ -312,6 +328,8 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
           {"trace_entries", {"0", "1", "400000"}},
           {"oom_report_dir", {"", "/tmp/x", "rel/dir"}},
           {"record_ops", {"True", "False"}},
+          {"python_stacks", {"auto", "True", "False"}},
+          {"python_stacks_min_kb", {"0", "1", "1024"}},
         },
         20250611, 2000);
   }
@@ -381,7 +399,7 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 32);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 16 of gpumem's
+  CHECK(keys.size() == 34);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 18 of gpumem's
   CHECK(std::string(to_string(PinnedAllocatorKind::native)) == "native");
   CHECK(std::string(to_string(PinnedAllocatorKind::gpumem)) == "gpumem");
   for (auto k : keys) {

@@ -80,11 +80,16 @@ TEST_CASE("segment map: block cursor and zoom", "[viewer][reduce]") {
   CHECK(s.zoom_in == 1);
   s = press(s, U"0");
   CHECK(s.zoom_in == 0);
-  // Enter: what pins the selected block's segment.
+  // Enter: what pins the selected block's segment. Segment 2 is filled by live blocks: it holds
+  // no free bytes, so it is not in the pins list and Enter says why.
   s = reduce(s, Key::of(KeyCode::end), model());
   s = reduce(s, Key::of(KeyCode::enter), model());
+  CHECK(s.view == View::segments);
+  CHECK(s.message.find("live blocks fill this segment") != std::string::npos);
+  s = reduce(s, Key::of(KeyCode::home), model());  // segment 1: 3 MiB free behind live blocks
+  s = reduce(s, Key::of(KeyCode::enter), model());
   CHECK(s.view == View::pins);
-  CHECK(s.pin_row == 1);  // segment 2 holds no free bytes: second in the pins list
+  CHECK(s.pin_row == 0);
 }
 
 TEST_CASE("live view: search, sort, group, selection", "[viewer][reduce]") {
@@ -115,4 +120,29 @@ TEST_CASE("resize is a key", "[viewer][reduce]") {
   ViewState s = initial_state(model(), Size{80, 24});
   s = reduce(s, Key::resized(Size{132, 43}), model());
   CHECK(s.screen == Size{132, 43});
+}
+
+TEST_CASE("diff view of two files: each side at its own cursor, b switches which one moves", "[viewer][reduce]") {
+  ViewerModel two = ViewerModel::from(handmade_trace());
+  two.compare = std::make_shared<const ViewerModel>(ViewerModel::from(handmade_trace()));
+  const std::size_t b_start = two.compare->initial_cursor();
+  ViewState s = initial_state(two, Size{80, 24});
+  s = reduce(s, Key::chr(U'6'), two);
+  const std::size_t a_start = s.cursor;
+  s = reduce(s, Key::chr(U','), two);  // A's cursor moves, B's stays
+  CHECK(s.cursor == a_start - 1);
+  CHECK_FALSE(s.compare_cursor.has_value());
+  s = reduce(s, Key::chr(U'b'), two);
+  CHECK(s.diff_moves_b);
+  s = reduce(s, Key::chr(U','), two);
+  s = reduce(s, Key::chr(U','), two);
+  CHECK(s.cursor == a_start - 1);  // A's cursor stays
+  REQUIRE(s.compare_cursor.has_value());
+  CHECK(*s.compare_cursor == b_start - 2);
+  s = reduce(s, Key::chr(U'b'), two);
+  CHECK_FALSE(s.diff_moves_b);
+  // One file: b explains itself and moves nothing.
+  ViewState one = press(initial_state(model(), Size{80, 24}), U"6b");
+  CHECK_FALSE(one.diff_moves_b);
+  CHECK(one.message.find("--diff") != std::string::npos);
 }

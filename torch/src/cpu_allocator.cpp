@@ -14,11 +14,14 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "device_engine.h"
 #include "format_size.h"
 #include "engines.h"
+#include "gpumem/forensics/alloc_context.h"
+#include "gpumem/forensics/python_stacks.h"
 #include "gpumem/torch/install.h"
 
 namespace gpumem::torch {
@@ -37,6 +40,10 @@ class GpumemCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &cpu_delete_fn, cpu};
+    // python_stacks: the stack goes to gpumem's forensics through the thread (alloc_context.h),
+    // for the allocation's records and its OOM record.
+    std::optional<forensics::AllocContext::Scope> stack;
+    if (C10_UNLIKELY(de_->wants_python_stack(n))) stack.emplace(forensics::gather_python_stack());
     alloc::AllocResult result = de_->engine->allocate(n, 0);
     if (C10_UNLIKELY(!result.ok())) raise_oom(n, *result.oom);
     TORCH_INTERNAL_ASSERT(reinterpret_cast<std::uintptr_t>(result.ptr) % kCpuAlignment == 0,

@@ -40,6 +40,8 @@
 #include "device_engine.h"
 #include "engines.h"
 #include "graph_pools.h"
+#include "gpumem/forensics/alloc_context.h"
+#include "gpumem/forensics/python_stacks.h"
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/install.h"
 #include "pinned_loader.h"
@@ -623,14 +625,19 @@ DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
 void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
   TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte, "CUDA out of memory. Tried to allocate more than 1EB memory.");
   DeviceSlot& slot = slot_for(device);
-  // With _record_memory_history(context=...), the stack is gathered before the engine call (no
-  // lock is held) and handed to the trace ring through the thread; blocks keep it while live.
+  // With _record_memory_history(context=...), or python_stacks for an allocation of at least
+  // python_stacks_min_kb, the stack is gathered before the engine call (no lock is held) and
+  // handed to the trace ring and gpumem's forensics through the thread (the OOM record too); blocks
+  // keep it while live.
   std::shared_ptr<c10::GatheredContext> context;
+  std::optional<forensics::AllocContext::Scope> context_scope;
   const bool recording =
-      record_context_.load(std::memory_order_relaxed) >= static_cast<int>(cda::RecordContext::STATE);
+      record_context_.load(std::memory_order_relaxed) >= static_cast<int>(cda::RecordContext::STATE) ||
+      slot.de->wants_python_stack(size);
   if (C10_UNLIKELY(recording)) {
     if (auto recorder = context_recorder_.load()) context = recorder();
-    forensics::TraceRing::set_thread_context(context);
+    if (context == nullptr && slot.de->wants_python_stack(size)) context = forensics::gather_python_stack();
+    context_scope.emplace(context);
   }
   alloc::AllocResult result;
   std::shared_ptr<detail::PrivatePool> pool;
@@ -643,7 +650,6 @@ void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStre
       result = slot.de->engine->allocate(size, stream_id(stream));
   }
   if (C10_UNLIKELY(recording)) {
-    forensics::TraceRing::set_thread_context(nullptr);
     if (context != nullptr && result.ok()) {
       std::lock_guard lock(slot.contexts_mutex);
       slot.contexts[reinterpret_cast<std::uintptr_t>(result.ptr)] = std::move(context);

@@ -1,10 +1,12 @@
 #include "device_engine.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "gpumem/forensics/op_attribution_torch.h"
+#include "gpumem/forensics/python_stacks.h"
 
 #include "gpumem/alloc/host_vmm_source.h"
 #include "gpumem/alloc/sim_source.h"
@@ -28,9 +30,13 @@ std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::uniq
   de->engine->attach_observer(de->stats);
   de->engine->attach_observer(de->trace);
   const forensics::Config& wanted = de->config.forensics;
-  if (!wanted.oom_report_dir.empty() || wanted.record_ops) {
-    de->forensics = std::make_unique<forensics::EngineForensics>(*de->engine, wanted, de->trace, to_string(de->config));
+  const bool stacks = wanted.python_stacks_on();
+  if (!wanted.oom_report_dir.empty() || wanted.record_ops || stacks) {
+    de->forensics = std::make_unique<forensics::EngineForensics>(
+        *de->engine, wanted, de->trace, to_string(de->config),
+        stacks ? forensics::python_stack_symbolizer() : forensics::StackSymbolizer());
     if (wanted.record_ops) forensics::install_record_function_attribution();
+    de->python_stacks_min_bytes = stacks ? std::max<std::size_t>(wanted.python_stacks_min_bytes, 1) : DeviceEngine::kNoStacks;
   }
   return de;
 }

@@ -10,6 +10,8 @@
 // itself is immutable after make_*.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -45,6 +47,12 @@ struct DeviceEngine {
   // gpumem's forensics (OOM postmortem, per-op table), when the config asks for them
   // (oom_report_dir, record_ops); null otherwise. Uses `trace`.
   std::unique_ptr<forensics::EngineForensics> forensics;
+  // Allocations of at least this many bytes gather their Python stack (python_stacks,
+  // python_stacks_min_kb; forensics/python_stacks.h); kNoStacks when python_stacks is off.
+  static constexpr std::size_t kNoStacks = SIZE_MAX;
+  std::size_t python_stacks_min_bytes = kNoStacks;
+
+  bool wants_python_stack(std::size_t bytes) const noexcept { return bytes >= python_stacks_min_bytes; }
 };
 
 // The engine for CUDA device `device` on CudaVmmSource (config.adapter.source == cuda_vmm) or

@@ -163,6 +163,17 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
     s.view = static_cast<View>((static_cast<int>(s.view) + 1) % kViewCount);
     return s;
   }
+  // The Diff view of two files: with b pressed, the stepping keys move B's cursor in B's trace.
+  if (s.view == View::diff && model.compare && s.diff_moves_b &&
+      !(key.code == KeyCode::character && key.ch == U'm')) {
+    ViewState b = s;
+    b.cursor = s.compare_cursor.value_or(model.compare->initial_cursor());
+    if (move_cursor(b, key, *model.compare)) {
+      s.compare_cursor = b.cursor;
+      s.message = b.message;
+      return s;
+    }
+  }
   if (move_cursor(s, key, model)) return s;
 
   const std::size_t n = model.entry_count();
@@ -206,7 +217,9 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
             return s;
           }
         }
-        s.message = "no live block pins this segment: empty_cache would release it";
+        s.message = segment_has_live_block(state, seg_addr)
+                        ? "live blocks fill this segment: it holds no free memory, nothing is pinned"
+                        : "no live block pins this segment: empty_cache would release it";
         break;
       }
       const bool moves = key.code == KeyCode::left || key.code == KeyCode::right || key.code == KeyCode::up ||
@@ -273,6 +286,15 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
     }
     case View::diff:
       if (key.code == KeyCode::character && key.ch == U'g') s.group_by = next_grouping(s.group_by, model);
+      if (key.code == KeyCode::character && key.ch == U'b') {
+        if (model.compare) {
+          s.diff_moves_b = !s.diff_moves_b;
+          s.message = s.diff_moves_b ? "the stepping keys move B's cursor (b: back to A's)"
+                                     : "the stepping keys move A's cursor (b: B's)";
+        } else {
+          s.message = "b moves the second file's cursor: open two files (gpumem view A --diff B)";
+        }
+      }
       break;
   }
   return s;

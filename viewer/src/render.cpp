@@ -31,7 +31,8 @@ constexpr std::string_view kHelpKeys =
     "Live:      Up / Down select   s sort by bytes / count   g group by call site / function\n"
     "           / search (Enter keeps, Esc clears)\n"
     "Pins:      Up / Down select a segment; its live blocks are what keeps it reserved\n"
-    "Diff:      g group by call site / function\n"
+    "Diff:      g group by call site / function   b: with two files (--diff), the stepping keys\n"
+    "           move B's cursor instead of A's (each file is compared at its own cursor)\n"
     "\n"
     "?  this help (any key closes it)     q  quit";
 
@@ -42,7 +43,7 @@ const char* help_line(const ViewState& s) {
     case View::timeline: return "←→ move  PgUp PgDn  Home End  p peak reserved  a peak allocated  o OOM  m mark";
     case View::live: return "↑↓ select  s sort  g group  / search  , . step  p a o jump";
     case View::pins: return "↑↓ segment  , . step  p a o jump";
-    case View::diff: return "m mark cursor  g group  , . step  p a o jump";
+    case View::diff: return "m mark  g group  b A/B cursor  , . step  p a o jump";
   }
   return "? help  q quit";
 }
@@ -61,14 +62,26 @@ void draw_frame(CellGrid& g, const ViewState& s, const ViewerModel& model) {
   g.fill_row(0, U' ', Style::title);
   const std::string& src = model.source();
   const auto slash = src.find_last_of('/');
-  const std::string rest = fmt::format("{} │ entry {}/{} │ +{} │ alloc {} │ reserved {}",
-                                       slash == std::string::npos ? src : src.substr(slash + 1), s.cursor,
-                                       model.entry_count(), format_us(model.time_us_at(s.cursor) - model.time_us_at(0)),
-                                       format_bytes(model.allocated_at(s.cursor)), format_bytes(model.reserved_at(s.cursor)));
-  // The program's name goes first when the numbers would not fit (80 columns).
+  const std::string file = slash == std::string::npos ? src : src.substr(slash + 1);
   const std::string oom = model.oom_cursor() && *model.oom_cursor() == s.cursor ? " │ OOM" : "";
-  std::string title = " gpumem │ " + rest + oom;
-  if (static_cast<int>(decode_utf8(title).size()) > w) title = " " + rest + oom;
+  const std::string at = fmt::format("{}/{} │ +{}", s.cursor, model.entry_count(),
+                                     format_us(model.time_us_at(s.cursor) - model.time_us_at(0)));
+  const std::string totals = fmt::format("alloc {} │ reserved {}", format_bytes(model.allocated_at(s.cursor)),
+                                         format_bytes(model.reserved_at(s.cursor)));
+  // The longest that fits: the program's name goes first, then the word "entry"; at last the
+  // numbers lead and the file name is what the width cuts (80 columns keep every number).
+  const std::string candidates[] = {
+      fmt::format(" gpumem │ {} │ entry {} │ {}{}", file, at, totals, oom),
+      fmt::format(" {} │ entry {} │ {}{}", file, at, totals, oom),
+      fmt::format(" {} │ {}{} │ {}", at, totals, oom, file),
+  };
+  std::string title = candidates[2];
+  for (const auto& c : candidates) {
+    if (static_cast<int>(decode_utf8(c).size()) <= w) {
+      title = c;
+      break;
+    }
+  }
   g.put(0, 0, title, Style::title);
   int x = 0;
   for (int v = 0; v < kViewCount; ++v) {
@@ -259,14 +272,26 @@ enum Cat { c_alloc, c_partly, c_split, c_cached, c_unmapped, c_count };
 
 void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel& model, const MemoryState& state) {
   const int w = a.width;
-  const int map_rows = std::max(1, a.rows - 2);
+  // The scale and the legend share the first row when they fit in it (about 120 columns), else
+  // the legend takes a row of its own so that it stays whole (80 columns).
+  const std::string scale_prefix_probe = fmt::format("1 cell = {} │ {} segments │ ", "512.00 KiB", state.segments.size());
+  constexpr int kLegendColumns = 81;  // the five glyphs and names below, with their gaps
+  const int header_rows =
+      1 + static_cast<int>(decode_utf8(scale_prefix_probe).size()) + kLegendColumns + 1 > w ? 1 : 0;
+  const int map_rows = std::max(1, a.rows - 2 - header_rows);
   const std::vector<Piece> pieces = map_pieces(state);
   const std::uint64_t fit = fit_bytes_per_cell(pieces, static_cast<std::size_t>(w) * static_cast<std::size_t>(map_rows));
   std::uint64_t bpc = fit;
   if (s.zoom_in > 0) bpc = std::max<std::uint64_t>(512, fit >> std::min(s.zoom_in, 50));
   if (s.zoom_in < 0) bpc = fit << std::min(-s.zoom_in, 20);
 
-  int x = g.put(1, a.top, fmt::format("1 cell = {} │ {} segments │ ", format_bytes(bpc), state.segments.size()), Style::dim);
+  int x = g.put(1, a.top, fmt::format("1 cell = {} │ {} segments", format_bytes(bpc), state.segments.size()), Style::dim);
+  if (header_rows == 0) {
+    x = g.put(x, a.top, " │ ", Style::dim);
+  } else {
+    x = 1;
+  }
+  const int legend_y = a.top + header_rows;
   const struct {
     const char* glyph;
     Style style;
@@ -275,8 +300,8 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
                 {"▒", Style::inactive_split, "inactive split"}, {"░", Style::cached_free, "cached free"},
                 {"·", Style::unmapped, "unmapped"}};
   for (const auto& l : legend) {
-    x = g.put(x, a.top, l.glyph, l.style);
-    x = g.put(x + 1, a.top, l.name) + 2;
+    x = g.put(x, legend_y, l.glyph, l.style);
+    x = g.put(x + 1, legend_y, l.name) + 2;
   }
 
   // Place the pieces in a flow; find the selected extent.
@@ -300,7 +325,7 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
     pos += cells;
   }
   const std::size_t total_extents = ext;
-  const int info_y = a.top + 1;
+  const int info_y = a.top + 1 + header_rows;
   if (total_extents == 0) {
     g.put(2, info_y, "no segments are mapped at this point of the trace", Style::dim);
     return;
@@ -340,7 +365,7 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
   const std::size_t first_row = (sel_row / static_cast<std::size_t>(map_rows)) * static_cast<std::size_t>(map_rows);
   const std::size_t first_pos = first_row * uw;
   const std::size_t last_pos = first_pos + uw * static_cast<std::size_t>(map_rows);
-  const int map_top = a.top + 2;
+  const int map_top = a.top + 2 + header_rows;
 
   static constexpr char32_t kGlyph[c_count] = {U'█', U'▓', U'▒', U'░', U'·'};
   static constexpr Style kStyle[c_count] = {Style::allocated, Style::partly_used, Style::inactive_split, Style::cached_free,
@@ -526,17 +551,26 @@ void draw_live(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
 
 void draw_pins(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel& model, const MemoryState& state) {
   const auto pins = pinned_segments(state);
+  const PinCounts counts = pin_counts(state);
   std::uint64_t held = 0;
   for (const auto& p : pins) held += p.held_free_bytes;
-  g.put(1, a.top, fmt::format("{} segments pinned by live blocks hold {} free; {} releasable", pins.size(), format_bytes(held),
-                              state.segments.size() - pins.size()));
+  g.put(1, a.top, fmt::format("{} pinned segments hold {} free; {} filled, {} releasable", pins.size(),
+                              format_bytes(held), counts.full, counts.releasable));
   if (pins.empty()) {
-    g.put(2, a.top + 2, "no segment holds a live block at this point", Style::dim);
+    g.put(2, a.top + 2, "no live block pins free memory at this point", Style::dim);
     return;
   }
   const int list_rows = std::max(1, (a.rows - 3) / 2);
-  g.put(1, a.top + 1, fmt::format("{:<16} {:>11} {:>11} {:>11} {:>7}", "segment", "size", "held free", "live", "blocks"), Style::dim);
   const std::size_t sel = std::min(s.pin_row, pins.size() - 1);
+  // The scroll position: the selected row of the list, and arrows where rows are above or below.
+  const std::size_t shown_first = sel / static_cast<std::size_t>(list_rows) * static_cast<std::size_t>(list_rows);
+  const bool more_above = shown_first > 0;
+  const bool more_below = shown_first + static_cast<std::size_t>(list_rows) < pins.size();
+  g.put(1, a.top + 1,
+        fmt::format("{:<16} {:>11} {:>11} {:>11} {:>7}  [{}/{}{}{}{}]", "segment", "size", "held free", "live",
+                    "blocks", sel + 1, pins.size(), more_above || more_below ? " " : "", more_above ? "↑" : "",
+                    more_below ? "↓" : ""),
+        Style::dim);
   const std::size_t first = sel / static_cast<std::size_t>(list_rows) * static_cast<std::size_t>(list_rows);
   for (int r = 0; r < list_rows && first + static_cast<std::size_t>(r) < pins.size(); ++r) {
     const auto& p = pins[first + static_cast<std::size_t>(r)];
@@ -566,9 +600,11 @@ void draw_diff(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   const MemoryState* sb = nullptr;
   const ViewerModel* ma = &model;
   if (model.compare) {
-    other = model.compare->state_at(model.compare->initial_cursor());
-    a_name = fmt::format("A = {} at entry {}", model.source(), s.cursor);
-    b_name = fmt::format("B = {} at entry {}", model.compare->source(), model.compare->initial_cursor());
+    // Each side at its own cursor; ▸ marks the one the stepping keys move (b switches).
+    const std::size_t b_cursor = s.compare_cursor.value_or(model.compare->initial_cursor());
+    other = model.compare->state_at(b_cursor);
+    a_name = fmt::format("{}A = {} at entry {}", s.diff_moves_b ? "" : "▸", model.source(), s.cursor);
+    b_name = fmt::format("{}B = {} at entry {}", s.diff_moves_b ? "▸" : "", model.compare->source(), b_cursor);
     sa = &state;
     sb = &other;
     mb = model.compare.get();

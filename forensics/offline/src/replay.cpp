@@ -221,7 +221,10 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     r.counters = policy->counters();
     r.call_seconds = call_seconds(r.counters, policy->call_costs());
   }
-  if (script.duration_us > 0) r.call_share = r.call_seconds / (static_cast<double>(script.duration_us) * 1e-6);
+  // The calls' share of the run they would be part of: the traced run lengthened by them (a share
+  // of the traced run alone passes 100% when a policy's calls take longer than the whole trace).
+  if (script.duration_us > 0)
+    r.call_share = r.call_seconds / (static_cast<double>(script.duration_us) * 1e-6 + r.call_seconds);
   r.ratio = r.peak_requested_bytes > 0
                 ? static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(r.peak_requested_bytes)
                 : 0.0;

@@ -94,7 +94,7 @@ std::string format_table(const ReplayReport& report) {
   row("unmap calls", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.unmaps); });
   row("release calls (cudaFree/cuMemRelease)", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.releases); });
   row("their time on an H200", [](const PolicyReplay& p) { return duration(p.call_seconds); });
-  row("  share of the traced run", [](const PolicyReplay& p) { return percent(p.call_share); });
+  row("  share of the run with them", [](const PolicyReplay& p) { return percent(p.call_share); });
   row("retries (freed cache, tried again)", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.alloc_retries); });
   row("failed allocations (OOM)", [](const PolicyReplay& p) { return fmt::format("{}", p.failed_allocations); });
   if (s.trace_ooms > 0) {

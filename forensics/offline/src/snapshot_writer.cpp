@@ -80,9 +80,9 @@ class PickleSink {
     }
     op('e');
   }
-  void begin_dict() { op('}'); op('('); }   // EMPTY_DICT MARK
+  void begin_dict() { op2('}', '('); }     // EMPTY_DICT MARK
   void end_dict() { op('u'); }              // SETITEMS
-  void begin_list() { op(']'); op('('); }   // EMPTY_LIST MARK
+  void begin_list() { op2(']', '('); }     // EMPTY_LIST MARK
   void end_list() { op('e'); }              // APPENDS
   void pair_i64(std::int64_t a, std::int64_t b) { i64(a); i64(b); op(0x86); }  // TUPLE2
 
@@ -119,9 +119,13 @@ class PickleSink {
   }
   void u64(std::uint64_t v) {
     if (v < 256) {
-      op('K'); op(static_cast<std::uint8_t>(v));
+      op2('K', static_cast<std::uint8_t>(v));
     } else if (v < 65536) {
-      op('M'); op(static_cast<std::uint8_t>(v)); op(static_cast<std::uint8_t>(v >> 8));
+      ensure(3);
+      out_[pos_] = 'M';
+      out_[pos_ + 1] = static_cast<char>(static_cast<std::uint8_t>(v));
+      out_[pos_ + 2] = static_cast<char>(static_cast<std::uint8_t>(v >> 8));
+      pos_ += 3;
     } else if (v < 0x80000000ULL) {
       op('J'); le32(static_cast<std::uint32_t>(v));
     } else {
@@ -225,9 +229,12 @@ class PickleSink {
     }
     return h;
   }
-  void ensure(std::size_t n) {
-    if (pos_ + n > out_.size()) out_.resize(std::max(out_.size() * 2, pos_ + n));
+  // The byte writers are the pickler's hot path (a few per value): inlined, with the growth out of
+  // line.
+  [[gnu::always_inline]] void ensure(std::size_t n) {
+    if (pos_ + n > out_.size()) [[unlikely]] grow(n);
   }
+  [[gnu::noinline]] void grow(std::size_t n) { out_.resize(std::max(out_.size() * 2, pos_ + n)); }
   void append(const char* p, std::size_t n) {
     ensure(n);
     std::memcpy(out_.data() + pos_, p, n);
@@ -237,9 +244,16 @@ class PickleSink {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
-  void op(std::uint8_t b) {
+  [[gnu::always_inline]] void op(std::uint8_t b) {
     ensure(1);
     out_[pos_++] = static_cast<char>(b);
+  }
+  // Two bytes with one bounds check (an opcode and its one-byte argument).
+  [[gnu::always_inline]] void op2(std::uint8_t a, std::uint8_t b) {
+    ensure(2);
+    out_[pos_] = static_cast<char>(a);
+    out_[pos_ + 1] = static_cast<char>(b);
+    pos_ += 2;
   }
   void le32(std::uint32_t v) {
     char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
@@ -252,12 +266,12 @@ class PickleSink {
   }
   std::uint32_t put() {
     const std::uint32_t idx = next_memo_++;
-    if (idx < 256) { op('q'); op(static_cast<std::uint8_t>(idx)); }
+    if (idx < 256) { op2('q', static_cast<std::uint8_t>(idx)); }
     else { op('r'); le32(idx); }
     return idx;
   }
   void get(std::uint32_t idx) {
-    if (idx < 256) { op('h'); op(static_cast<std::uint8_t>(idx)); }
+    if (idx < 256) { op2('h', static_cast<std::uint8_t>(idx)); }
     else { op('j'); le32(idx); }
   }
 

@@ -33,7 +33,7 @@ EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& 
     : engine_(engine),
       report_dir_(config.oom_report_dir),
       settings_(std::move(settings)),
-      stacks_(config.python_stacks() && symbolize != nullptr),
+      stacks_(config.python_stacks_on() && symbolize != nullptr),
       symbolize_(std::move(symbolize)) {
   std::size_t trace = config.trace_entries;
   if (!report_dir_.empty()) trace = std::max(trace, kPostmortemTrace);
@@ -48,7 +48,7 @@ EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& 
     own_ring_ = true;
     engine_.attach_observer(ring_);
   }
-  if (trace > 0 || config.record_ops) {
+  if (trace > 0 || config.record_ops || stacks_) {
     tracker_ = std::make_shared<FragmentationTracker>(config.record_ops, stacks_);
     engine_.attach_observer(tracker_);
   }
@@ -85,6 +85,15 @@ Snapshot EngineForensics::snapshot() { return snapshot_with(std::nullopt); }
 
 std::optional<OomPostmortemFiles> EngineForensics::on_oom(const alloc::OomInfo& oom) {
   if (report_dir_.empty()) return std::nullopt;
+  // The snapshot is taken before write_mutex_: symbolizing Python stacks takes the GIL, and a
+  // thread that holds the GIL may be waiting for write_mutex_ in its own on_oom.
+  std::optional<Snapshot> taken;
+  std::string failure;
+  try {
+    taken = snapshot_with(oom);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
   std::lock_guard lock(write_mutex_);
   OomPostmortemFiles files;
   const std::string base = fmt::format("{}/gpumem-oom-{}-{}", report_dir_, static_cast<long>(::getpid()), reports_written_++);
@@ -92,7 +101,8 @@ std::optional<OomPostmortemFiles> EngineForensics::on_oom(const alloc::OomInfo& 
   files.report_path = base + ".txt";
   files.json_path = base + ".json";
   try {
-    Snapshot snap = snapshot_with(oom);
+    if (!taken) throw ForensicsError(fmt::format("taking the snapshot failed: {}", failure));
+    Snapshot& snap = *taken;
     snap.source = files.snapshot_path;
     write_snapshot(snap, files.snapshot_path);
     ReportOptions options;

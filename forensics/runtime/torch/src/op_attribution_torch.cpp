@@ -45,7 +45,10 @@ bool install_record_function_attribution() {
           .needsInputs(false)
           .needsOutputs(false)
           .needsIds(false)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
+          // Not BACKWARD_FUNCTION: an autograd node allocates through the aten ops it calls, whose
+          // FUNCTION records are innermost, so the node's own record would never name an event,
+          // and each one costs libtorch a demangled node name (Node::name()) per call.
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
   g_installed.store(true);
   return true;
 }

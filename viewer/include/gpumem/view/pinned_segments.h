@@ -1,11 +1,12 @@
-// PinnedSegment: a segment that cannot be released because live blocks sit in it, with those
-// blocks, ordered by the free bytes they hold hostage (the segment's size minus its live bytes),
-// largest first. Segments with no live block are releasable (empty_cache frees them) and are not
-// listed.
+// PinnedSegment: a segment whose free memory cannot be released because live blocks sit in it,
+// with those blocks, ordered by the free bytes they hold hostage (the segment's size minus its live
+// bytes), largest first. Segments with no live block are releasable (empty_cache frees them) and
+// segments that live blocks fill hold nothing hostage: neither is listed (PinCounts counts them).
 //
 // Thread-safety: pure functions; the block pointers point into the MemoryState passed in.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -22,5 +23,16 @@ struct PinnedSegment {
 };
 
 std::vector<PinnedSegment> pinned_segments(const MemoryState& state);
+
+// How the segments of state divide: pinned (listed above), filled by live blocks, releasable.
+struct PinCounts {
+  std::size_t pinned = 0;
+  std::size_t full = 0;
+  std::size_t releasable = 0;
+};
+PinCounts pin_counts(const MemoryState& state);
+
+// Whether a live block starts inside the segment at segment_addr.
+bool segment_has_live_block(const MemoryState& state, std::uint64_t segment_addr);
 
 }  // namespace gpumem::view

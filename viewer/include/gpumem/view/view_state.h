@@ -72,6 +72,11 @@ struct ViewState {
 
   // pins view
   std::size_t pin_row = 0;
+
+  // diff view with a second file (--diff): B's own cursor (nullopt: B's initial cursor, its OOM
+  // or its end), and whether the stepping keys move it instead of A's cursor (key b)
+  std::optional<std::size_t> compare_cursor;
+  bool diff_moves_b = false;
 };
 
 // The state a file opens in: the summary at the OOM (or the end of the trace).

@@ -87,7 +87,9 @@ struct PolicyReplay {
   std::size_t failed_allocations = 0;  // alloc steps the policy could not serve (OOM)
   std::size_t trace_ooms_served = 0;   // oom probes the policy served
   double call_seconds = 0.0;           // estimated time of the counted provider calls on an H200
-  double call_share = 0.0;             // call_seconds / trace duration (0 if no duration)
+  // call_seconds / (trace duration + call_seconds): the calls' share of the traced run lengthened
+  // by them, in [0, 1) (0 if no duration)
+  double call_share = 0.0;
   std::vector<SiteBytes> top_sites;    // by live bytes at peak_step, largest first
   double replay_seconds = 0.0;         // wall time of the measuring pass
   // Per step (only with ReplayOptions::record_timeline): allocated and reserved bytes after it.

@@ -6,10 +6,16 @@
 //   trace_entries:N        the engine's trace ring keeps the last N events (0 = off)
 //   oom_report_dir:PATH    an OOM writes a snapshot and a report in PATH (empty = off)
 //   record_ops:True|False  events are tagged with the PyTorch op that made them (at::RecordFunction)
+//   python_stacks:auto|True|False
+//                          allocations keep the Python stack that made them (torch's
+//                          CapturedTraceback, symbolized only when a snapshot or postmortem is
+//                          written), so reports name the Python file:line holding the memory.
+//                          auto (the default) = on when oom_report_dir is set.
+//   python_stacks_min_kb:N only allocations of at least N KiB gather a stack (default 0 = every
+//                          allocation; bounds the cost in programs with many small tensors)
 //
-// record_stacks (allocations keep the Python stack that made them) is not a key yet: EngineForensics
-// can keep stacks for a symbolizer, but the torch adapter does not gather Python stacks, so the
-// setting would do nothing. Stacks come from PyTorch's _record_memory_history(context=...) today.
+// The gathering is the torch adapter's (gpumem_forensics_torch, python_stacks.h); a composer
+// without it (the engine alone) keeps no stacks whatever python_stacks says.
 //
 // Thread-safety: a plain value.
 #pragma once
@@ -24,8 +30,8 @@
 
 namespace gpumem::forensics {
 
-// Which stacks allocations keep (record_stacks).
-enum class StackMode : std::uint8_t { automatic, none, python };
+// python_stacks: auto follows oom_report_dir.
+enum class StackMode : std::uint8_t { automatic, off, on };
 const char* to_string(StackMode mode) noexcept;
 
 struct Config {
@@ -35,11 +41,14 @@ struct Config {
   std::string oom_report_dir;
   // record_ops: attribute allocations to the op current on the allocating thread.
   bool record_ops = false;
-  // record_stacks: not parsed (see above); code that installs a symbolizer may set it.
-  StackMode record_stacks = StackMode::none;
+  // python_stacks: whether allocations keep their Python stack (see python_stacks_on()).
+  StackMode python_stacks = StackMode::automatic;
+  // python_stacks_min_kb, in bytes: smaller allocations gather no stack.
+  std::size_t python_stacks_min_bytes = 0;
 
-  bool python_stacks() const noexcept {
-    return record_stacks == StackMode::python || (record_stacks == StackMode::automatic && !oom_report_dir.empty());
+  // python_stacks as it applies: on, or auto with oom_report_dir set.
+  bool python_stacks_on() const noexcept {
+    return python_stacks == StackMode::on || (python_stacks == StackMode::automatic && !oom_report_dir.empty());
   }
 
   friend bool operator==(const Config& a, const Config& b) noexcept = default;

@@ -5,8 +5,9 @@
 //                         at least the last kPostmortemTrace events, whatever trace_entries says:
 //                         a training step of the corpus's largest workloads, so that the trace
 //                         covers the memory a step allocates)
-//   python_stacks()       live blocks and alloc records keep their allocation's stack context
+//   python_stacks_on()    live blocks and alloc records keep their allocation's stack context
 //                         (AllocContext), symbolized through the StackSymbolizer at snapshots
+//                         (only when the composer gives one: the torch adapter's python_stacks.h)
 // plus a FragmentationTracker whenever any of them is on (live blocks with their op, stack and
 // age, for blocks older than the trace). The per-op and per-site tables of reports are computed
 // from the snapshot (its blocks and trace), not counted here. With all off nothing is attached
@@ -25,7 +26,8 @@
 // a failure to write is described in the message instead.
 //
 // Thread-safety: snapshot() and on_oom() may be called from any thread (on_oom serializes file
-// writing); the constructor and destructor must not race with engine calls that publish events.
+// writing, and symbolizes stacks before it takes its lock, since the symbolizer may take the GIL);
+// the constructor and destructor must not race with engine calls that publish events.
 #pragma once
 
 #include <atomic>

@@ -1,7 +1,8 @@
 // Per-op attribution with libtorch: at::RecordFunction global callbacks that keep OpStack
 // (op_attribution.h) current on every thread, so that gpumem's observers tag each allocator event
-// with the innermost op (aten::mm, autograd's MmBackward0, a C++ RECORD_FUNCTION block) and the
-// innermost user scope (torch.profiler.record_function, RECORD_USER_SCOPE).
+// with the innermost op (aten::mm, a C++ RECORD_FUNCTION block) and the innermost user scope
+// (torch.profiler.record_function, RECORD_USER_SCOPE). Autograd nodes (BACKWARD_FUNCTION scope)
+// are not recorded: they allocate through the aten ops they call, which are innermost.
 //
 // The callbacks take no lock and allocate nothing: start pushes the op's name pointer, end pops
 // it (two stores each); a name is interned only when an allocation inside the op asks for it
@@ -15,7 +16,7 @@
 
 namespace gpumem::forensics {
 
-// Installs the callbacks (FUNCTION, BACKWARD_FUNCTION and USER_SCOPE scopes). A second call is a
+// Installs the callbacks (FUNCTION and USER_SCOPE scopes). A second call is a
 // no-op. Returns true when they are installed.
 bool install_record_function_attribution();
 
