@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU machine, one-off diagnosis for issues 16/17 (mid-session call; about 85 s, never more than 90 s):
+# GPU machine, one-off diagnosis for issues 16/17 (mid-session call; about 75 s, at most 90 s):
 #   1. tests/pinned/pinned_adapter.py: torch.cuda.host_memory_stats() right after pinning under
 #      gpumem, read through the raw binding before torch.cuda.init() and through host_memory_stats()
 #      after it; the same rule under PyTorch's pinned allocator.
@@ -25,7 +25,7 @@ t_all=$SECONDS
 # ---- 1. pinned host stats
 cli=()
 [ -x "$BUILD/cli/gpumem" ] && cli=(--gpumem-cli "$BUILD/cli/gpumem")
-timeout --kill-after=3 25 env PYTHONUNBUFFERED=1 "$PY" tests/pinned/pinned_adapter.py \
+timeout --kill-after=3 28 env PYTHONUNBUFFERED=1 "$PY" tests/pinned/pinned_adapter.py \
   --lib "$BUILD/torch/libgpumem_torch.so" "${cli[@]}" >"$logs/pinned_adapter.log" 2>&1
 note "pinned_adapter: exit $? in $((SECONDS - t_all)) s: $(tail -1 "$logs/pinned_adapter.log")"
 grep -E '^(ok  |FAIL) ' "$logs/pinned_adapter.log" | sed 's/^/  /' | tee -a "$summary"
@@ -37,19 +37,19 @@ results=$logs/results
 mkdir -p "$results"
 for alloc in gpumem native; do
   t0=$SECONDS
-  limit=$((85 - (SECONDS - t_all))); [ $alloc = gpumem ] && [ $limit -gt 45 ] && limit=45
+  limit=$((66 - (SECONDS - t_all))); [ $alloc = gpumem ] && [ $limit -gt 38 ] && limit=38
   [ $limit -lt 5 ] && { note "graphs_check $alloc: NOT RUN (budget spent)"; continue; }
   args=(run --allocator "$alloc" --out "$results" --device cuda --steps 8 --parts compile --snapshot-dir "$results")
   [ $alloc = gpumem ] && args+=(--lib "$BUILD/torch/libgpumem_torch.so")
   timeout --kill-after=3 "$limit" "$PY" scripts/gpu/graphs/graphs_check.py "${args[@]}" >"$logs/run_$alloc.log" 2>&1
   note "graphs_check $alloc (compile only): exit $? in $((SECONDS - t0)) s (limit $limit s)"
 done
-timeout 15 "$PY" scripts/gpu/graphs/graphs_check.py compare "$results" >"$logs/compare.log" 2>&1
+timeout 10 "$PY" scripts/gpu/graphs/graphs_check.py compare "$results" >"$logs/compare.log" 2>&1
 tee -a "$summary" <"$logs/compare.log"
 # Variants of gpumem's configuration, while the budget lasts (each about 15 s with the warm
 # inductor cache): which setting the extra reserved memory follows.
 for conf in expandable_segments:False thread_cache:False recycle:False; do
-  limit=$((86 - (SECONDS - t_all))); [ $limit -gt 25 ] && limit=25
+  limit=$((76 - (SECONDS - t_all))); [ $limit -gt 20 ] && limit=20
   [ $limit -lt 12 ] && { note "gpumem $conf: NOT RUN (budget spent)"; continue; }
   dir=$logs/variant_${conf%%:*}
   t0=$SECONDS
@@ -64,10 +64,10 @@ print("peak reserved %.1f MiB, peak allocated %.1f MiB; at end: %s" % (c["peak_r
       "; ".join("%s: %d, %.1f/%.1f" % (k, e["segments"], e["reserved_mib"], e["allocated_mib"]) for k, e in c["pools_at_end"].items())))
 ' "$dir/gpumem.json" 2>&1 | tail -1)"
 done
-if [ -x "$BUILD/cli/gpumem" ]; then
+if [ -x "$BUILD/cli/gpumem" ] && [ $((SECONDS - t_all)) -lt 78 ]; then
   for alloc in gpumem native; do
     f=$results/${alloc}_compile.pickle
-    [ -f "$f" ] && timeout 10 "$BUILD/cli/gpumem" report "$f" >"$logs/report_$alloc.txt" 2>&1
+    [ -f "$f" ] && timeout 5 "$BUILD/cli/gpumem" report "$f" >"$logs/report_$alloc.txt" 2>&1
   done
 fi
 note "dropin_diag: done in $((SECONDS - t_all)) s"
