@@ -185,3 +185,38 @@ TEST_CASE("gpumem JSON and pickle snapshots open, with ops on blocks", "[viewer]
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a private pool's segments are marked in the segment lists", "[viewer][model][pools]") {
+  namespace fx = gpumem::forensics;
+  fx::Snapshot snap;
+  fx::SnapshotSegment plain;
+  plain.address = kSeg1;
+  plain.total_size_bytes = 2 * kMiB;
+  plain.allocated_size_bytes = 1 * kMiB;
+  plain.segment_type = "large";
+  plain.blocks = {fx::SnapshotBlock{kSeg1, 1 * kMiB, 1 * kMiB, "active_allocated", {}, ""},
+                  fx::SnapshotBlock{kSeg1 + 1 * kMiB, 1 * kMiB, 0, "inactive", {}, ""}};
+  const std::uint64_t pool_seg = kSeg1 + 64 * kMiB;
+  fx::SnapshotSegment graph = plain;  // a CUDA graph's pool (segment_pool_id (0, 5))
+  graph.address = pool_seg;
+  graph.pool_id = {0, 5};
+  graph.blocks = {fx::SnapshotBlock{pool_seg, 1 * kMiB, 1 * kMiB, "active_allocated", {}, ""},
+                  fx::SnapshotBlock{pool_seg + 1 * kMiB, 1 * kMiB, 0, "inactive", {}, ""}};
+  snap.segments = {plain, graph};
+  const std::string path =
+      std::filesystem::temp_directory_path() / ("gpumem-viewer-pools-" + std::to_string(getpid()) + ".pickle");
+  fx::write_snapshot(snap, path);
+  const auto m = ViewerModel::open(path);
+  std::filesystem::remove(path);
+  CHECK(!m.pool_of(kSeg1).has_value());
+  CHECK(!m.pool_of(kSeg1 + 2 * kMiB).has_value());
+  REQUIRE(m.pool_of(pool_seg + kMiB).has_value());
+  CHECK(*m.pool_of(pool_seg + kMiB) == std::pair<std::int64_t, std::int64_t>{0, 5});
+  CHECK(!m.pool_of(pool_seg + 2 * kMiB).has_value());
+  // The Pins view lists both segments; only the pool's carries the marker.
+  ViewState st = initial_state(m, Size{120, 30});
+  st.view = View::pins;
+  const std::string text = render(st, m, st.screen).to_text();
+  CHECK(text.find("private pool (0, 5)") != std::string::npos);
+  CHECK(text.find("private pool (0, 0)") == std::string::npos);
+}

@@ -7,7 +7,7 @@
 // deleters that point at them in every tensor, including tensors destroyed during exit.
 //
 // Thread-safety: the members are the engine's and observers' own (all thread-safe); the struct
-// itself is immutable after make_*.
+// itself is immutable once shared (make_*, then pool_engines set by the adapter before publishing).
 #pragma once
 
 #include <memory>
@@ -45,6 +45,9 @@ struct DeviceEngine {
   // gpumem's forensics (OOM postmortem, per-op table), when the config asks for them
   // (oom_report_dir, record_ops); null otherwise. Uses `trace`.
   std::unique_ptr<forensics::EngineForensics> forensics;
+  // The engines of the device's private pools (graph_pools.h), for snapshots: set with the device's
+  // GraphPools, before the engine is shared; empty for the host engine.
+  forensics::EngineForensics::PoolEngines pool_engines;
 };
 
 // The engine for CUDA device `device` on CudaVmmSource (config.adapter.source == cuda_vmm) or
