@@ -179,6 +179,24 @@ void apply_pieces(const Entry& e, const KeyInfo& k, Config& c) {
 
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
+void apply_recycle_budget(const Entry& e, const KeyInfo& k, Config& c) {
+  double v = want_number(e, k);
+  if (!(v > 0.0 && v <= 1.0)) fail_value(e, k, "is out of range");
+  c.recycle_budget = v;
+}
+
+void apply_recycle_burst(const Entry& e, const KeyInfo& k, Config& c) {
+  std::uint64_t ms = want_uint(e, k);
+  if (ms > 3'600'000) fail_value(e, k, "is more than an hour");
+  c.recycle_burst_ms = static_cast<std::size_t>(ms);
+}
+
+void apply_recycle_slack(const Entry& e, const KeyInfo& k, Config& c) {
+  double v = want_number(e, k);
+  if (!(v >= 0.0 && v <= 1.0)) fail_value(e, k, "is out of range");
+  c.recycle_slack = v;
+}
+
 void apply_thread_cache(const Entry& e, const KeyInfo& k, Config& c) { c.thread_cache = want_bool(e, k); }
 
 void apply_va_reserve(const Entry& e, const KeyInfo& k, Config& c) {
@@ -225,6 +243,14 @@ constexpr Key<Config> kKeys[] = {
      apply_small_piece_size},
     {{"pieces", "", "adaptive or fixed", "pieces:adaptive"}, apply_pieces},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
+    {{"recycle_budget", "", "a number in (0, 1]: the share of time recycling may spend (1 = no budget)",
+      "recycle_budget:0.005"},
+     apply_recycle_budget},
+    {{"recycle_burst_ms", "", "a whole number of milliseconds (at most 3600000)", "recycle_burst_ms:10"},
+     apply_recycle_burst},
+    {{"recycle_slack", "", "a number in [0, 1]: memory the recycle budget may add, as a share of the footprint",
+      "recycle_slack:0.02"},
+     apply_recycle_slack},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
     {{"va_reserve_mb", "",
       "0 (1.125 x device memory) or a whole number of MiB >= large_segment_size_mb and "
@@ -275,6 +301,9 @@ std::string to_string(const Config& c) {
   put("small_piece_size_mb", mib(c.small_piece_bytes));
   put("pieces", c.pieces == PieceSizing::fixed ? "fixed" : "adaptive");
   put("recycle", bool_text(c.recycle));
+  put("recycle_budget", c.recycle_budget);
+  put("recycle_burst_ms", c.recycle_burst_ms);
+  put("recycle_slack", c.recycle_slack);
   put("thread_cache", bool_text(c.thread_cache));
   put("va_reserve_mb", mib(c.va_reserve_bytes));
   put("check_invariants", bool_text(c.check_invariants));

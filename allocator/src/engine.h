@@ -112,6 +112,9 @@ struct CachingAllocator::Impl {
   double fraction = 1.0;
   std::size_t limit_bytes = 0;
   std::size_t cap = kNoLimit;
+  // Driver time recycling may still spend (recycle_budget_policy.h); charged at growth's commit.
+  policy::RecycleBudget recycle_budget{rules.recycle_budget};
+  std::size_t recycle_budget_bought_bytes = 0;  // created by growth the budget kept from recycling
   std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
   // Note [Engine during graph capture] (caching_allocator.h). Written with growth_mutex and the
   // engine lock held, so a reader holding either sees the current value.
@@ -222,9 +225,11 @@ struct CachingAllocator::Impl {
                                      detail::EventBatch& batch, detail::GrowFailure& fail);
   Block* grow_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                             detail::EventBatch& batch, detail::GrowFailure& fail);
-  // expandable_growth.cpp
+  // expandable_growth.cpp. over_budget_ok: recycle even when the recycle budget is spent (the
+  // retry after a growth the budget kept from recycling ran out of memory).
   Block* grow_expandable_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
-                                       detail::EventBatch& batch, detail::GrowFailure& fail);
+                                       detail::EventBatch& batch, detail::GrowFailure& fail,
+                                       bool over_budget_ok = false);
   // classic_growth.cpp
   Block* grow_classic_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                                     detail::EventBatch& batch, detail::GrowFailure& fail);

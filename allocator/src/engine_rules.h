@@ -15,6 +15,7 @@
 #include "gpumem/alloc/config.h"
 #include "gpumem/alloc/memory_source.h"
 #include "growth_policy.h"
+#include "recycle_budget_policy.h"
 #include "size_policy.h"
 
 namespace gpumem::alloc::detail {
@@ -22,6 +23,7 @@ namespace gpumem::alloc::detail {
 struct EngineRules {
   bool expandable = true;                  // expandable_segments and a virtual-memory source
   bool recycle = true;
+  policy::RecycleBudgetRules recycle_budget;  // how much time recycling may spend
   bool thread_cache = true;
   bool check_invariants = false;
   std::size_t slot_bytes = 0;              // slot of every expandable region (the smallest piece)

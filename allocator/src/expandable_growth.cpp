@@ -126,6 +126,7 @@ struct GrowthWork {
   std::vector<StreamId> sync_streams;  // streams whose pieces move (synchronized first)
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
+  std::int64_t recycle_ns = 0;         // source time the recycled pieces' unmap and map calls took
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -148,14 +149,23 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
+  // The recycled pieces' calls are timed (the recycle budget); with none, the clock is not read.
+  const bool any_recycled = std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
+  std::int64_t t0 = any_recycled ? source.now_ns() : 0;
   for (auto& p : w.pieces) {
     if (p.created) continue;
     const SourceStatus st = source.unmap(p.from, p.bytes);
-    if (st != SourceStatus::ok) return fail_and_clean_up(st);
+    if (st != SourceStatus::ok) {
+      w.recycle_ns += source.now_ns() - t0;
+      return fail_and_clean_up(st);
+    }
     p.have = true;
   }
+  if (any_recycled) w.recycle_ns += source.now_ns() - t0;
   for (auto& p : w.pieces) {
+    if (!p.created) t0 = source.now_ns();
     const SourceStatus st = source.map(p.to, p.bytes, p.handle);
+    if (!p.created) w.recycle_ns += source.now_ns() - t0;
     if (st != SourceStatus::ok) return fail_and_clean_up(st);
     p.mapped = true;
   }
@@ -164,7 +174,8 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
 }  // namespace
 
 CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_lock(
-    Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded, EventBatch& batch, GrowFailure& fail) {
+    Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded, EventBatch& batch, GrowFailure& fail,
+    bool over_budget_ok) {
   growth_mutex.assert_held();
   mutex.assert_held();
   const int p = static_cast<int>(pool);
@@ -211,8 +222,13 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<policy::FreePiece> all_pieces;
   // Recycling synchronizes the streams of the pieces that move: never while capturing or holding
   // (Note [Engine during graph capture]).
-  const bool recycle_now = rules.recycle && may_release();
-  if (recycle_now) {
+  const bool may_recycle = rules.recycle && may_release();
+  // The recycle budget (recycle_budget_policy.h): once moving pieces has taken its share of the
+  // time, growth creates instead, unless that would pass the cap (below) or the provider refuses
+  // (the retry at the end).
+  bool recycle_now = may_recycle && (over_budget_ok || recycle_budget.rules().unlimited() ||
+                                     recycle_budget.allows(source.now_ns()));
+  if (may_recycle) {
     for (int q = 0; q < 2; ++q) {
       if (q != p && !pieces.recycle_across_pools) continue;
       for (Block& b : map.free_index[q].blocks()) {
@@ -244,34 +260,70 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Planned> planned;
   std::vector<policy::GrowthOption> options;
   std::vector<policy::FreePiece> offered;
-  for (std::size_t i : policy::shortlist_placements(candidates, kPlacementsPlanned)) {
-    const Placement& pl = places[i];
-    const Region& r = *pl.region;
-    Planned x;
-    x.place = i;
-    x.runs = target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded);
-    x.claim_lo = pl.addr;
-    x.claim_hi = pl.addr + rounded;
-    if (!x.runs.empty()) {
-      x.claim_lo = std::min(x.claim_lo, r.slot_addr(x.runs.front().slots.lo));
-      x.claim_hi = std::max(x.claim_hi, r.slot_addr(x.runs.back().slots.hi));
-    }
-    offered.clear();
-    if (pl.need > 0)
-      for (std::size_t k = 0; k < refs.size(); ++k) {
-        const policy::FreePiece& fp = all_pieces[k];
-        const bool inside = refs[k].block->region == &r && fp.addr < x.claim_hi && fp.addr + fp.slots * slot > x.claim_lo;
-        if (inside) continue;  // where the request lands
-        x.piece_refs.push_back(k);
-        offered.push_back(fp);
+  const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
+  // Plans the growth at each shortlisted place (with or without recycling); the best one's index.
+  auto plan_all = [&](bool recycle) {
+    planned.clear();
+    options.clear();
+    for (std::size_t i : shortlist) {
+      const Placement& pl = places[i];
+      const Region& r = *pl.region;
+      Planned x;
+      x.place = i;
+      x.runs = target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded);
+      x.claim_lo = pl.addr;
+      x.claim_hi = pl.addr + rounded;
+      if (!x.runs.empty()) {
+        x.claim_lo = std::min(x.claim_lo, r.slot_addr(x.runs.front().slots.lo));
+        x.claim_hi = std::max(x.claim_hi, r.slot_addr(x.runs.back().slots.hi));
       }
-    x.layout = policy::plan_growth(offered, x.runs, pieces, recycle_now);
-    for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
-    options.push_back({x.layout.created_slots(),
-                       x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
-    planned.push_back(std::move(x));
+      offered.clear();
+      if (pl.need > 0)
+        for (std::size_t k = 0; k < refs.size(); ++k) {
+          const policy::FreePiece& fp = all_pieces[k];
+          const bool inside =
+              refs[k].block->region == &r && fp.addr < x.claim_hi && fp.addr + fp.slots * slot > x.claim_lo;
+          if (inside) continue;  // where the request lands
+          x.piece_refs.push_back(k);
+          offered.push_back(fp);
+        }
+      x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
+      for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
+      options.push_back({x.layout.created_slots(),
+                         x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
+      planned.push_back(std::move(x));
+    }
+    return *policy::choose_growth(options);
+  };
+  std::size_t chosen = plan_all(recycle_now);
+  const bool budget_denied = may_recycle && !recycle_now;
+  // Growth past the budget creates what it could have recycled: the memory the budget buys (the
+  // slots created beyond what the same growth with recycling would create).
+  std::size_t buying_bytes = 0;
+  if (budget_denied && !refs.empty()) {
+    const std::size_t without = planned[chosen].layout.created_slots();
+    const std::size_t chosen_without = chosen;
+    std::vector<Planned> planned_without = std::move(planned);
+    std::vector<policy::GrowthOption> options_without = std::move(options);
+    const std::size_t chosen_with = plan_all(true);
+    const std::size_t with = planned[chosen_with].layout.created_slots();
+    buying_bytes = (without - std::min(without, with)) * slot;
+    // Memory comes first: past the cap, or past the memory the budget may add (its slack), growth
+    // recycles whatever it costs; that recycling is not charged (the budget counts what it chose).
+    if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
+        !policy::within_slack(recycle_budget_bought_bytes, buying_bytes, map.reserved_bytes,
+                              rules.recycle_budget.slack))) {
+      recycle_now = true;
+      chosen = chosen_with;
+      buying_bytes = 0;
+    } else {
+      planned = std::move(planned_without);
+      options = std::move(options_without);
+      chosen = chosen_without;
+    }
   }
-  const Planned& best = planned[*policy::choose_growth(options)];
+  const bool charge_budget = !budget_denied;
+  const Planned& best = planned[chosen];
   const Placement* place = &places[best.place];
   Region& r = *place->region;
   const std::uintptr_t claim_lo = best.claim_lo, claim_hi = best.claim_hi;
@@ -328,6 +380,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   lock.lock();
 
   // ---- commit
+  if (charge_budget) recycle_budget.charge(w.recycle_ns);
+  if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
   const std::size_t created = layout.created.size();
   for (std::size_t i = 0; i < recycled.size(); ++i) {
     const GrowthWork::Piece& piece = w.pieces[created + i];
@@ -351,6 +405,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   for (Block* b : target)
     if (Block* f = map.unclaim(b)) merged = f;
   if (w.fail.status != SourceStatus::ok) {
+    // The budget kept this growth from recycling and the provider had no memory for it: try once
+    // more with recycling (created pieces were destroyed, so the state is as before the growth).
+    if (buying_bytes > 0 && w.fail.status == SourceStatus::out_of_memory)
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true);
     fail = std::move(w.fail);
     return nullptr;
   }

@@ -255,6 +255,123 @@ TEST_CASE("a fragmenting workload keeps reserved close to allocated with recycli
   for (auto& [p, n] : live) REQUIRE(f.engine.free(p) == FreeStatus::ok);
 }
 
+namespace {
+
+// SimSource with a clock: every map and unmap takes call_ns of simulated time; advance() moves the
+// clock on (time spent computing). The recycle budget reads it through now_ns().
+class ClockedSource final : public MemorySource {
+ public:
+  SourceCaps caps() const noexcept override { return inner.caps(); }
+  SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
+    return inner.reserve(size_bytes, alignment_bytes);
+  }
+  SourceStatus release(VaRange range) override { return inner.release(range); }
+  SourceResult<PhysHandle> create(std::size_t size_bytes) override { return inner.create(size_bytes); }
+  SourceStatus destroy(PhysHandle handle) override { return inner.destroy(handle); }
+  SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override {
+    now += call_ns;
+    return inner.map(va, size_bytes, handle);
+  }
+  SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override {
+    now += call_ns;
+    return inner.unmap(va, size_bytes);
+  }
+  ProviderMemInfo mem_info() const override { return inner.mem_info(); }
+  std::string last_error() const override { return inner.last_error(); }
+  std::int64_t now_ns() const override { return now; }
+
+  void advance(std::int64_t ns) { now += ns; }
+  SimSource inner;
+  std::int64_t now = 0;
+  std::int64_t call_ns = 1'000'000;  // 1 ms a call
+};
+
+struct ClockedFixture {
+  explicit ClockedFixture(const Config& c) : events(make_immediate_events()), engine(source, *events, c) {}
+  ClockedSource source;
+  std::unique_ptr<StreamEvents> events;
+  CachingAllocator engine;
+
+  void* alloc(std::size_t n) {
+    auto r = engine.allocate(n, 0);
+    REQUIRE(r.ok());
+    return r.ptr;
+  }
+  // 5 pieces of 20 MiB, the even ones freed, then 60 MiB: it lands on the last piece and needs two
+  // more pieces, which recycling takes from pieces 0 and 2 (see the case above) or growth creates.
+  void fragment_and_grow() {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 5; ++i) blocks.push_back(alloc(20 * MiB));
+    for (int i = 0; i < 5; i += 2) REQUIRE(engine.free(blocks[i]) == FreeStatus::ok);
+    void* big = alloc(60 * MiB);
+    for (void* p : {big, blocks[1], blocks[3]}) REQUIRE(engine.free(p) == FreeStatus::ok);
+  }
+};
+
+Config budget_config(double slack) {
+  Config c = test_config();
+  c.recycle_budget = 0.01;  // 1% of elapsed time
+  c.recycle_burst_ms = 1;
+  c.recycle_slack = slack;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the recycle budget: past it, growth creates instead of moving pieces; time refills it",
+          "[engine][recycle][recycle_budget]") {
+  ClockedFixture f(budget_config(/*slack=*/1.0));
+  // The burst (1 ms) allows the first recycling: 2 unmaps + 2 maps at 1 ms each, 3 ms into debt.
+  f.fragment_and_grow();
+  CHECK(f.source.inner.counters().unmaps == 2);
+  CHECK(f.source.inner.counters().creates == 5);
+  CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+  f.engine.check_invariants();
+  // The same again at once: the budget is spent, so growth creates (more memory, no unmap).
+  f.engine.empty_cache();
+  const auto creates = f.source.inner.counters().creates;
+  f.fragment_and_grow();
+  CHECK(f.source.inner.counters().unmaps == 2 + 5);  // empty_cache unmapped the 5 pieces it held
+  CHECK(f.source.inner.counters().creates == creates + 7);
+  CHECK(f.engine.totals().reserved_bytes == 140 * MiB);
+  f.engine.check_invariants();
+  // After 1,000 s the bucket is full again (at most the 1 ms burst): recycling resumes.
+  f.engine.empty_cache();
+  f.source.advance(std::int64_t{1000} * 1'000'000'000);
+  const auto unmaps = f.source.inner.counters().unmaps;
+  f.fragment_and_grow();
+  CHECK(f.source.inner.counters().unmaps == unmaps + 2);
+  CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+  f.engine.check_invariants();
+}
+
+TEST_CASE("the recycle budget's memory guard: past the slack, recycling goes on whatever it costs",
+          "[engine][recycle][recycle_budget]") {
+  ClockedFixture f(budget_config(/*slack=*/0.0));
+  f.fragment_and_grow();
+  f.engine.empty_cache();
+  const auto before = f.source.inner.counters();
+  f.fragment_and_grow();  // over the budget, but creating would add memory: it recycles
+  CHECK(f.source.inner.counters().unmaps == before.unmaps + 2);
+  CHECK(f.source.inner.counters().creates == before.creates + 5);
+  CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+  f.engine.check_invariants();
+}
+
+TEST_CASE("without a recycle budget (recycle_budget:1) recycling never waits for time",
+          "[engine][recycle][recycle_budget]") {
+  Config c = test_config();
+  c.recycle_budget = 1.0;
+  ClockedFixture f(c);
+  for (int round = 0; round < 3; ++round) {
+    const auto before = f.source.inner.counters();
+    f.fragment_and_grow();
+    CHECK(f.source.inner.counters().unmaps == before.unmaps + 2);
+    CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+    f.engine.empty_cache();
+  }
+}
+
 TEST_CASE("classic segments follow PyTorch's sizes and split rules", "[engine][classic]") {
   Fixture f(test_config(false));
   auto a = f.engine.allocate(400, 0);  // small pool: a 2 MiB segment

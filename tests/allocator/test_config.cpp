@@ -35,6 +35,9 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.per_process_memory_fraction == 1.0);
     CHECK(c.small_piece_bytes == 2 * kMiB);
     CHECK(c.recycle);
+    CHECK(c.recycle_budget == 0.005);
+    CHECK(c.recycle_burst_ms == 10);
+    CHECK(c.recycle_slack == 0.02);
     CHECK(c.thread_cache);
   }
 }
@@ -311,8 +314,8 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
         "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
         "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
-        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,thread_cache:False,"
-        "va_reserve_mb:4096,check_invariants:True";
+        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.05,"
+        "recycle_burst_ms:25,recycle_slack:0.5,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
     Config c = parse_ok(text);
     Config d;
     CHECK(c.large_segment_size_bytes != d.large_segment_size_bytes);
@@ -325,6 +328,9 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.memory_limit_bytes != d.memory_limit_bytes);
     CHECK(c.small_piece_bytes != d.small_piece_bytes);
     CHECK(c.recycle != d.recycle);
+    CHECK(c.recycle_budget != d.recycle_budget);
+    CHECK(c.recycle_burst_ms != d.recycle_burst_ms);
+    CHECK(c.recycle_slack != d.recycle_slack);
     CHECK(c.thread_cache != d.thread_cache);
     CHECK(c.va_reserve_bytes != d.va_reserve_bytes);
     CHECK(c.check_invariants != d.check_invariants);
@@ -359,6 +365,9 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
           {"small_piece_size_mb", {"2", "4", "16"}},
           {"va_reserve_mb", {"0", "65536"}},
           {"recycle", {"True", "False"}},
+          {"recycle_budget", {"1", "0.005", "0.02"}},
+          {"recycle_burst_ms", {"0", "10", "3600000"}},
+          {"recycle_slack", {"0", "0.02", "1"}},
         },
         20250611, 2000);
   }
@@ -366,7 +375,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 14);  // 7 PyTorch 2.11 keys + 7 of gpumem's engine
+  CHECK(keys.size() == 17);  // 7 PyTorch 2.11 keys + 10 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

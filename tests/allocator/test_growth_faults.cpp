@@ -11,20 +11,16 @@
 #include "catch.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
+#include "growth_fault_checks.h"
 
 using namespace gpumem::alloc;
+using namespace gpumem::alloc::testing;
 
 namespace {
 
-constexpr std::size_t MiB = 1024 * 1024;
+constexpr std::size_t MiB = kFaultMiB;
 
-Config config(bool expandable) {
-  Config c;
-  c.expandable_segments = expandable;
-  c.check_invariants = true;
-  c.va_reserve_bytes = 1024 * MiB;
-  return c;
-}
+Config config(bool expandable) { return growth_fault_config(expandable); }
 
 }  // namespace
 
@@ -47,23 +43,11 @@ TEST_CASE("a create or map that fails mid-growth leaves no leak and a usable eng
           REQUIRE(r.oom.has_value());
           CHECK(r.oom->cause == SourceStatus::fault_injected);
         }
-        engine.check_invariants();
-        // No leak: the source holds exactly the physical bytes the engine says it reserves, and
-        // with virtual memory every piece is mapped.
-        const EngineTotals t = engine.totals();
-        CHECK(source.physical_bytes() == t.reserved_bytes);
-        if (expandable) CHECK(source.mapped_bytes() == source.physical_bytes());
+        check_no_leak(engine, source, expandable);
         // Still usable: the same request now succeeds, and everything goes back.
         auto again = engine.allocate(20 * MiB, 0);
         REQUIRE(again.ok());
-        engine.check_invariants();
-        CHECK(engine.free(again.ptr) == FreeStatus::ok);
-        if (r.ok()) CHECK(engine.free(r.ptr) == FreeStatus::ok);
-        CHECK(engine.free(before.ptr) == FreeStatus::ok);
-        engine.empty_cache();
-        engine.check_invariants();
-        CHECK(source.physical_bytes() == 0);
-        CHECK(source.mapped_bytes() == 0);
+        check_everything_returns(engine, source, before, r, again);
         const SimSourceCounters c = source.counters();
         CHECK(c.creates == c.destroys);
         CHECK(c.maps == c.unmaps);

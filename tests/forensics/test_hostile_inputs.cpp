@@ -241,3 +241,19 @@ TEST_CASE("allocations outside every segment are not silently dropped from the r
   for (const auto& note : r.notes) said |= has(note, "2 trace entries could not be applied");
   CHECK(said);
 }
+
+TEST_CASE("shared containers are destroyed without recursion and without a huge work list", "[hostile]") {
+  // A DAG a pickle's memo can build: every level holds the level below twice. Destroying it must
+  // not recurse once per level (a stack overflow at a million levels).
+  {
+    fx::PickleValue v = fx::PickleValue::list({});
+    for (int i = 0; i < 1'000'000; ++i) v = fx::PickleValue::list({v, v});
+  }
+  // One dict in a list ten million times over (the issue's 20 MB pickle), and the list dropped.
+  {
+    fx::PickleItems items(10'000'000, fx::PickleValue::list({fx::PickleValue::integer(1)}));
+    fx::PickleValue big = fx::PickleValue::list(std::move(items));
+    CHECK(big.items().size() == 10'000'000);
+  }
+  SUCCEED("destroyed");
+}

@@ -228,7 +228,8 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True,"
         "pinned_num_register_threads:16,pinned_reserve_segment_size_mb:64,"
         "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,source:sim,"
-        "pinned_allocator:gpumem,memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,thread_cache:False,"
+        "pinned_allocator:gpumem,memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.01,"
+        "recycle_burst_ms:50,recycle_slack:0.1,thread_cache:False,"
         "va_reserve_mb:4096,check_invariants:True,trace_entries:5000,oom_report_dir:/tmp/o,"
         "record_ops:True";
     Config c = parse_ok(text);
@@ -251,6 +252,9 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.engine.memory_limit_bytes != d.engine.memory_limit_bytes);
     CHECK(c.engine.small_piece_bytes != d.engine.small_piece_bytes);
     CHECK(c.engine.recycle != d.engine.recycle);
+    CHECK(c.engine.recycle_budget != d.engine.recycle_budget);
+    CHECK(c.engine.recycle_burst_ms != d.engine.recycle_burst_ms);
+    CHECK(c.engine.recycle_slack != d.engine.recycle_slack);
     CHECK(c.engine.thread_cache != d.engine.thread_cache);
     CHECK(c.engine.va_reserve_bytes != d.engine.va_reserve_bytes);
     CHECK(c.engine.check_invariants != d.engine.check_invariants);
@@ -377,7 +381,7 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 29);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 13 of gpumem's
+  CHECK(keys.size() == 32);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 16 of gpumem's
   CHECK(std::string(to_string(PinnedAllocatorKind::native)) == "native");
   CHECK(std::string(to_string(PinnedAllocatorKind::gpumem)) == "gpumem");
   for (auto k : keys) {

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "gpumem/view/render.h"
 #include "gpumem/view/view_state.h"
 #include "gpumem/view/summary.h"
+#include "gpumem/view/text_report.h"
 #include "gpumem/view/viewer_model.h"
 #include "viewer_test_support.h"
 
@@ -222,4 +224,39 @@ TEST_CASE("a private pool's segments are marked in the segment lists", "[viewer]
   const std::string text = render(st, m, st.screen).to_text();
   CHECK(text.find("private pool (0, 5)") != std::string::npos);
   CHECK(text.find("private pool (0, 0)") == std::string::npos);
+}
+
+TEST_CASE("allocations outside every segment: true numbers, said in the summary, inside the chart", "[viewer][model]") {
+  // The regression input of tests/forensics/test_hostile_inputs.cpp (a CSV with allocations and no
+  // segment lines; the issue's viewer showed 12 EiB), plus a free of a block the file never
+  // allocated, which must not wrap allocated below zero.
+  const std::string dir = std::filesystem::temp_directory_path() / ("gpumem-viewer-noseg-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/noseg.csv";
+  {
+    std::ofstream out(path);
+    out << "action,addr,size,stream,time_us,where\n"
+           "free_requested,138000000000000,1000,0,100,train.py:9:main\n"
+           "free_completed,138000000000000,1000,0,100,train.py:9:main\n"
+           "alloc,139000000000000,1000,0,101,train.py:11:main\n"
+           "alloc,139000000002000,5000,0,102,train.py:11:main\n";
+  }
+  const auto m = ViewerModel::open(path);
+  std::filesystem::remove_all(dir);
+  REQUIRE(m.entry_count() == 4);
+  for (std::size_t i = 0; i <= m.entry_count(); ++i) {
+    CHECK(m.allocated_at(i) <= 6 * 1024);  // never wrapped
+    CHECK(m.reserved_at(i) == 0);
+  }
+  CHECK(m.allocated_at(m.entry_count()) == 1024 + 5120);  // both requests rounded to 512 B blocks
+  const Summary sum = summarize(m, m.state_at(m.entry_count()), m.entry_count());
+  CHECK(sum.outside_segment_block_count == 2);
+  CHECK(sum.outside_segment_bytes == 1024 + 5120);
+  const std::string text = text_report(m, 80);
+  INFO(text);
+  CHECK(text.find("EiB") == std::string::npos);
+  CHECK(text.find("2 of the live blocks (6.00 KiB) lie in no segment") != std::string::npos);
+  // Both timeline charts are scaled to the allocated peak, the larger here: the top label reads it.
+  CHECK(text.find("\n  6.00 KiB") != std::string::npos);
+  CHECK(text.find("\n       1 B") == std::string::npos);
 }

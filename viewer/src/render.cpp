@@ -155,6 +155,14 @@ void draw_summary(CellGrid& g, const Area& a, const ViewState& s, const ViewerMo
     });
   }
   line([&](int r) { kv(g, r, "segments / live blocks", fmt::format("{} / {}", sum.segment_count, sum.live_block_count)); });
+  if (sum.outside_segment_block_count > 0) {
+    y += put_wrapped(g, 2, y, end,
+                     fmt::format("{} of the live blocks ({}) lie in no segment the file records (its trace began "
+                                 "after they were reserved, or it has no segment entries): allocated counts them, "
+                                 "reserved cannot",
+                                 sum.outside_segment_block_count, format_bytes(sum.outside_segment_bytes)),
+                     Style::warn);
+  }
   line([](int) {});
   line([&](int r) { g.put(1, r, "Over the trace", Style::title); });
   line([&](int r) {
@@ -406,7 +414,10 @@ void draw_timeline(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
   const int cols = timeline_columns(Size{a.width, 0});
   const int chart_rows = std::max(1, (a.rows - 6) / 2);
   const std::size_t values = model.entry_count() + 1;
-  const std::uint64_t top = std::max<std::uint64_t>(1, model.reserved_at(model.peak_reserved_cursor()));
+  // One scale for both charts: the reserved peak, or the allocated one where blocks outside every
+  // recorded segment make allocated the larger (the bars must never pass the label at the top).
+  const std::uint64_t top = std::max<std::uint64_t>({std::uint64_t{1}, model.reserved_at(model.peak_reserved_cursor()),
+                                                     model.allocated_at(model.peak_allocated_cursor())});
   const std::size_t step = timeline_step(model, Size{a.width, 0});
   const int cursor_col = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(cols - 1), s.cursor / step));
 

@@ -29,6 +29,11 @@ Summary summarize(const ViewerModel& model, const MemoryState& state, std::size_
   s.largest_free_extent_bytes = largest_free_extent(state);
   s.segment_count = state.segments.size();
   s.live_block_count = state.blocks.size();
+  for (const auto& [addr, block] : state.blocks) {
+    if (state.segment_of(addr) != state.segments.end()) continue;
+    ++s.outside_segment_block_count;
+    s.outside_segment_bytes += block.size_bytes;
+  }
   s.peak_allocated_bytes = model.allocated_at(model.peak_allocated_cursor());
   s.peak_reserved_bytes = model.reserved_at(model.peak_reserved_cursor());
   if (const auto oc = model.oom_cursor()) {

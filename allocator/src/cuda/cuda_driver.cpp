@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+
 namespace gpumem::alloc::detail {
 namespace {
 
@@ -54,11 +56,22 @@ CudaDriver resolve_all() {
   return d;
 }
 
+std::atomic<const CudaDriver*> table_for_new_sources{nullptr};
+
 }  // namespace
 
 const CudaDriver& CudaDriver::get() {
   static const CudaDriver driver = resolve_all();
   return driver;
+}
+
+void CudaDriver::set_table_for_new_sources(const CudaDriver* table) noexcept {
+  table_for_new_sources.store(table, std::memory_order_release);
+}
+
+const CudaDriver& CudaDriver::for_new_source() {
+  const CudaDriver* table = table_for_new_sources.load(std::memory_order_acquire);
+  return table != nullptr ? *table : get();
 }
 
 std::string CudaDriver::error_name(CUresult result) const {

@@ -3,6 +3,7 @@
 // every CUDA source shares: error words and the device guard.
 //
 // Thread-safety: CudaDriver::get() resolves once (a function-local static) and is read-only after;
+// the test-only table for new sources is an atomic pointer;
 // DeviceGuard is per-thread by nature (it changes the calling thread's current device).
 #pragma once
 
@@ -35,6 +36,14 @@ struct CudaDriver {
   std::string missing;
 
   static const CudaDriver& get();
+
+  // Test-only hook (driver fault injection, tests/allocator/test_driver_faults.cpp): the table that
+  // CudaVmmSources constructed from now on call instead of get() (nullptr: back to get()). A source
+  // reads it once, in its constructor, so the hook costs nothing per driver call. The table must
+  // outlive every source constructed with it, and have every entry point set.
+  static void set_table_for_new_sources(const CudaDriver* table) noexcept;
+  // get(), or the table set above when there is one.
+  static const CudaDriver& for_new_source();
 
   // "CUDA_ERROR_OUT_OF_MEMORY" (or "CUresult 2" if the name is unknown).
   std::string error_name(CUresult result) const;

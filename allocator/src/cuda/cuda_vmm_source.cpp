@@ -115,7 +115,7 @@ void CudaVmmSource::Impl::init() {
     return unusable(SourceStatus::invalid_argument,
                     fmt::format("device index {} is out of range; this machine has {} CUDA device(s): use 0..{}",
                                 device, count, count - 1));
-  const CudaDriver& driver = CudaDriver::get();
+  const CudaDriver& driver = CudaDriver::for_new_source();
   if (!driver.missing.empty()) return unusable(SourceStatus::unsupported, driver.missing);
   s.driver = &driver;
 

@@ -1,6 +1,7 @@
 #include "gpumem/forensics/gpumem_policy.h"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_map>
 
 #include "gpumem/alloc/caching_allocator.h"
@@ -50,6 +51,17 @@ class CountingSource final : public alloc::MemorySource {
   }
   alloc::ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
   std::string last_error() const override { return inner_.last_error(); }
+  // Simulated time: the traced time of the entry being replayed plus what the calls made so far
+  // cost on an H200 (call_costs.h). Deterministic, so the engine's time-based decisions (the
+  // recycle budget) replay the same everywhere.
+  std::int64_t now_ns() const override {
+    return trace_ns_ + static_cast<std::int64_t>(call_seconds(counters_, kH200VmmCosts) * 1e9);
+  }
+  // Never decreasing; saturates instead of overflowing.
+  void set_trace_time_us(std::int64_t t_us) {
+    constexpr std::int64_t kMaxUs = std::numeric_limits<std::int64_t>::max() / 2000;
+    trace_ns_ = std::max(trace_ns_, std::clamp<std::int64_t>(t_us, 0, kMaxUs) * 1000);
+  }
 
   // Physical bytes held (pieces alive, or backed ranges of a non-virtual source).
   std::size_t physical_bytes() const {
@@ -66,6 +78,7 @@ class CountingSource final : public alloc::MemorySource {
   PolicyCounters counters_;
   mutable bool dirty_ = true;
   mutable std::size_t physical_ = 0;
+  std::int64_t trace_ns_ = 0;
 };
 
 class GpumemPolicy final : public ReplayPolicy {
@@ -79,6 +92,7 @@ class GpumemPolicy final : public ReplayPolicy {
   }
 
   const std::string& name() const noexcept override { return name_; }
+  void set_time_us(std::int64_t t_us) override { source_.set_trace_time_us(t_us); }
 
   std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) override {
     const alloc::AllocResult r = engine_.allocate(requested_bytes, stream);

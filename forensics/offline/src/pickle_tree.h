@@ -57,7 +57,8 @@ namespace gpumem::forensics {
 // A container's items. Destroying a deep tree recursively (each container's destructor running
 // its items' destructors) would use stack in proportion to the depth; instead the destructor moves
 // the child containers it holds the last reference to onto a work list and empties them one at a
-// time, so no destructor runs inside another one's items.
+// time, so no destructor runs inside another one's items (except, when two threads drop the last two
+// references to one container at once, that container's own destructor: iterative too).
 struct PickleValue::Container {
   PickleItems items;       // list, tuple, set
   PickleDictItems dict;    // dict
@@ -77,8 +78,19 @@ struct PickleValue::Container {
   }
 
   void take_children(std::vector<std::shared_ptr<Container>>& work) noexcept {
+    // Queues only the children this holds the last reference to; a reference to a child held
+    // elsewhere too is dropped on the spot, which destroys nothing. So a dict that a pickle's memo
+    // puts in a list ten million times is queued once (when its last reference is reached), not
+    // ten million times, and a child held twice by this very container is queued at its second
+    // reference instead of being destroyed, recursively, with the items.
     auto take = [&](PickleValue& v) {
-      if (auto* p = std::get_if<std::shared_ptr<Container>>(&v.data_)) work.push_back(std::move(*p));
+      auto* p = std::get_if<std::shared_ptr<Container>>(&v.data_);
+      if (!p) return;
+      if (p->use_count() == 1) {
+        work.push_back(std::move(*p));
+      } else {
+        p->reset();
+      }
     };
     for (auto& v : items) take(v);
     for (auto& [k, v] : dict) {

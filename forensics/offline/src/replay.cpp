@@ -11,6 +11,15 @@ namespace {
 
 constexpr std::uint64_t kNoAddress = std::numeric_limits<std::uint64_t>::max();
 
+// The traced time of a step, from the trace's first entry, within [0, duration] (time stamps of a
+// Trace built by hand may be anything).
+std::int64_t step_time_us(const Trace& trace, const ReplayStep& s) noexcept {
+  const std::int64_t t0 = trace.entries.front().time_us, t = trace.entries[s.entry].time_us;
+  std::int64_t d = 0;
+  if (t <= t0 || __builtin_sub_overflow(t, t0, &d)) return t <= t0 ? 0 : trace.duration_us();
+  return std::min(d, trace.duration_us());
+}
+
 }  // namespace
 
 ReplayScript compile_replay(const Trace& trace) {
@@ -172,6 +181,7 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     std::size_t requested_at_peak = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const ReplayStep& s = script.steps[i];
+      policy->set_time_us(step_time_us(trace, s));
       if (s.kind == StepKind::alloc) {
         const auto got = policy->allocate(s.size_bytes, s.stream);
         if (got) {
@@ -224,6 +234,7 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     std::fill(address.begin(), address.end(), kNoAddress);
     for (std::size_t i = 0; i <= r.peak_step; ++i) {
       const ReplayStep& s = script.steps[i];
+      policy->set_time_us(step_time_us(trace, s));
       if (s.kind == StepKind::alloc) {
         if (const auto got = policy->allocate(s.size_bytes, s.stream)) address[s.slot] = *got;
       } else if (s.kind == StepKind::free) {

@@ -66,6 +66,16 @@ struct Config {
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
+  // recycle_budget: the share of elapsed time recycling may spend on driver calls (unmap + map of
+  // the pieces it moves), in (0, 1]; 1 = no budget. Past it, growth creates new pieces instead of
+  // moving free ones (docs/notes/allocation-policy.md, "The recycle budget").
+  double recycle_budget = 0.005;
+  // recycle_burst_ms: driver time recycling may spend before the budget applies (the warm-up), and
+  // the most the budget saves up while recycling is idle. Whole milliseconds.
+  std::size_t recycle_burst_ms = 10;
+  // recycle_slack: the most memory growth past the recycle budget may create, as a share of the
+  // rest of the footprint, in [0, 1]; past it, recycling goes on whatever it costs.
+  double recycle_slack = 0.02;
   // thread_cache:True|False: per-thread caches (leases of free memory each thread allocates in).
   bool thread_cache = true;
   // va_reserve_mb: address space reserved per expandable region (0 = 1.125 x device memory).

@@ -25,6 +25,7 @@
 // (docs/notes/engine-locking.md), but several engines may share a source.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -100,6 +101,15 @@ class MemorySource {
 
   // Words for the most recent failure of this source (empty if none).
   virtual std::string last_error() const = 0;
+
+  // The source's clock, in nanoseconds from an arbitrary origin; never goes backwards. The engine
+  // times its calls with it (the recycle budget, docs/notes/allocation-policy.md). Default: the
+  // steady clock. A simulated source may return simulated time (the replay: traced time plus the
+  // modelled cost of the calls made), which keeps decisions that depend on time deterministic.
+  virtual std::int64_t now_ns() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 };
 
 }  // namespace gpumem::alloc

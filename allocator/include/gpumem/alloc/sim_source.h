@@ -44,6 +44,10 @@ class SimSource final : public MemorySource {
   SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override;
   ProviderMemInfo mem_info() const override;
   std::string last_error() const override;
+  // Simulated time that never moves: SimSource's calls take no time, so decisions that depend on
+  // time (the recycle budget) never change what a test on SimSource sees. A test that needs time
+  // wraps a SimSource with a clock of its own.
+  std::int64_t now_ns() const override { return 0; }
 
   // The nth call of op from now on (1 = the next one) fails with fault_injected; 0 cancels.
   void fail_nth(Op op, std::uint64_t nth);

@@ -35,6 +35,11 @@ struct Summary {
   std::uint64_t largest_free_extent_bytes = 0;
   std::size_t segment_count = 0;
   std::size_t live_block_count = 0;
+  // Live blocks in no segment the file records (a trace that began after their segments were
+  // reserved, or a file without segment entries): allocated_bytes counts them, reserved_bytes
+  // cannot. The summary says so instead of showing allocated > reserved without a word.
+  std::size_t outside_segment_block_count = 0;
+  std::uint64_t outside_segment_bytes = 0;
   std::uint64_t peak_allocated_bytes = 0;
   std::uint64_t peak_reserved_bytes = 0;
   std::optional<OomFacts> oom;  // the trace's OOM, if any

@@ -75,6 +75,11 @@ class ReplayPolicy {
   // The name the user gave ("pytorch", "pytorch:expandable", "gpumem", "gpumem:CONF").
   virtual const std::string& name() const noexcept = 0;
 
+  // The traced time of the entry replayed next, in microseconds from the trace's first entry
+  // (never decreasing). A policy whose decisions depend on time uses it as its clock; the default
+  // ignores it.
+  virtual void set_time_us(std::int64_t t_us) { (void)t_us; }
+
   virtual std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) = 0;
   virtual void free(std::uint64_t addr) = 0;
 

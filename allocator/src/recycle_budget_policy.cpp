@@ -1,0 +1,38 @@
+#include "recycle_budget_policy.h"
+
+#include <algorithm>
+
+namespace gpumem::alloc::policy {
+
+bool within_slack(std::size_t bought_bytes, std::size_t adding_bytes, std::size_t reserved_bytes,
+                  double slack) noexcept {
+  const std::size_t bought = std::min(bought_bytes, reserved_bytes);  // a release may have given some back
+  const double rest = static_cast<double>(reserved_bytes - bought);
+  return static_cast<double>(bought) + static_cast<double>(adding_bytes) <= slack * rest;
+}
+
+RecycleBudget::RecycleBudget(const RecycleBudgetRules& rules) noexcept
+    : rules_(rules), tokens_ns_(static_cast<double>(std::max<std::int64_t>(rules.burst_ns, 0))) {}
+
+bool RecycleBudget::allows(std::int64_t now_ns) noexcept {
+  if (rules_.unlimited()) return true;
+  if (!started_) {
+    started_ = true;
+    last_ns_ = now_ns;
+  } else if (now_ns > last_ns_) {
+    const double cap = static_cast<double>(std::max<std::int64_t>(rules_.burst_ns, 0));
+    tokens_ns_ = std::min(cap, tokens_ns_ + rules_.fraction * static_cast<double>(now_ns - last_ns_));
+    last_ns_ = now_ns;
+  }
+  if (tokens_ns_ > 0) return true;
+  ++denials_;
+  return false;
+}
+
+void RecycleBudget::charge(std::int64_t spent_ns) noexcept {
+  if (rules_.unlimited() || spent_ns <= 0) return;
+  spent_ns_ += spent_ns;
+  tokens_ns_ -= static_cast<double>(spent_ns);
+}
+
+}  // namespace gpumem::alloc::policy

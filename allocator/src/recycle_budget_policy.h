@@ -1,0 +1,74 @@
+// Recycle budget: how much of the elapsed time the engine may spend moving physical pieces
+// (physical page recycling: unmap a wholly free piece, map it where a request lands). A token
+// bucket of driver time: it fills at `fraction` x elapsed time, holds at most `burst_ns`, starts
+// full, and every recycled piece's unmap + map time is taken out of it. While it is empty (or in
+// debt), growth creates new pieces instead of moving free ones; the new memory stays cached, so a
+// growth that repeats every step stops costing driver calls once the footprint covers it, instead
+// of moving the same pieces back and forth each step. See Note [Allocation policy]
+// (docs/notes/allocation-policy.md, "The recycle budget") for the corpus it was measured on.
+//
+// The memory guard: growth past the budget may create new memory only while what it created so far
+// (bought_bytes) stays within `slack` x the rest of the footprint; past that, recycling goes on
+// whatever it costs (memory comes first), so the budget can give back at most that share of the
+// memory recycling wins.
+//
+// Time comes from the caller: the live engine passes its source's clock and the measured driver
+// time; the replay passes the traced time plus the cost model's time for the calls it made, so a
+// replay stays deterministic.
+//
+// Invariants: tokens_ns() <= burst_ns; fraction >= 1 (unlimited) never denies.
+// Thread-safety: a plain value; the engine keeps one under its lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpumem::alloc::policy {
+
+struct RecycleBudgetRules {
+  // Share of elapsed time recycling may spend, in (0, 1]; 1 = no budget (recycling is never
+  // denied for its cost).
+  double fraction = 1.0;
+  // What the bucket starts with and holds at most: the warm-up (building the footprint, where
+  // recycling wins most of its memory) spends it; steady state then runs on `fraction`.
+  std::int64_t burst_ns = 0;
+  // The memory guard: the most memory growth past the budget may add, as a share of the rest of
+  // the footprint (within_slack).
+  double slack = 0.0;
+  bool unlimited() const noexcept { return !(fraction < 1.0); }
+};
+
+// Whether growth past the budget may create adding_bytes more, having created bought_bytes so far
+// past it, with reserved_bytes reserved now (bought included): bought + adding <= slack x (reserved
+// - bought).
+bool within_slack(std::size_t bought_bytes, std::size_t adding_bytes, std::size_t reserved_bytes,
+                  double slack) noexcept;
+
+class RecycleBudget {
+ public:
+  RecycleBudget() = default;
+  explicit RecycleBudget(const RecycleBudgetRules& rules) noexcept;
+
+  // Refills for the time since the last call (the first call only starts the clock; a clock that
+  // went backwards refills nothing), then says whether recycling may spend: the bucket is not
+  // empty, or the budget is unlimited.
+  bool allows(std::int64_t now_ns) noexcept;
+  // Takes spent_ns of driver time out of the bucket (it may go into debt: one growth is never cut
+  // short; the debt is paid back before the next recycling). Unlimited budgets ignore it.
+  void charge(std::int64_t spent_ns) noexcept;
+
+  double tokens_ns() const noexcept { return tokens_ns_; }
+  std::int64_t spent_ns() const noexcept { return spent_ns_; }
+  std::uint64_t denials() const noexcept { return denials_; }
+  const RecycleBudgetRules& rules() const noexcept { return rules_; }
+
+ private:
+  RecycleBudgetRules rules_;
+  double tokens_ns_ = 0;
+  std::int64_t last_ns_ = 0;
+  bool started_ = false;
+  std::int64_t spent_ns_ = 0;   // charged in all
+  std::uint64_t denials_ = 0;   // allows() calls that said no
+};
+
+}  // namespace gpumem::alloc::policy
