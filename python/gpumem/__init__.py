@@ -133,7 +133,9 @@ def load() -> None:
         lib_dir = Path(bundled_lib_dir())
         if lib_dir.is_dir():
             for dep in sorted(lib_dir.glob("lib*.so*")):
-                if dep.name.startswith(("libgpumem_torch", "libncurses", "libtinfo")):
+                # libgpumem_torch.so itself is loaded below; libgpumem_pinned_torch.so only on
+                # demand, by libgpumem_torch.so, for pinned_allocator:gpumem (it carries jemalloc).
+                if dep.name.startswith(("libgpumem_", "libncurses", "libtinfo")):
                     continue
                 ctypes.CDLL(str(dep), mode=ctypes.RTLD_GLOBAL)
         if not _ops_available(torch):
@@ -207,7 +209,9 @@ def install(config: ConfigLike = None) -> None:
 
     Call it before CUDA is initialized (before the first CUDA tensor, ``torch.cuda.init()``, or
     anything that starts CUDA), normally right after ``import torch``. Installing again with an equal
-    configuration does nothing.
+    configuration does nothing. ``pinned_allocator:gpumem`` in the configuration also makes gpumem's
+    pinned host allocator PyTorch's (``pin_memory()``, ``DataLoader(pin_memory=True)``); the package
+    ships it when it was built with it (``gpumem._build_info.PINNED_ALLOCATOR``).
 
     Raises :class:`ConfigError` for a configuration gpumem cannot parse, and :class:`InstallError`
     when CUDA has already started (tensors made by PyTorch's allocator would otherwise be freed by

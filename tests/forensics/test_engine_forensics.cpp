@@ -308,3 +308,82 @@ TEST_CASE("with the composer's trace ring, every event is recorded once, and the
   CHECK(ring->capacity() == 0);
   CHECK_FALSE(ring->active());
 }
+
+TEST_CASE("a private pool's engine: snapshots hold its segments tagged with its pool, the report totals each pool",
+          "[engine][snapshot][pools]") {
+  // The torch adapter's graph pools: an engine per private pool, sharing the device's trace ring.
+  Setup config = classic_config("");
+  config.engine.expandable_segments = true;
+  Engine main_engine(config.engine);
+  Engine pool_engine(config.engine);
+  auto ring = std::make_shared<TraceRing>(100000, true);
+  main_engine.engine.attach_observer(ring);
+  pool_engine.engine.attach_observer(ring);
+  EngineForensics fx(main_engine.engine, config.forensics, ring, "");
+  const std::pair<std::int64_t, std::int64_t> pool_id{0, 7};
+  fx.set_pool_engines([&] {
+    std::vector<PoolEngineView> pools(1);
+    pools[0].pool_id = pool_id;
+    pools[0].engine = pool_engine.engine.snapshot();
+    return pools;
+  });
+
+  void* outside = nullptr;
+  void* inside = nullptr;
+  {
+    ScopedOp op("aten::mm");
+    outside = main_engine.engine.allocate(6 * kMiB, 0).ptr;
+  }
+  {
+    ScopedOp op("aten::relu");
+    inside = pool_engine.engine.allocate(3 * kMiB, 0).ptr;
+  }
+  REQUIRE((outside != nullptr && inside != nullptr));
+  const Snapshot snap = fx.snapshot();
+  std::uint64_t pool_reserved = 0;
+  bool found_inside = false, found_outside = false;
+  for (const auto& seg : snap.segments) {
+    for (const auto& b : seg.blocks) {
+      if (b.address == reinterpret_cast<std::uintptr_t>(inside)) {
+        found_inside = true;
+        CHECK(seg.pool_id == pool_id);
+        CHECK(b.op == "aten::relu");  // the shared ring's record, matched by seq and address
+      }
+      if (b.address == reinterpret_cast<std::uintptr_t>(outside)) {
+        found_outside = true;
+        CHECK(seg.pool_id == std::pair<std::int64_t, std::int64_t>{0, 0});
+        CHECK(b.op == "aten::mm");
+      }
+    }
+    if (seg.pool_id == pool_id) pool_reserved += seg.total_size_bytes;
+  }
+  CHECK(found_inside);
+  CHECK(found_outside);
+  CHECK(pool_reserved == pool_engine.engine.totals().reserved_bytes);
+
+  // Through a file, as `gpumem report` reads it: one row per pool.
+  TempDir dir;
+  const std::string path = dir.file("pools.pickle");
+  write_snapshot(snap, path);
+  ReportOptions options;
+  options.replay = false;
+  const MemoryReport rep = build_report(load_snapshot(path), options);
+  REQUIRE(rep.pools.size() == 2);
+  CHECK(rep.pools[0].pool_id == std::pair<std::int64_t, std::int64_t>{0, 0});
+  CHECK(rep.pools[0].reserved_bytes == main_engine.engine.totals().reserved_bytes);
+  CHECK(rep.pools[0].allocated_bytes == main_engine.engine.totals().allocated_bytes);
+  CHECK(rep.pools[1].pool_id == pool_id);
+  CHECK(rep.pools[1].reserved_bytes == pool_engine.engine.totals().reserved_bytes);
+  CHECK(rep.pools[1].allocated_bytes == pool_engine.engine.totals().allocated_bytes);
+  CHECK(rep.fragmentation.reserved_bytes ==
+        main_engine.engine.totals().reserved_bytes + pool_engine.engine.totals().reserved_bytes);
+  const std::string text = render_report_text(rep);
+  CHECK(text.find("memory by pool") != std::string::npos);
+  CHECK(text.find("private pool (0, 7)") != std::string::npos);
+  CHECK(render_report_json(rep).find("\"pool_id\":[0,7]") != std::string::npos);
+
+  main_engine.engine.free(outside);
+  pool_engine.engine.free(inside);
+  main_engine.engine.detach_observer(ring.get());
+  pool_engine.engine.detach_observer(ring.get());
+}

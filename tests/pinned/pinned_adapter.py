@@ -11,7 +11,9 @@ then refuses with one sentence (no device) and says the CUDA allocator stayed in
 library refuses the whole install before anything changes. With a device (scripts/gpu/pinned.sh):
 pin_memory(), torch.empty(pin_memory=True), DataLoader(pin_memory=True) and non_blocking copies go
 through gpumem; a buffer freed while its copy is queued is not handed out again until the copy ran
-(the copy reads the data it was given); torch.cuda.host_memory_stats() reports gpumem; a snapshot
+(the copy reads the data it was given); torch.cuda.host_memory_stats() reports gpumem (once torch.cuda
+is initialized: before, PyTorch returns {} whatever the allocator, as the PyTorch-pinned case shows,
+while torch._C._cuda_hostMemoryStats() already reads gpumem's numbers); a snapshot
 of pinned memory is written and `gpumem report --device -1` reads it.
 
 Each case runs in a child interpreter (the configuration is read when the library loads). Prints
@@ -73,6 +75,34 @@ def child_main(case, lib, rest):
         print("pinned_installed=no-ops")
     if case == "gpu":
         return gpu_checks(torch, rest)
+    if case == "gpu-native-pinned":
+        return native_pinned_checks(torch)
+    return 0
+
+
+def flat_stats(nested, prefix=""):
+    """torch._C._cuda_hostMemoryStats()'s nested dict as host_memory_stats() flattens it."""
+    out = {}
+    for k, v in nested.items():
+        if isinstance(v, dict):
+            out.update(flat_stats(v, prefix + k + "."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def native_pinned_checks(torch):
+    """PyTorch's own pinned allocator (pinned_allocator:native): host_memory_stats() is {} before
+    torch.cuda is initialized in Python there too; what gpumem's case relies on is PyTorch's rule."""
+    a = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
+    before = torch.cuda.host_memory_stats()
+    raw = flat_stats(torch._C._cuda_hostMemoryStats())
+    torch.cuda.init()
+    after = torch.cuda.host_memory_stats()
+    print(f"CHECK PyTorch's pinned allocator: host_memory_stats() is {{}} until torch.cuda.init() "
+          f"(before: {len(before)} keys, raw allocated_bytes.current {raw.get('allocated_bytes.current')}; "
+          f"after: allocated_bytes.current {after.get('allocated_bytes.current')})="
+          f"{a.is_pinned() and before == {} and after.get('allocated_bytes.current', 0) >= (64 << 20)}", flush=True)
     return 0
 
 
@@ -81,12 +111,26 @@ def gpu_checks(torch, rest):
     def say(name, ok):
         print(f"CHECK {name}={bool(ok)}", flush=True)
 
-    stats0 = torch.cuda.host_memory_stats()
+    # torch.cuda.host_memory_stats() is {} until torch.cuda is initialized in Python
+    # (host_memory_stats_as_nested_dict() checks torch.cuda.is_initialized()), whatever the host
+    # allocator, and pinning memory does not initialize it. The binding underneath,
+    # torch._C._cuda_hostMemoryStats(), asks the installed HostAllocator (gpumem's) at any time.
+    stats0 = torch._C._cuda_hostMemoryStats()
     n = 64 << 20
     a = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     say("torch.empty(pin_memory=True) is pinned", a.is_pinned())
     b = torch.arange(1000, dtype=torch.float32).pin_memory()
     say("pin_memory() is pinned and keeps the data", b.is_pinned() and bool((b == torch.arange(1000.0)).all()))
+    raw = flat_stats(torch._C._cuda_hostMemoryStats())
+    say("before torch.cuda.init(): torch._C._cuda_hostMemoryStats() counts gpumem's region and live blocks "
+        f"(allocated_bytes.current {raw.get('allocated_bytes.current')}, "
+        f"active_requests.current {raw.get('active_requests.current')})",
+        raw.get("allocated_bytes.current", 0) >= n and raw.get("active_requests.current", 0) >= 2)
+    say("before torch.cuda.init(): host_memory_stats() is {} (PyTorch's rule: torch.cuda is not initialized "
+        f"by pinning memory; is_initialized() {torch.cuda.is_initialized()})",
+        not torch.cuda.is_initialized() and torch.cuda.host_memory_stats() == {})
+    stats0 = flat_stats(stats0)
+    torch.cuda.init()
     s = torch.cuda.host_memory_stats()
     say("host_memory_stats counts gpumem's regions", s.get("allocated_bytes.current", 0) >= n
         and s.get("num_host_alloc", 0) > stats0.get("num_host_alloc", 0))
@@ -213,6 +257,11 @@ def main():
                                  {"GPUMEM_ALLOC_CONF": "pinned_allocator:gpumem,trace_entries:100000"}, [snap])
             kv = parse(out)
             check(rc == 0, f"GPU: the child ran (rc {rc}) {err[-600:] if rc else ''}")
+            gpu_out = out
+            rc, out, err = child("gpu-native-pinned", args.lib, {"GPUMEM_ALLOC_CONF": "pinned_allocator:native"})
+            check(rc == 0 and "CHECK " in out, f"GPU, PyTorch's pinned allocator: the child ran (rc {rc}) "
+                  f"{err[-600:] if rc else ''}")
+            out = gpu_out + "\n" + "\n".join(l for l in out.splitlines() if l.startswith("CHECK "))
             check(kv.get("load_error") == "''", f"GPU: installed on load, no error: {kv.get('load_error')}")
             check(kv.get("pinned_installed") == "True", "GPU: torch.ops.gpumem_pinned.installed()")
             for line in out.splitlines():

@@ -183,6 +183,46 @@ class PackageTest(unittest.TestCase):
             assert gpumem.stats("cuda")["allocation.all.current"] == 0
         """, env={"GPUMEM_ALLOW_SIM": "1"})
 
+    def test_pinned_allocator_ships_and_loads_from_the_package(self):
+        # run_package_test.sh says whether the build tree has libgpumem_pinned_torch.so (a CUDA
+        # libtorch and jemalloc); the wheel must ship it exactly then.
+        expected = os.environ.get("GPUMEM_EXPECT_PINNED")
+        if expected is None:
+            self.skipTest("GPUMEM_EXPECT_PINNED is not set (run through tests/python/run_package_test.sh)")
+        done = run_python("""
+            import os, torch, gpumem
+            from gpumem import _build_info
+            pinned = os.path.join(os.path.dirname(gpumem.library_path()), "libgpumem_pinned_torch.so")
+            print("SHIPS", _build_info.PINNED_ALLOCATOR, os.path.isfile(pinned))
+            if _build_info.PINNED_ALLOCATOR:
+                gpumem.load()
+                maps = open("/proc/self/maps").read()
+                print("LOADED_BY_IMPORT", os.path.realpath(pinned) in maps)
+                try:
+                    gpumem.install({"source": "sim", "pinned_allocator": "gpumem"})
+                    print("INSTALLED")
+                except gpumem.InstallError as e:
+                    print("ERROR", str(e).replace(chr(10), " "))
+                maps = open("/proc/self/maps").read()
+                print("LOADED", os.path.realpath(pinned) in maps)
+                print("CUDA", gpumem.is_installed())
+        """, env={"GPUMEM_ALLOW_SIM": "1"})
+        out = done.stdout
+        # A build on Debian's jemalloc (initial-exec TLS) cannot be dlopen'ed late into Python:
+        # scripts/setup.sh builds gpumem's own copy (scripts/stage_jemalloc.sh, pinned/README.md).
+        self.assertNotIn("static TLS", out, "the build links Debian's jemalloc; configure it with "
+                         "GPUMEM_JEMALLOC_ROOT from scripts/stage_jemalloc.sh (scripts/setup.sh does)")
+        if expected == "0":
+            self.assertIn("SHIPS False False", out)
+            return
+        self.assertIn("SHIPS True True", out)
+        # gpumem.load() alone does not load it: only pinned_allocator:gpumem does, from the package.
+        self.assertIn("LOADED_BY_IMPORT False", out)
+        self.assertIn("LOADED True", out)
+        # No device here: the pinned install refuses with one sentence, the CUDA allocator (sim) stays.
+        self.assertIn("needs a CUDA device", out)
+        self.assertIn("CUDA True", out)
+
     def test_command_line_tool(self):
         by_script = cli("--help")
         self.assertEqual(by_script.returncode, 0, by_script.stderr)

@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <set>
 #include <string>
@@ -21,9 +22,11 @@
 #include "capture_events.h"
 #include "catch.h"
 #include "gpumem/alloc/manual_stream_events.h"
+#include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/cuda_allocator.h"
 #include "gpumem/torch/install.h"
+#include "gpumem/torch/memory_stats.h"
 #include "sim_support.h"
 
 namespace cca = c10::cuda::CUDACachingAllocator;
@@ -91,6 +94,23 @@ TEST_CASE("pools 1: a capture's allocations go to its pool; the pool's blocks ne
   for (const auto& seg : only.segments) CHECK(seg.owner_private_pool_id == id);
   // The device's statistics include the pool.
   CHECK(reserved() - reserved_before >= static_cast<std::int64_t>(view(during, id).total_bytes));
+  // gpumem's own snapshot (gpumem.dump_snapshot, the postmortem) holds the pool's segments, tagged.
+  {
+    const auto path = std::filesystem::temp_directory_path() / "gpumem_test_graph_pools_snapshot.pickle";
+    gpumem::torch::write_snapshot(c10::Device(c10::kCUDA, 0), path.string());
+    const auto own = gpumem::forensics::load_snapshot(path.string());
+    std::filesystem::remove(path);
+    std::size_t tagged = 0;
+    bool in_pool_tagged = false;
+    for (const auto& seg : own.segments) {
+      if (seg.pool_id != std::pair<std::int64_t, std::int64_t>{1001, 0}) continue;
+      ++tagged;
+      for (const auto& b : seg.blocks)
+        in_pool_tagged |= b.address == reinterpret_cast<std::uintptr_t>(in_pool) && b.state == "active_allocated";
+    }
+    CHECK(tagged == 2);
+    CHECK(in_pool_tagged);
+  }
 
   // Freed inside the pool during the capture: reused inside it, never by the default pool.
   release(in_pool);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <vector>
 
 #include "catch.h"
 #include "gpumem/forensics/error.h"
@@ -41,6 +42,19 @@ Trace random_trace(std::size_t n, unsigned seed) {
     }
   }
   return t;
+}
+
+// A large-pool segment of a snapshot at addr with these blocks.
+gpumem::forensics::SnapshotSegment large_segment(std::uint64_t addr, std::uint64_t total_bytes,
+                                                 std::uint64_t allocated_bytes,
+                                                 std::vector<gpumem::forensics::SnapshotBlock> blocks) {
+  gpumem::forensics::SnapshotSegment seg;
+  seg.address = addr;
+  seg.total_size_bytes = total_bytes;
+  seg.allocated_size_bytes = allocated_bytes;
+  seg.segment_type = "large";
+  seg.blocks = std::move(blocks);
+  return seg;
 }
 
 }  // namespace
@@ -139,16 +153,10 @@ TEST_CASE("a shared CSV trace opens and replays to PyTorch's peaks", "[viewer][m
 TEST_CASE("gpumem JSON and pickle snapshots open, with ops on blocks", "[viewer][model]") {
   namespace fx = gpumem::forensics;
   fx::Snapshot snap;
-  fx::SnapshotSegment seg;
-  seg.address = kSeg1;
-  seg.total_size_bytes = 4 * kMiB;
-  seg.allocated_size_bytes = 3 * kMiB;
-  seg.segment_type = "large";
   fx::SnapshotBlock a{kSeg1, 2 * kMiB, 2 * kMiB, "active_allocated", {{"forward", "model.py", 10}}, "aten::mm"};
   fx::SnapshotBlock b{kSeg1 + 2 * kMiB, 1 * kMiB, 1 * kMiB, "active_allocated", {{"step", "optim.py", 5}}, "aten::add_"};
   fx::SnapshotBlock c{kSeg1 + 3 * kMiB, 1 * kMiB, 0, "inactive", {}, ""};
-  seg.blocks = {a, b, c};
-  snap.segments = {seg};
+  snap.segments = {large_segment(kSeg1, 4 * kMiB, 3 * kMiB, {a, b, c})};
   auto entry = [](TraceAction act, std::uint64_t addr, std::uint64_t size, std::int64_t t, std::string op) {
     fx::SnapshotTraceEntry e;
     e.action = act;
@@ -186,6 +194,36 @@ TEST_CASE("gpumem JSON and pickle snapshots open, with ops on blocks", "[viewer]
     CHECK(render(st, m, st.screen).to_text().find("aten::mm") != std::string::npos);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a private pool's segments are marked in the segment lists", "[viewer][model][pools]") {
+  namespace fx = gpumem::forensics;
+  fx::Snapshot snap;
+  const std::uint64_t pool_seg = kSeg1 + 64 * kMiB;
+  auto half_used = [](std::uint64_t addr) {
+    return large_segment(addr, 2 * kMiB, 1 * kMiB,
+                         {fx::SnapshotBlock{addr, 1 * kMiB, 1 * kMiB, "active_allocated", {}, ""},
+                          fx::SnapshotBlock{addr + 1 * kMiB, 1 * kMiB, 0, "inactive", {}, ""}});
+  };
+  fx::SnapshotSegment graph = half_used(pool_seg);  // a CUDA graph's pool (segment_pool_id (0, 5))
+  graph.pool_id = {0, 5};
+  snap.segments = {half_used(kSeg1), graph};
+  const std::string path =
+      std::filesystem::temp_directory_path() / ("gpumem-viewer-pools-" + std::to_string(getpid()) + ".pickle");
+  fx::write_snapshot(snap, path);
+  const auto m = ViewerModel::open(path);
+  std::filesystem::remove(path);
+  CHECK(!m.pool_of(kSeg1).has_value());
+  CHECK(!m.pool_of(kSeg1 + 2 * kMiB).has_value());
+  REQUIRE(m.pool_of(pool_seg + kMiB).has_value());
+  CHECK(*m.pool_of(pool_seg + kMiB) == std::pair<std::int64_t, std::int64_t>{0, 5});
+  CHECK(!m.pool_of(pool_seg + 2 * kMiB).has_value());
+  // The Pins view lists both segments; only the pool's carries the marker.
+  ViewState st = initial_state(m, Size{120, 30});
+  st.view = View::pins;
+  const std::string text = render(st, m, st.screen).to_text();
+  CHECK(text.find("private pool (0, 5)") != std::string::npos);
+  CHECK(text.find("private pool (0, 0)") == std::string::npos);
 }
 
 TEST_CASE("allocations outside every segment: true numbers, said in the summary, inside the chart", "[viewer][model]") {

@@ -607,6 +607,9 @@ DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
   std::function<void()> sync_device;
   if (!slot->de->simulated) sync_device = [d = slot->de->device] { synchronize_device(d); };
   slot->pools = std::make_unique<detail::GraphPools>(*slot->de, detail::pointer_registry(), std::move(sync_device));
+  // gpumem's own snapshots and OOM postmortems hold the private pools' segments too, tagged.
+  slot->de->pool_engines = [pools = slot->pools.get()] { return pools->engine_views(); };
+  if (slot->de->forensics) slot->de->forensics->set_pool_engines(slot->de->pool_engines);
   {
     std::lock_guard hooks(hooks_mutex_);
     slot->de->trace->configure(trace_settings_.capacity > 0 ? trace_settings_ : detail::trace_settings_from(config_),

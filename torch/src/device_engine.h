@@ -7,7 +7,7 @@
 // deleters that point at them in every tensor, including tensors destroyed during exit.
 //
 // Thread-safety: the members are the engine's and observers' own (all thread-safe); the struct
-// itself is immutable after make_*.
+// itself is immutable once shared (make_*, then pool_engines set by the adapter before publishing).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +47,9 @@ struct DeviceEngine {
   // gpumem's forensics (OOM postmortem, per-op table), when the config asks for them
   // (oom_report_dir, record_ops); null otherwise. Uses `trace`.
   std::unique_ptr<forensics::EngineForensics> forensics;
+  // The engines of the device's private pools (graph_pools.h), for snapshots: set with the device's
+  // GraphPools, before the engine is shared; empty for the host engine.
+  forensics::EngineForensics::PoolEngines pool_engines;
   // Allocations of at least this many bytes gather their Python stack (python_stacks,
   // python_stacks_min_kb; forensics/python_stacks.h); kNoStacks when python_stacks is off.
   static constexpr std::size_t kNoStacks = SIZE_MAX;

@@ -306,6 +306,16 @@ PoolRestore GraphPools::restore(const PoolCheckpoint& cp) {
   return result;
 }
 
+std::vector<forensics::PoolEngineView> GraphPools::engine_views() const {
+  std::vector<forensics::PoolEngineView> out;
+  for (const auto& entry : pools()) {  // entry keeps its pool alive while the engine is read
+    forensics::PoolEngineView& view = out.emplace_back();
+    view.pool_id = {static_cast<std::int64_t>(entry.id.first), static_cast<std::int64_t>(entry.id.second)};
+    view.engine = entry.pool->engine->snapshot();
+  }
+  return out;
+}
+
 std::vector<GraphPools::Entry> GraphPools::pools() const {
   std::lock_guard lock(mutex_);
   std::vector<Entry> out;

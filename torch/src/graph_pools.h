@@ -46,6 +46,7 @@
 #include "capture_events.h"
 #include "device_engine.h"
 #include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/forensics/engine_snapshot.h"
 #include "pointer_registry.h"
 
 namespace gpumem::torch::detail {
@@ -131,6 +132,8 @@ class GraphPools {
     std::shared_ptr<PrivatePool> pool;
   };
   std::vector<Entry> pools() const;  // every pool, live and freeable
+  // Every pool's engine state with its id (snapshots and postmortems tag the segments with it).
+  std::vector<forensics::PoolEngineView> engine_views() const;
   std::size_t size() const;
 
  private:

@@ -67,6 +67,9 @@ void write_snapshot(c10::Device device, const std::string& path) {
     const alloc::ProviderMemInfo mem = de.source->mem_info();
     extras.device_total_bytes = mem.total_bytes;
     extras.device_free_bytes = mem.free_bytes;
+    std::vector<forensics::PoolEngineView> pools;
+    if (de.pool_engines) pools = de.pool_engines();
+    extras.pools = pools;
     const std::vector<forensics::TraceRecord> records = de.trace->history();
     snap = forensics::snapshot_from_engine(de.engine->snapshot(), records, extras);
     snap.gpumem.settings = to_string(de.config);

@@ -23,6 +23,14 @@ std::string this_library_dir() {
   return slash == std::string::npos ? std::string() : here.substr(0, slash + 1);
 }
 
+// What to do about a dlopen error that says the library needs static TLS (Debian's jemalloc).
+constexpr const char* kStaticTlsFix =
+    "this build's jemalloc uses initial-exec TLS, which a library loaded after start-up only gets when the "
+    "process starts with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384; or rebuild with "
+    "scripts/stage_jemalloc.sh's jemalloc (GPUMEM_JEMALLOC_ROOT), which needs none";
+
+bool needs_static_tls(const std::string& dlopen_error) { return dlopen_error.find("static TLS") != std::string::npos; }
+
 }  // namespace
 
 PinnedLibrary PinnedLibrary::open() {
@@ -36,9 +44,12 @@ PinnedLibrary PinnedLibrary::open() {
     const std::string first = dlerror();
     handle = dlopen(kLibraryName, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
-      lib.error_ = "pinned_allocator:gpumem, but " + lib.path_ + " cannot be loaded (" + first +
-                   "). Build it (target gpumem_pinned_torch: a CUDA libtorch and jemalloc, see pinned/README.md) "
-                   "or point GPUMEM_PINNED_LIBRARY at it; pinned_allocator:native keeps PyTorch's";
+      lib.error_ = "pinned_allocator:gpumem, but " + lib.path_ + " cannot be loaded (" + first + "). " +
+                   (needs_static_tls(first)
+                        ? std::string(kStaticTlsFix)
+                        : std::string("Build it (target gpumem_pinned_torch: a CUDA libtorch and jemalloc, see "
+                                      "pinned/README.md) or point GPUMEM_PINNED_LIBRARY at it")) +
+                   "; pinned_allocator:native keeps PyTorch's";
       return lib;
     }
     lib.path_ = kLibraryName;
@@ -46,10 +57,7 @@ PinnedLibrary PinnedLibrary::open() {
   if (handle == nullptr) {
     const std::string why = dlerror();
     std::string fix = "check GPUMEM_PINNED_LIBRARY, or unset it to use the one beside libgpumem_torch.so";
-    if (why.find("static TLS") != std::string::npos)
-      fix = "this build's jemalloc uses initial-exec TLS, which a library loaded after start-up only gets when "
-            "the process starts with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384; or rebuild with "
-            "scripts/stage_jemalloc.sh's jemalloc (GPUMEM_JEMALLOC_ROOT), which needs none";
+    if (needs_static_tls(why)) fix = kStaticTlsFix;
     lib.error_ = "pinned_allocator:gpumem, but " + lib.path_ + " cannot be loaded (" + why + "); " + fix;
     return lib;
   }

@@ -8,6 +8,7 @@
 #include "gpumem/view/live_groups.h"
 #include "gpumem/view/pinned_segments.h"
 #include "gpumem/view/summary.h"
+#include "gpumem/forensics/memory_report.h"
 #include "gpumem/forensics/vocabulary.h"
 
 namespace gpumem::view {
@@ -49,6 +50,8 @@ const char* help_line(const ViewState& s) {
 }
 
 std::string hex(std::uint64_t v) { return fmt::format("0x{:x}", v); }
+// The marker of a private pool's memory in segment lists and the selection line.
+std::string pool_marker(std::pair<std::int64_t, std::int64_t> pool_id) { return forensics::pool_label(pool_id); }
 
 // The body's area: rows [top, top + rows).
 struct Area {
@@ -357,6 +360,7 @@ void draw_segments(CellGrid& g, const Area& a, const ViewState& s, const ViewerM
                        seg_has_live ? "inactive split" : "cached free", hex(ps.piece.addr), format_bytes(ps.piece.size_bytes),
                        ps.piece.seg->expandable ? " (expandable)" : "");
   }
+  if (const auto pool = model.pool_of(sx.addr)) info += " │ " + pool_marker(*pool);
   g.put(1, info_y, fmt::format("[{}/{}] {}", sel + 1, total_extents, info), sx.live ? Style::emphasis : Style::normal);
 
   // Scroll so the selection is visible.
@@ -575,8 +579,10 @@ void draw_pins(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   for (int r = 0; r < list_rows && first + static_cast<std::size_t>(r) < pins.size(); ++r) {
     const auto& p = pins[first + static_cast<std::size_t>(r)];
     const int y = a.top + 2 + r;
-    g.put(1, y, fmt::format("{:<16} {:>11} {:>11} {:>11} {:>7}{}", hex(p.addr), format_bytes(p.segment.size_bytes), format_bytes(p.held_free_bytes),
-                            format_bytes(p.live_bytes), p.blocks.size(), p.segment.expandable ? "  expandable" : ""));
+    const auto pool = model.pool_of(p.addr);
+    g.put(1, y, fmt::format("{:<16} {:>11} {:>11} {:>11} {:>7}{}{}", hex(p.addr), format_bytes(p.segment.size_bytes), format_bytes(p.held_free_bytes),
+                            format_bytes(p.live_bytes), p.blocks.size(), p.segment.expandable ? "  expandable" : "",
+                            pool ? "  " + pool_marker(*pool) : std::string()));
     if (first + static_cast<std::size_t>(r) == sel) g.restyle(0, y, a.width, Style::selected);
   }
   const auto& p = pins[sel];

@@ -199,6 +199,12 @@ ViewerModel ViewerModel::build(forensics::Trace trace, const forensics::Snapshot
     state = final_state_of(*snapshot, device, m.trace_, totals, m.op_names_);
     m.snapshot_totals_ = totals;
     m.expandable_ = snapshot->expandable_segments;
+    for (const auto& seg : snapshot->segments) {
+      if (seg.device == device && seg.pool_id != std::pair<std::int64_t, std::int64_t>{0, 0})
+        m.pool_ranges_.push_back(PoolRange{seg.address, seg.address + seg.total_size_bytes, seg.pool_id});
+    }
+    std::sort(m.pool_ranges_.begin(), m.pool_ranges_.end(),
+              [](const PoolRange& a, const PoolRange& b) { return a.lo < b.lo; });
     // Allocations whose address and request match a block live in the snapshot get that
     // block's exact size (PyTorch may hand out more than the rounded request).
     std::unordered_map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> live;  // addr -> requested, size
@@ -235,6 +241,15 @@ ViewerModel ViewerModel::build(forensics::Trace trace, const forensics::Snapshot
   }
   if (n % kCheckpointEvery == 0) m.checkpoints_.push_back(std::move(state));
   return m;
+}
+
+std::optional<std::pair<std::int64_t, std::int64_t>> ViewerModel::pool_of(std::uint64_t addr) const {
+  auto it = std::upper_bound(pool_ranges_.begin(), pool_ranges_.end(), addr,
+                             [](std::uint64_t a, const PoolRange& r) { return a < r.lo; });
+  if (it == pool_ranges_.begin()) return std::nullopt;
+  --it;
+  if (addr < it->hi) return it->pool_id;
+  return std::nullopt;
 }
 
 std::int64_t ViewerModel::time_us_at(std::size_t applied) const {

@@ -121,6 +121,9 @@ std::uint64_t largest_usable_extent(const std::vector<SnapshotSegment>& segments
   std::uint64_t best = 0;
   for (const auto& seg : segments) {
     if (seg.stream != stream) continue;
+    // A private pool's memory (a CUDA graph's, a MemPool's) serves only its own requests; an OOM
+    // record does not say its pool, and is read as the default pool's.
+    if (seg.pool_id != std::pair<std::int64_t, std::int64_t>{0, 0}) continue;
     const bool seg_small = seg.segment_type == "small";
     if (seg_small != small) continue;
     for (const auto& b : seg.blocks) {

@@ -285,7 +285,27 @@ void analyze_moment(MemoryReport& r, const ReportOptions& options) {
   r.at_moment = std::move(v);
 }
 
+std::vector<PoolTotals> pool_totals(const std::vector<SnapshotSegment>& segments) {
+  std::vector<PoolTotals> pools{PoolTotals{}};  // the default pool, even when empty
+  for (const auto& seg : segments) {
+    auto it = std::find_if(pools.begin(), pools.end(), [&](const PoolTotals& p) { return p.pool_id == seg.pool_id; });
+    if (it == pools.end()) it = pools.insert(pools.end(), PoolTotals{seg.pool_id});
+    ++it->segments;
+    it->reserved_bytes += seg.total_size_bytes;
+    it->allocated_bytes += seg.allocated_size_bytes;
+    it->requested_bytes += seg.requested_size_bytes;
+  }
+  std::sort(pools.begin() + 1, pools.end(),
+            [](const PoolTotals& a, const PoolTotals& b) { return a.pool_id < b.pool_id; });
+  return pools;
+}
+
 }  // namespace
+
+std::string pool_label(std::pair<std::int64_t, std::int64_t> pool_id) {
+  if (pool_id == std::pair<std::int64_t, std::int64_t>{0, 0}) return "default pool";
+  return fmt::format("private pool ({}, {})", pool_id.first, pool_id.second);
+}
 
 const std::string& MemoryReport::verdict() const {
   static const std::string kNone;
@@ -342,6 +362,7 @@ MemoryReport build_report(const Snapshot& snap, const ReportOptions& options) {
   fo.trace_entries = r.moment.applied;
   if (!trace.empty()) fo.moment_us = r.moment.time_us;
   r.fragmentation = analyze_fragmentation(r.state.segments, fo);
+  r.pools = pool_totals(r.state.segments);
 
   if (r.state.reconstructed) {
     r.notes.push_back(fmt::format("the file has no segments: they were rebuilt from the trace's {} entries up to "
@@ -431,6 +452,16 @@ std::string render_report_text(const MemoryReport& r) {
                    format_bytes(f.reserved_unallocated_bytes()));
   s += fmt::format("  {} {} of {} {} ({} {:.3f})\n", term::largest_free_extent, format_bytes(f.largest_free_extent_bytes),
                    format_bytes(f.free_bytes), term::free, term::external_fragmentation, f.external_fragmentation);
+  if (r.pools.size() > 1) {
+    s += "\nmemory by pool (a private pool's memory serves only its CUDA graphs or MemPool):\n";
+    s += fmt::format("  {:<28} {:>8} {:>12} {:>12} {:>20}\n", "pool", "segments", term::reserved, term::allocated,
+                     term::reserved_unallocated);
+    for (const auto& p : r.pools) {
+      s += fmt::format("  {:<28} {:>8} {:>12} {:>12} {:>20}\n", pool_label(p.pool_id), p.segments,
+                       format_bytes(p.reserved_bytes), format_bytes(p.allocated_bytes),
+                       format_bytes(p.reserved_bytes - std::min(p.reserved_bytes, p.allocated_bytes)));
+    }
+  }
   if (!f.pinned.empty()) {
     s += f.pinned.size() > r.top
              ? fmt::format("\nsegments pinned by a few small live blocks ({} of {}):\n", r.top, f.pinned.size())
@@ -556,6 +587,14 @@ std::string render_report_json(const MemoryReport& r) {
   };
   tops("top_ops", r.ops);
   tops("top_sites", r.sites);
+  j.key("pools").arr();
+  for (const auto& p : r.pools) {
+    j.obj().key("pool_id").arr().num(p.pool_id.first).num(p.pool_id.second).end_arr();
+    j.key("label").str(pool_label(p.pool_id));
+    j.key("segments").num(static_cast<std::uint64_t>(p.segments)).key("reserved_bytes").num(p.reserved_bytes);
+    j.key("allocated_bytes").num(p.allocated_bytes).key("requested_bytes").num(p.requested_bytes).end_obj();
+  }
+  j.end_arr();
   j.key("pinned_segments_count").num(static_cast<std::uint64_t>(f.pinned.size()));
   j.key("pinned_segments").arr();
   for (const auto& p : std::span(f.pinned).first(std::min(r.top, f.pinned.size()))) {

@@ -73,6 +73,9 @@ Snapshot EngineForensics::snapshot_with(const std::optional<alloc::OomInfo>& oom
   extras.device_total_bytes = mem.total_bytes;
   extras.device_free_bytes = mem.free_bytes;
   if (oom) extras.oom_device_free_bytes = oom->provider.free_bytes;
+  std::vector<PoolEngineView> pools;
+  if (pool_engines_) pools = pool_engines_();
+  extras.pools = pools;
   std::vector<TraceRecord> records;
   if (ring_) records = ring_->records();
   Snapshot snap = snapshot_from_engine(view, records, extras);

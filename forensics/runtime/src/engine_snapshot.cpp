@@ -41,6 +41,11 @@ const char* state_name(alloc::BlockState s) {
   }
 }
 
+// An alloc record's key: its seq (per engine) with its address (engines' blocks never overlap).
+std::uint64_t alloc_key(std::uint64_t seq, std::uintptr_t addr) noexcept {
+  return seq * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(addr);
+}
+
 }  // namespace
 
 std::optional<TraceAction> trace_action_of(alloc::EventKind kind) noexcept {
@@ -95,7 +100,7 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   }
   auto& out = *trace_out;
   out.reserve(order.size());
-  // alloc seq -> its record (op, stack context)
+  // alloc (seq, address) -> its record (op, stack context)
   std::unordered_map<std::uint64_t, const TraceRecord*> alloc_of_seq;
   alloc_of_seq.reserve(order.size() / 2 + 1);
   FrameRequests requests;
@@ -128,7 +133,7 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
     s.time_us = static_cast<std::int64_t>(e.t_ns / 1000) + offset_us;
     s.op = name_of(r->op);
     s.user_metadata = name_of(r->scope);
-    if (*action == TraceAction::alloc) alloc_of_seq[e.seq] = r;
+    if (*action == TraceAction::alloc) alloc_of_seq[alloc_key(e.seq, e.addr)] = r;
     if (*action == TraceAction::oom) last_oom = out.size();
     entry_frames.push_back(*action == TraceAction::alloc || *action == TraceAction::oom ? requests.add(r->stack_context())
                                                                                        : SIZE_MAX);
@@ -144,54 +149,62 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   };
   std::vector<BlockRef> block_frames;
 
-  // Segments: classic segments whole, expandable regions split into mapped runs.
-  for (const auto& view : engine.segments) {
-    SnapshotSegment cur;
-    bool open = false;
-    auto flush = [&]() {
-      if (!open) return;
-      recompute_sizes(cur);
-      snap.segments.push_back(std::move(cur));
-      cur = SnapshotSegment{};
-      open = false;
-    };
-    for (const auto& b : view.blocks) {
-      if (b.state == alloc::BlockState::unmapped) {
-        flush();
-        continue;
-      }
-      if (!open) {
-        cur.device = view.device;
-        cur.address = b.addr;
-        cur.stream = static_cast<std::uint64_t>(view.stream);
-        cur.segment_type = view.pool == alloc::PoolKind::small ? "small" : "large";
-        cur.is_expandable = view.expandable;
-        open = true;
-      }
-      SnapshotBlock sb;
-      sb.address = b.addr;
-      sb.size_bytes = b.size_bytes;
-      sb.requested_bytes = b.state == alloc::BlockState::allocated || b.state == alloc::BlockState::pending_free
-                               ? b.requested_bytes
-                               : 0;
-      sb.state = state_name(b.state);
-      if (sb.state != "inactive") {
-        std::uint32_t op = 0;
-        std::size_t frames = SIZE_MAX;
-        if (auto it = alloc_of_seq.find(b.alloc_seq); it != alloc_of_seq.end()) {
-          op = it->second->op;
-          frames = requests.add(it->second->stack_context());
-        } else if (auto old = older.find(b.addr); old != older.end()) {
-          op = old->second.op;
-          frames = requests.add(old->second.context);
+  // Segments: classic segments whole, expandable regions split into mapped runs; the engine's
+  // (pool (0, 0)), then each private pool's.
+  auto add_segments = [&](const alloc::EngineSnapshot& from, std::pair<std::int64_t, std::int64_t> pool_id) {
+    for (const auto& view : from.segments) {
+      SnapshotSegment cur;
+      bool open = false;
+      auto flush = [&]() {
+        if (!open) return;
+        recompute_sizes(cur);
+        snap.segments.push_back(std::move(cur));
+        cur = SnapshotSegment{};
+        open = false;
+      };
+      for (const auto& b : view.blocks) {
+        if (b.state == alloc::BlockState::unmapped) {
+          flush();
+          continue;
         }
-        sb.op = name_of(op);
-        if (frames != SIZE_MAX) block_frames.push_back(BlockRef{snap.segments.size(), cur.blocks.size(), frames});
+        if (!open) {
+          cur.device = view.device;
+          cur.address = b.addr;
+          cur.stream = static_cast<std::uint64_t>(view.stream);
+          cur.segment_type = view.pool == alloc::PoolKind::small ? "small" : "large";
+          cur.is_expandable = view.expandable;
+          cur.pool_id = pool_id;
+          open = true;
+        }
+        SnapshotBlock sb;
+        sb.address = b.addr;
+        sb.size_bytes = b.size_bytes;
+        sb.requested_bytes = b.state == alloc::BlockState::allocated || b.state == alloc::BlockState::pending_free
+                                 ? b.requested_bytes
+                                 : 0;
+        sb.state = state_name(b.state);
+        if (sb.state != "inactive") {
+          std::uint32_t op = 0;
+          std::size_t frames = SIZE_MAX;
+          // Seqs are per engine and the ring holds the pools' events too: keyed by seq and address.
+          if (auto it = alloc_of_seq.find(alloc_key(b.alloc_seq, b.addr));
+              it != alloc_of_seq.end() && it->second->event.seq == b.alloc_seq && it->second->event.addr == b.addr) {
+            op = it->second->op;
+            frames = requests.add(it->second->stack_context());
+          } else if (auto old = older.find(b.addr); old != older.end()) {
+            op = old->second.op;
+            frames = requests.add(old->second.context);
+          }
+          sb.op = name_of(op);
+          if (frames != SIZE_MAX) block_frames.push_back(BlockRef{snap.segments.size(), cur.blocks.size(), frames});
+        }
+        cur.blocks.push_back(std::move(sb));
       }
-      cur.blocks.push_back(std::move(sb));
+      flush();
     }
-    flush();
-  }
+  };
+  add_segments(engine, {0, 0});
+  for (const auto& pool : extras.pools) add_segments(pool.engine, pool.pool_id);
 
   // Frames, symbolized once per distinct context.
   const auto frames = requests.symbolize(extras.symbolize);

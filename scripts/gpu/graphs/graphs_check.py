@@ -18,6 +18,8 @@ A run does, in order, and records every result in DIR/<allocator>.json (outputs 
             pool's snapshot holds only its segments; its memory stays while the pool lives and
             returns after the pool is deleted and empty_cache runs.
   compile   torch.compile(mode="reduce-overhead") trains a small transformer for --steps steps
+            (with --compile-warmup, after one unmeasured pass: both allocators measured on a warm
+            inductor cache)
             (cudagraph trees), then an evaluation forward (a new graph while the training path is
             live: the allocator's checkpoint is restored), then two more training steps; losses and
             peak reserved memory are recorded; after torch._dynamo.reset() and empty_cache the
@@ -45,6 +47,12 @@ def parse_args(argv):
     run.add_argument("--out", required=True, help="directory for <allocator>.json and <allocator>.pt")
     run.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the dry run")
     run.add_argument("--steps", type=int, default=8, help="reduce-overhead training steps before the eval")
+    run.add_argument("--compile-warmup", action="store_true",
+                     help="run the compile part once unmeasured first (same shapes), so the measured run "
+                     "compiles from a warm inductor cache whichever allocator runs first: a cold compile "
+                     "autotunes kernels at their first call and allocates memory for it")
+    run.add_argument("--snapshot-dir", help="also write <allocator>_compile.pickle there: "
+                     "torch.cuda.memory._dump_snapshot() at the end of the reduce-overhead training")
     run.add_argument("--parts", default="capture,graphed,mempool,compile",
                      help="comma-separated subset of capture,graphed,mempool,compile")
     cmp = sub.add_parser("compare", help="compare DIR/native.json with DIR/gpumem.json")
@@ -106,6 +114,20 @@ def pool_segments(torch, pool_id, snap=None):
     snap = torch.cuda.memory_snapshot() if snap is None else snap
     want = tuple(pool_id)
     return [s for s in snap if tuple(s.get("segment_pool_id", (0, 0))) == want]
+
+
+def pool_breakdown(torch):
+    """Reserved and allocated MiB and segment counts per pool and segment type, from
+    torch.cuda.memory_snapshot(): where the reserved memory is (the default pool is "0,0")."""
+    out = {}
+    for seg in torch.cuda.memory_snapshot():
+        key = "%s,%s %s" % (*tuple(seg.get("segment_pool_id", (0, 0))), seg.get("segment_type", "?"))
+        e = out.setdefault(key, {"segments": 0, "reserved_mib": 0.0, "allocated_mib": 0.0, "largest_mib": 0.0})
+        e["segments"] += 1
+        e["reserved_mib"] += seg["total_size"] / MiB
+        e["largest_mib"] = max(e["largest_mib"], seg["total_size"] / MiB)
+        e["allocated_mib"] += sum(b["size"] for b in seg.get("blocks", ()) if b.get("state") == "active_allocated") / MiB
+    return {k: {f: (round(v, 2) if isinstance(v, float) else v) for f, v in e.items()} for k, e in sorted(out.items())}
 
 
 def in_segments(ptr, segments):
@@ -254,7 +276,7 @@ class TinyLM:
                                    torch.nn.Linear(d, 128)).to(dev)
 
 
-def part_compile(torch, dev, rec, tensors, steps):
+def part_compile(torch, dev, rec, tensors, steps, snapshot_dir=None, allocator=""):
     model = TinyLM.build(torch, dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator(device="cpu").manual_seed(5)
@@ -282,6 +304,7 @@ def part_compile(torch, dev, rec, tensors, steps):
     rec["losses"] = losses  # kept even if the eval below fails
     if dev.type == "cuda":
         rec["peak_reserved_train_mib"] = torch.cuda.max_memory_reserved(dev) / MiB
+        rec["pools_after_train"] = pool_breakdown(torch)
     with torch.no_grad():
         model.eval()
         evals = [compiled(eval_x).float().cpu() for _ in range(3)]  # warm-up, record, replay
@@ -291,6 +314,10 @@ def part_compile(torch, dev, rec, tensors, steps):
         torch.cuda.synchronize(dev)
         rec["peak_reserved_mib"] = torch.cuda.max_memory_reserved(dev) / MiB
         rec["peak_allocated_mib"] = torch.cuda.max_memory_allocated(dev) / MiB
+        rec["pools_at_end"] = pool_breakdown(torch)
+        if snapshot_dir:
+            os.makedirs(snapshot_dir, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(os.path.join(snapshot_dir, allocator + "_compile.pickle"))
         try:
             from torch._inductor import cudagraph_trees
             mgr = cudagraph_trees.get_container(dev.index or 0).tree_manager
@@ -345,7 +372,13 @@ def run(args):
             elif part == "mempool":
                 part_mempool(torch, dev, rec, tensors)
             elif part == "compile":
-                part_compile(torch, dev, rec, tensors, args.steps)
+                if args.compile_warmup:
+                    warm, t_warm = {}, time.time()
+                    part_compile(torch, dev, warm, {}, args.steps)
+                    rec["warmup"] = {k: warm[k] for k in ("peak_reserved_mib", "peak_allocated_mib", "train_s")
+                                     if k in warm}
+                    rec["warmup"]["seconds"] = round(time.time() - t_warm, 2)
+                part_compile(torch, dev, rec, tensors, args.steps, args.snapshot_dir, args.allocator)
         except Exception as err:  # noqa: BLE001 - recorded; the next part still runs
             rec["ok"] = False
             rec["error"] = "%s: %s" % (type(err).__name__, err)
@@ -468,8 +501,21 @@ def compare_part(name, pn, pg, row, same_tensors, args):
                 "allocated %.1f MiB, reserved %.1f MiB (native %.1f, %.1f MiB)" % (
                     pg["allocated_after_reset_mib"], pg["reserved_after_reset_mib"],
                     pn["allocated_after_reset_mib"], pn["reserved_after_reset_mib"]))
+        for when in ("pools_after_train", "pools_at_end"):
+            for who, p in (("native", pn), ("gpumem", pg)):
+                if when in p:
+                    row("reduce-overhead %s, %s (pool type: segments, reserved/allocated MiB)" % (when, who), "INFO",
+                        "; ".join("%s: %d, %.1f/%.1f" % (k, e["segments"], e["reserved_mib"], e["allocated_mib"])
+                                  for k, e in p[when].items()))
+        if "warmup" in pg and "warmup" in pn:
+            row("reduce-overhead unmeasured first pass (compile, autotuning)", "INFO",
+                "peak reserved %.1f vs %.1f MiB, peak allocated %.1f vs %.1f MiB, %.1f vs %.1f s (native vs gpumem)" % (
+                    pn["warmup"].get("peak_reserved_mib", 0), pg["warmup"].get("peak_reserved_mib", 0),
+                    pn["warmup"].get("peak_allocated_mib", 0), pg["warmup"].get("peak_allocated_mib", 0),
+                    pn["warmup"].get("train_s", 0), pg["warmup"].get("train_s", 0)))
         row("reduce-overhead time (train steps incl. compile)", "INFO",
-            "native %.1f s, gpumem %.1f s" % (pn["train_s"], pg["train_s"]))
+            "native %.1f s, gpumem %.1f s%s" % (pn["train_s"], pg["train_s"],
+                                                 " (after the unmeasured first pass)" if "warmup" in pg else ""))
 
 
 def main(argv):

@@ -37,9 +37,33 @@ def main():
     import gpumem
 
     check("torch" in sys.modules and not gpumem.is_installed(), f"import gpumem {gpumem.__version__} (not installed yet)")
-    gpumem.install({"oom_report_dir": oom_dir, "trace_entries": 50000})
+    from gpumem import _build_info
+    ships_pinned = bool(getattr(_build_info, "PINNED_ALLOCATOR", False))
+    check(ships_pinned, "the wheel ships libgpumem_pinned_torch.so (gpumem._build_info.PINNED_ALLOCATOR)")
+    config = {"oom_report_dir": oom_dir, "trace_entries": 50000}
+    if ships_pinned:
+        config["pinned_allocator"] = "gpumem"
+    gpumem.install(config)
     check(gpumem.is_installed() and torch.cuda.get_allocator_backend() == "gpumem",
           "gpumem.install(): torch.cuda.get_allocator_backend() == 'gpumem'")
+    if ships_pinned:
+        # pinned_allocator:gpumem from the package: the library beside libgpumem_torch.so in the
+        # package is loaded and installed as PyTorch's host allocator.
+        pinned_path = os.path.join(os.path.dirname(gpumem.library_path()), "libgpumem_pinned_torch.so")
+        with open("/proc/self/maps") as f:
+            loaded = os.path.realpath(pinned_path) in f.read()
+        check(loaded and bool(torch.ops.gpumem_pinned.installed()),
+              f"pinned_allocator:gpumem: the package's {os.path.basename(pinned_path)} is loaded and installed")
+        host = torch.empty(32 << 20, dtype=torch.uint8, pin_memory=True)
+        torch.cuda.init()  # host_memory_stats() is {} until torch.cuda is initialized in Python
+        hs = torch.cuda.host_memory_stats()
+        check(host.is_pinned() and hs.get("allocated_bytes.current", 0) >= (32 << 20)
+              and hs.get("active_requests.current", 0) >= 1,
+              f"pin_memory=True through gpumem's pinned allocator (host_memory_stats: "
+              f"{hs.get('allocated_bytes.current', 0) >> 20} MiB locked, {hs.get('active_requests.current', 0)} live)")
+        dev_copy = host.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        del host, dev_copy
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()

@@ -86,6 +86,11 @@ class ViewerModel {
   bool has_ops() const noexcept { return op_names_.size() > 1; }
   const std::string& op_name(std::uint32_t op) const { return op_names_.at(op); }
 
+  // The private pool (a CUDA graph's or a MemPool's segment_pool_id) whose memory holds addr, or
+  // nullopt for the default pool. Known from the snapshot's segments at its end: memory a pool
+  // held only earlier in the trace shows as the default pool's.
+  std::optional<std::pair<std::int64_t, std::int64_t>> pool_of(std::uint64_t addr) const;
+
   // A second file to diff against (gpumem view A --diff B).
   std::shared_ptr<const ViewerModel> compare;
 
@@ -118,6 +123,11 @@ class ViewerModel {
   std::optional<std::uint64_t> oom_device_free_;
   std::optional<SnapshotTotals> snapshot_totals_;
   bool expandable_ = false;
+  struct PoolRange {
+    std::uint64_t lo = 0, hi = 0;
+    std::pair<std::int64_t, std::int64_t> pool_id;
+  };
+  std::vector<PoolRange> pool_ranges_;  // private pools' segments in the snapshot, by address
 };
 
 }  // namespace gpumem::view

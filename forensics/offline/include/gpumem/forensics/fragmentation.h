@@ -81,7 +81,8 @@ Fragmentation analyze_fragmentation(const std::vector<SnapshotSegment>& segments
                                     const FragmentationOptions& options = {});
 
 // The largest inactive block usable for a request: on `stream`, in the pool the request goes to
-// (small for <= 1 MiB, large otherwise). Expandable segments of the pool count as one run each.
+// (small for <= 1 MiB, large otherwise), in the default pool (not a private pool: segment_pool_id).
+// Expandable segments of the pool count as one run each.
 std::uint64_t largest_usable_extent(const std::vector<SnapshotSegment>& segments, std::uint64_t stream,
                                     std::uint64_t rounded_bytes);
 

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpumem/forensics/fragmentation.h"
@@ -67,6 +68,20 @@ struct FragmentationVerdict {
   std::vector<MomentReplay> replays;  // pytorch, pytorch:expandable, gpumem (when replayed)
 };
 
+// The memory of one pool at the moment: the device's default pool ({0, 0}) or a private pool
+// (segment_pool_id: a CUDA graph's, cudagraph trees', or a torch.cuda.MemPool's), whose memory
+// serves nothing else.
+struct PoolTotals {
+  std::pair<std::int64_t, std::int64_t> pool_id{0, 0};
+  std::size_t segments = 0;
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::uint64_t requested_bytes = 0;
+};
+
+// How reports name a pool: "default pool" for {0, 0}, "private pool (a, b)" otherwise.
+std::string pool_label(std::pair<std::int64_t, std::int64_t> pool_id);
+
 struct MemoryReport {
   std::string source;
   int device = 0;
@@ -78,6 +93,7 @@ struct MemoryReport {
   std::optional<FragmentationVerdict> at_moment;  // otherwise
   std::vector<GroupRow> ops;         // by op, at most `top` rows
   std::vector<GroupRow> sites;       // by call site, at most `top` rows
+  std::vector<PoolTotals> pools;     // per pool at the moment, by pool id (the default pool first)
   std::optional<ReplayInput> replay_coverage;     // what the replays held (no trace: none)
   std::vector<std::string> notes;    // what was done to the data (rollbacks, reconstruction)
   std::size_t top = 10;              // rows per list as rendered (ops, sites, pinned segments)

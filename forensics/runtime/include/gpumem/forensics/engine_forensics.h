@@ -31,13 +31,16 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/forensics/config.h"
+#include "gpumem/forensics/engine_snapshot.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
 #include "gpumem/forensics/snapshot.h"
 #include "gpumem/forensics/stack_symbolizer.h"
@@ -70,7 +73,14 @@ class EngineForensics {
   EngineForensics(const EngineForensics&) = delete;
   EngineForensics& operator=(const EngineForensics&) = delete;
 
-  // The engine's state now with the trace, ops and the per-op table (emits a snapshot event).
+  // The engines of the device's private pools (CUDA graphs, MemPool: the torch adapter's), whose
+  // segments snapshots and postmortems add, tagged with their pool. Set it before the engine is
+  // shared between threads; `pools` is called from snapshot() and on_oom() on any thread.
+  using PoolEngines = std::function<std::vector<PoolEngineView>()>;
+  void set_pool_engines(PoolEngines pools) { pool_engines_ = std::move(pools); }
+
+  // The engine's state now (and its pools') with the trace, ops and the per-op table (emits a
+  // snapshot event).
   Snapshot snapshot();
   // nullopt when oom_report_dir is not configured.
   std::optional<OomPostmortemFiles> on_oom(const alloc::OomInfo& oom);
@@ -93,6 +103,7 @@ class EngineForensics {
   bool own_ring_ = false;  // attached (and detached) by this object
   std::shared_ptr<FragmentationTracker> tracker_;
   StackSymbolizer symbolize_;
+  PoolEngines pool_engines_;
   std::mutex write_mutex_;
   unsigned reports_written_ = 0;
 };

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "gpumem/alloc/introspection.h"
@@ -28,6 +29,13 @@
 
 namespace gpumem::forensics {
 
+// A private pool's engine on the same device (the torch adapter's CUDA graph and MemPool pools,
+// each an engine of its own): its segments belong in the device's snapshot, tagged with the pool.
+struct PoolEngineView {
+  std::pair<std::int64_t, std::int64_t> pool_id{0, 0};
+  alloc::EngineSnapshot engine;
+};
+
 struct EngineSnapshotExtras {
   const FragmentationTracker* tracker = nullptr;
   const StackSymbolizer* symbolize = nullptr;  // null: no frames
@@ -35,6 +43,8 @@ struct EngineSnapshotExtras {
   std::uint64_t device_free_bytes = 0;
   // Provider free bytes for the last oom record (PyTorch's oom entries carry them).
   std::optional<std::uint64_t> oom_device_free_bytes;
+  // The device's private pools: their segments follow the engine's, each with its pool_id.
+  std::span<const PoolEngineView> pools;
 };
 
 // PyTorch's trace action for an engine event (nullopt for empty_cache, which PyTorch does not trace).
