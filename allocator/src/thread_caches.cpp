@@ -29,8 +29,10 @@ EngineRegistry& registry() {
 }  // namespace
 
 thread_local ThreadCacheSlots t_thread_cache_slots;
+thread_local bool t_thread_cache_slots_gone = false;
 
 ThreadCacheSlots::~ThreadCacheSlots() {
+  t_thread_cache_slots_gone = true;
   EngineRegistry& reg = registry();
   std::lock_guard lock(reg.mutex);
   for (Slot& s : slots) {
@@ -64,6 +66,7 @@ using detail::ThreadCache;
 
 ThreadCache* CachingAllocator::Impl::create_cache_for_this_thread() {
   mutex.assert_not_held();
+  if (detail::t_thread_cache_slots_gone) return nullptr;  // the thread is exiting: no new cache
   detail::ThreadCacheSlots::Slot* free_slot = nullptr;
   for (auto& slot : detail::t_thread_cache_slots.slots)
     if (slot.engine_id == 0) {

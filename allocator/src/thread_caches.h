@@ -38,6 +38,11 @@ struct ThreadCacheSlots {
   ~ThreadCacheSlots();  // hands every cache back to its engine, if that still exists
 };
 extern thread_local ThreadCacheSlots t_thread_cache_slots;
+// Set by ~ThreadCacheSlots: a free or allocation made by a later thread-local destructor of the
+// exiting thread (a cached workspace tensor, say) finds no cache and creates none, so it takes the
+// engine's locked path instead of touching destroyed slots. Trivially destructible, so it stays
+// readable until the thread ends.
+extern thread_local bool t_thread_cache_slots_gone;
 
 struct ThreadCacheSet {
   explicit ThreadCacheSet(bool enabled_) noexcept;
@@ -52,6 +57,7 @@ struct ThreadCacheSet {
 
   // The calling thread's cache for this engine, or null. No lock.
   ThreadCache* find_for_this_thread() const noexcept {
+    if (t_thread_cache_slots_gone) return nullptr;
     for (const auto& slot : t_thread_cache_slots.slots)
       if (slot.engine_id == id) return slot.cache;
     return nullptr;

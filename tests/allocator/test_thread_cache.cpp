@@ -114,6 +114,36 @@ TEST_CASE("a thread's cache goes back to the engine when the thread exits", "[en
   engine.check_invariants();
 }
 
+namespace {
+// A thread-local whose destructor allocates and frees through an engine. Touched before the
+// thread's cache slots exist, it is destroyed after them (thread-locals die in reverse order).
+struct LateUser {
+  CachingAllocator* engine = nullptr;
+  ~LateUser() {
+    if (engine)
+      for (int i = 0; i < 4; ++i) engine->free(engine->allocate(8 * KiB, 0).ptr);
+  }
+};
+thread_local LateUser t_late_user;
+}  // namespace
+
+TEST_CASE("a thread-local destructor that runs after the thread's caches are gone makes no cache", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  if (!contend(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  std::thread worker([&] {
+    t_late_user.engine = &engine;  // constructed first, destroyed last
+    for (int i = 0; i < 4; ++i) engine.free(engine.allocate(64 * KiB, 0).ptr);  // this thread's cache
+  });
+  worker.join();
+  const EngineTotals t = engine.totals();
+  CHECK(t.allocated_bytes == 0);
+  CHECK(t.thread_caches == 0);         // the late allocations took the locked path: no cache left behind
+  CHECK(t.thread_cached_bytes == 0);
+  engine.check_invariants();
+}
+
 TEST_CASE("leases serve mixed sizes, take frees from other threads and are used before growing", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
