@@ -123,9 +123,9 @@ bool CachingAllocator::Impl::free_cached(std::uintptr_t addr, EventBatch& batch)
     detail::Lease* l = nullptr;
     const bool candidate = live.with_shard(addr, [&](detail::LiveTable& t) {
       Block* x = t.find(addr);
-      if (x == nullptr || x->state != BlockState::allocated || x->uses || x->lease == nullptr) return false;
-      l = x->lease;
-      return true;
+      if (x == nullptr || x->state != BlockState::allocated || x->uses) return false;
+      l = x->lease;  // one load: a drain (under the owner's cache lock) may clear it at any moment
+      return l != nullptr;
     });
     if (!candidate) return false;
     ThreadCache& owner = *l->cache;
