@@ -7,6 +7,7 @@
 //   Block* make_block()                     a fresh Block (value-initialized)
 //   void dispose_block(Block* b)            gives a Block object back
 //   std::uint64_t free_stamp() const        what free_seq is set to when a block becomes free
+//   Block*& head_of(const Block& b)         the pointer to the first block of b's chain
 // The functions below keep the chain's invariants: blocks tile their range in address order through
 // prev/next, neighbouring free blocks are merged, every free block is in its index. They decide
 // nothing: callers pass what the policy chose.
@@ -42,6 +43,29 @@ inline Block* split_at(Space& space, Block* b, std::uintptr_t at) {
   return rest;
 }
 
+// Splits b at `at` (b->addr < at < b->end()) the other way round: the returned block (fresh) takes
+// the front, b keeps the rest and so keeps its place in any container; its key (addr, size)
+// changes, so a caller whose b is in a FreeIndex must tell it (resized). The front gets b's state,
+// stream, region and lease.
+template <class Space>
+inline Block* split_front(Space& space, Block* b, std::uintptr_t at) {
+  Block* front = space.make_block();
+  front->addr = b->addr;
+  front->size_bytes = at - b->addr;
+  front->stream = b->stream;
+  front->region = b->region;
+  front->lease = static_cast<Lease*>(b->lease);
+  front->state = BlockState(b->state);
+  front->prev = b->prev;
+  front->next = b;
+  if (b->prev) b->prev->next = front;
+  else space.head_of(*b) = front;
+  b->prev = front;
+  b->addr = at;
+  b->size_bytes -= front->size_bytes;
+  return front;
+}
+
 // Absorbs b->next into b (both out of any container) and disposes of it.
 template <class Space>
 inline void absorb_next(Space& space, Block* b) noexcept {
@@ -53,7 +77,8 @@ inline void absorb_next(Space& space, Block* b) noexcept {
 }
 
 // b is free and in no container: merges it with free neighbours and inserts the result into its
-// index. Returns the merged block.
+// index. Returns the merged block, which may be a neighbour: b itself may be disposed of, so the
+// caller uses the result, never b.
 template <class Space>
 inline Block* insert_free_merged(Space& space, Block* b) {
   FreeIndex& idx = space.index_for(*b);
@@ -70,17 +95,21 @@ inline Block* insert_free_merged(Space& space, Block* b) {
     idx.resized(*p, old);
     return p;
   }
-  b->free_seq = stamp;
   if (n) {
-    // b takes n's node.
+    // n grows down over b: it keeps its node (moved only if its rank changed), b is disposed of.
+    // The common free of a pair: the block split off n's front comes back.
     const std::size_t old = n->size_bytes;
-    b->size_bytes += old;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    idx.replace(*n, old, *b);
-    space.dispose_block(n);
-    return b;
+    n->addr = b->addr;
+    n->size_bytes += b->size_bytes;
+    n->prev = b->prev;
+    if (b->prev) b->prev->next = n;
+    else space.head_of(*b) = n;
+    n->free_seq = stamp;
+    idx.resized(*n, old);
+    space.dispose_block(b);
+    return n;
   }
+  b->free_seq = stamp;
   idx.insert(*b);
   return b;
 }
@@ -119,12 +148,14 @@ inline Block* take_best_fit(Space& space, FreeIndex& idx, PoolKind pool, StreamI
     idx.erase(*b);
     return b;
   }
-  // The rest takes b's node in the index.
+  // A fresh block takes the front; b keeps the rest and its node in the index (in place unless the
+  // rest changed class or rank), so a pair (take, then free merging it back) touches each index
+  // node once, and usually not its tree.
   const std::size_t old = b->size_bytes;
-  Block* rest = split_at(space, b, b->addr + rounded);
-  rest->free_seq = space.free_stamp();
-  idx.replace(*b, old, *rest);
-  return b;
+  Block* front = split_front(space, b, b->addr + rounded);
+  b->free_seq = space.free_stamp();
+  idx.resized(*b, old);
+  return front;
 }
 
 }  // namespace gpumem::alloc::detail::surgery

@@ -108,8 +108,9 @@ class FreeIndex {
     std::array<ClassSet, SizeClasses::kClasses> classes;
 
     ClassSet& set_of(SizeClasses::Class c) noexcept { return classes[c.index()]; }
-    void add(Block& b) noexcept {
-      const SizeClasses::Class c = SizeClasses::of(b.size_bytes);
+    void add(Block& b) noexcept { add(b, SizeClasses::of(b.size_bytes)); }
+    // c: the class of b's size.
+    void add(Block& b, SizeClasses::Class c) noexcept {
       ClassSet& set = classes[c.index()];
       // Most classes hold one block or none: linking into an empty tree needs no search.
       if (set.empty()) set.push_back(b);
@@ -118,8 +119,9 @@ class FreeIndex {
       level_bits |= std::uint64_t{1} << c.level;
       ++blocks;
     }
-    void remove(Block& b, std::size_t indexed_size) noexcept {
-      const SizeClasses::Class c = SizeClasses::of(indexed_size);
+    void remove(Block& b, std::size_t indexed_size) noexcept { remove(b, SizeClasses::of(indexed_size)); }
+    // c: the class b is indexed in.
+    void remove(Block& b, SizeClasses::Class c) noexcept {
       ClassSet& set = classes[c.index()];
       if (&*set.begin() == &b && &*set.rbegin() == &b) {
         set.clear();  // the only block: constant time with normal_link hooks, no rebalancing
@@ -188,16 +190,14 @@ class FreeIndex {
     }
     bytes_ = bytes_ - old_size + fresh.size_bytes;
   }
-  // b (in the index, indexed with old_size bytes) changed size: moves it if its rank changed.
+  // b (in the index, indexed with old_size bytes) changed its key (size, address): moves it if its
+  // rank changed. The common case (the block stays alone in its class: a split off a free block or
+  // a merge into it, once per engine call) is inline and touches neither the bins nor the tree.
   void resized(Block& b, std::size_t old_size) {
-    Bins& bins = bins_for(b.stream);
-    const SizeClasses::Class c = SizeClasses::of(old_size);
-    ClassSet& set = bins.set_of(c);
-    if (SizeClasses::of(b.size_bytes).index() != c.index() || !(only_node(set, b) || fits_at(set, set.iterator_to(b), b))) {
-      bins.remove(b, old_size);
-      bins.add(b);
-    }
     bytes_ = bytes_ - old_size + b.size_bytes;
+    const SizeClasses::Class was = SizeClasses::of(old_size), now = SizeClasses::of(b.size_bytes);
+    if (was.index() == now.index() && alone_in_tree(b)) return;
+    move_resized(b, was, now);
   }
   void erase(Block& b) noexcept {
     bins_of(b.stream)->remove(b, b.size_bytes);
@@ -302,6 +302,26 @@ class FreeIndex {
   }
 
  private:
+  // resized() when b may have to move: within its class if its rank among its neighbours changed,
+  // or to its new class.
+  [[gnu::noinline]] void move_resized(Block& b, SizeClasses::Class was, SizeClasses::Class now) {
+    Bins& bins = bins_for(b.stream);
+    if (was.index() == now.index()) {
+      ClassSet& set = bins.set_of(was);
+      if (fits_at(set, set.iterator_to(b), b)) return;
+    }
+    bins.remove(b, was);
+    bins.add(b, now);
+  }
+  // Whether b (in some class tree) is its tree's only node, from b's own links: no children, and
+  // the parent is the header (whose parent is the root). A non-root node's parent is a node whose
+  // parent is never b. Three loads, no lookup of b's class.
+  static bool alone_in_tree(Block& b) noexcept {
+    using Traits = ClassSet::value_traits;
+    using Node = Traits::node_traits;
+    const auto n = Traits::to_node_ptr(b);
+    return !Node::get_left(n) && !Node::get_right(n) && Node::get_parent(Node::get_parent(n)) == n;
+  }
   // Whether b is the only block of set (most classes hold one block): then any key of the class
   // fits at its place. Two reads of the tree's header.
   static bool only_node(ClassSet& set, const Block& b) noexcept {

@@ -78,7 +78,7 @@ class RegionMap {
   // Absorbs b->next into b (both out of any container) and disposes of it.
   void absorb_next(Block* b) noexcept { surgery::absorb_next(*this, b); }
   // b is free and in no container: merges it with free neighbours and inserts the result into the
-  // free index. Returns the merged block.
+  // free index. Returns the merged block (b may be disposed of: use the result).
   Block* insert_free_merged(Block* b) { return surgery::insert_free_merged(*this, b); }
 
   // b is unmapped and in no container: merges it with unmapped neighbours and inserts the result
@@ -108,6 +108,7 @@ class RegionMap {
   Block* make_block() { return arena.make(); }
   void dispose_block(Block* b) noexcept { arena.dispose(b); }
   std::uint64_t free_stamp() const noexcept { return tick; }
+  Block*& head_of(const Block& b) noexcept { return b.region->first; }
 
   // ---- claims: blocks an operation in progress owns while the engine's lock is dropped
 

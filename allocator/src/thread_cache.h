@@ -92,6 +92,7 @@ struct ThreadCache {
     ++stash_count;
   }
   std::uint64_t free_stamp() const noexcept { return 0; }
+  Block*& head_of(const Block& b) noexcept { return static_cast<Lease*>(b.lease)->first; }
 
   // ---- fast paths (lock held)
 
