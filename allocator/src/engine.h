@@ -178,12 +178,19 @@ struct CachingAllocator::Impl {
     return e.seq;
   }
 
-  // An empty batch for one engine call: recording if anyone observes, with what they need.
+  // An empty batch for one engine call: recording if an observer is awake, with what the awake
+  // ones need (one atomic load per observer; asleep ones cost nothing more).
   detail::EventBatch new_batch() const noexcept {
     if (!has_observers.load(std::memory_order_relaxed)) return detail::EventBatch(false, kNeedsNothing);
+    unsigned all = kSleeping;  // AND of the sleeping bits: set iff every observer sleeps
     unsigned needs = kNeedsNothing;
     if (const ObserverList* list = observers.load(std::memory_order_acquire))
-      for (const auto& o : *list) needs |= o->needs();
+      for (const auto& o : *list) {
+        const unsigned n = o->needs();
+        all &= n;
+        if (!(n & kSleeping)) needs |= n;
+      }
+    if (all & kSleeping) return detail::EventBatch(false, kNeedsNothing);
     return detail::EventBatch(true, needs);
   }
 
@@ -195,7 +202,8 @@ struct CachingAllocator::Impl {
 
   static void publish(const ObserverList* obs, const detail::EventBatch& batch) {
     if (!obs) return;
-    for (const auto& o : *obs) o->on_events(batch.view());
+    for (const auto& o : *obs)
+      if (!o->sleeping()) o->on_events(batch.view());
   }
 
   // ---------------------------------------------------------------- freeing (engine.cpp)
@@ -276,6 +284,9 @@ struct CachingAllocator::Impl {
   Block* allocate_cached(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t size,
                          std::size_t rounded, detail::EventBatch& batch);
   bool free_cached(std::uintptr_t addr, detail::EventBatch& batch);
+  // A large-pool block of no lease, freed by a thread whose cache holds no large lease, becomes
+  // that lease (no engine lock); false if the engine must free it.
+  bool free_to_large_lease(std::uintptr_t addr, detail::EventBatch& batch);
   // b (allocated, in the live table) is a sub-block of a lease: gives it back to its cache (takes
   // that cache's lock). Engine lock held.
   void free_leased_locked(Block* b, detail::EventBatch& batch);

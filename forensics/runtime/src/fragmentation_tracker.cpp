@@ -8,7 +8,7 @@
 namespace gpumem::forensics {
 
 FragmentationTracker::FragmentationTracker(bool record_ops, bool keep_contexts)
-    : record_ops_(record_ops), keep_contexts_(keep_contexts) {
+    : alloc::AllocObserver(alloc::kNeedsSequence), record_ops_(record_ops), keep_contexts_(keep_contexts) {
   live_.reserve(4096);  // a training step's live blocks without rehashing
 }
 

@@ -31,7 +31,7 @@ const std::shared_ptr<void>& TraceRecord::stack_context() const noexcept {
 const std::string& TraceRecord::compile_context() const noexcept { return notes ? notes->compile_context : kNoText; }
 const std::string& TraceRecord::user_metadata() const noexcept { return notes ? notes->user_metadata : kNoText; }
 
-TraceRing::TraceRing(std::size_t capacity, bool record_ops) {
+TraceRing::TraceRing(std::size_t capacity, bool record_ops) : alloc::AllocObserver(alloc::kSleeping) {
   if (capacity == 0) {
     throw ForensicsError("a trace ring needs a capacity of at least 1 record (trace_entries:0 turns tracing off: "
                          "do not create the ring then)");
@@ -106,7 +106,9 @@ void TraceRing::refresh_notes_locked() {
 }
 
 void TraceRing::update_active_locked() {
-  active_.store(capacity_locked() > 0 || !hooks_.empty(), std::memory_order_release);
+  const bool active = capacity_locked() > 0 || !hooks_.empty();
+  active_.store(active, std::memory_order_release);
+  set_needs(active ? alloc::kNeedsSequence : alloc::kSleeping);
   contexts_.store(settings_.contexts, std::memory_order_relaxed);
 }
 

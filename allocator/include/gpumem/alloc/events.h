@@ -11,6 +11,7 @@
 // publishing to it from inside on_events, except through const queries that take no lock.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -51,21 +52,36 @@ struct AllocEvent {
   std::uint64_t t_ns = 0;           // steady clock, ns
 };
 
-// What an observer needs filled in beyond the event itself. Asked on every engine call (cheap
-// virtual calls), so an observer may change its answer at any time (a trace ring that is turned
-// on). Reading the clock and numbering events cost more than the rest of an engine call on some
-// machines: leave them out where nobody reads them.
+// What an observer needs filled in beyond the event itself, or that it needs no events at all.
+// Read on every engine call (one relaxed atomic load per observer, no virtual call), so an
+// observer may change its answer at any time (a trace ring that is turned on): set_needs() takes
+// effect from the next engine call. Reading the clock and numbering events cost more than the rest
+// of an engine call on some machines: leave them out where nobody reads them.
 enum ObserverNeeds : unsigned {
   kNeedsNothing = 0,
   kNeedsTimestamps = 1u << 0,  // AllocEvent::t_ns
   kNeedsSequence = 1u << 1,    // AllocEvent::seq
+  // Asleep: the engine neither calls on_events nor builds events for this observer; when every
+  // observer of an engine sleeps, an engine call costs what it costs with none attached.
+  kSleeping = 1u << 2,
 };
 
 class AllocObserver {
  public:
+  explicit AllocObserver(unsigned needs = kNeedsTimestamps | kNeedsSequence) noexcept : needs_(needs) {}
   virtual ~AllocObserver() = default;
+  AllocObserver(const AllocObserver&) = delete;
+  AllocObserver& operator=(const AllocObserver&) = delete;
   virtual void on_events(std::span<const AllocEvent> events) = 0;
-  virtual unsigned needs() const noexcept { return kNeedsTimestamps | kNeedsSequence; }
+  // ObserverNeeds bits. Any thread, any time.
+  unsigned needs() const noexcept { return needs_.load(std::memory_order_relaxed); }
+  bool sleeping() const noexcept { return (needs() & kSleeping) != 0; }
+
+ protected:
+  void set_needs(unsigned needs) noexcept { needs_.store(needs, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<unsigned> needs_;
 };
 
 }  // namespace gpumem::alloc

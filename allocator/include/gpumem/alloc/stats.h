@@ -52,11 +52,12 @@
 // go into the calling thread's shard: net changes, sums of increases and decreases, and the
 // highest prefix of each net change, with no shared write. A shard is folded into the totals
 // (peak = max(peak, current + highest prefix)) every kFoldBatches batches or once its
-// allocated_bytes rose by kFoldBytes, when the lock is free (after 8 x kFoldBatches, waiting for
-// it), and always before anything reads or resets the totals. So every read sees exact current
-// values and accumulated totals; a peak can miss what other threads held unfolded at the moment
-// of the peak: per thread, less than kFoldBytes plus its last batch when its last try found the
-// lock free, and at most 8 x kFoldBatches batches.
+// allocated_bytes rose by kFoldBytes more than its largest batch allocated, when the lock is free
+// (after 8 x kFoldBatches, waiting for it), and always before anything reads or resets the
+// totals. So every read sees exact current values and accumulated totals; a peak can miss what
+// other threads held unfolded at the moment of the peak: per thread, less than kFoldBytes plus
+// twice its largest batch since its last fold when its last try found the lock free, and at most
+// 8 x kFoldBatches batches.
 //
 // Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> a
 // shard's lock (a shard's lock alone is taken by its thread for each batch).
@@ -162,7 +163,6 @@ class StatsObserver final : public AllocObserver {
   StatsObserver& operator=(const StatsObserver&) = delete;
 
   void on_events(std::span<const AllocEvent> events) override;
-  unsigned needs() const noexcept override { return kNeedsNothing; }
 
   DeviceStatsView stats() const;
   // PyTorch's resetPeakStats: every peak (stat arrays and oversize stats) = current.
@@ -175,7 +175,8 @@ class StatsObserver final : public AllocObserver {
   void add_alloc_retries(std::int64_t count);
   void add_sync_all_streams(std::int64_t count);
 
-  // A shard is folded after this many batches, or once its allocated bytes rose by this much.
+  // A shard is folded after this many batches, or once its allocated bytes rose by this much
+  // more than its largest batch allocated.
   static constexpr unsigned kFoldBatches = 64;
   static constexpr std::int64_t kFoldBytes = std::int64_t{2} << 20;
 

@@ -54,7 +54,6 @@ class FragmentationTracker final : public alloc::AllocObserver {
   // keep_contexts: keep each live block's AllocContext (its stack).
   explicit FragmentationTracker(bool record_ops = false, bool keep_contexts = false);
   void on_events(std::span<const alloc::AllocEvent> events) override;
-  unsigned needs() const noexcept override { return alloc::kNeedsSequence; }
 
   FragmentationCounters counters() const;
   std::optional<LiveBlockInfo> live_block(std::uintptr_t addr) const;

@@ -88,15 +88,15 @@ class TraceRing final : public alloc::AllocObserver {
  public:
   static constexpr std::size_t kDefaultCapacity = 262144;  // about 50 training steps of BERT-base
 
-  // Inactive: keeps nothing until configure(), keep_at_least() or add_hook().
-  TraceRing() = default;
+  // Inactive (asleep to the engine: kSleeping) until configure(), keep_at_least() or add_hook().
+  TraceRing() : alloc::AllocObserver(alloc::kSleeping) {}
   // Keeps the last `capacity` records of every kind (capacity >= 1; throws ForensicsError for 0:
   // trace_entries:0 turns tracing off, so no ring should be made then). record_ops: tag records
   // with the publishing thread's op and scope.
   explicit TraceRing(std::size_t capacity, bool record_ops = false);
 
-  // Order only matters while it keeps records or feeds hooks; times come from its own clock.
-  unsigned needs() const noexcept override { return active() ? alloc::kNeedsSequence : alloc::kNeedsNothing; }
+  // needs(): order (kNeedsSequence) while it keeps records or feeds hooks, else kSleeping; times
+  // come from its own clock.
   void on_events(std::span<const alloc::AllocEvent> events) override;
 
   // ---- configuration ----
