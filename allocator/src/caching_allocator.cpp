@@ -148,6 +148,31 @@ bool CachingAllocator::Impl::free_cached(std::uintptr_t addr, EventBatch& batch)
   return false;
 }
 
+bool CachingAllocator::Impl::free_to_large_lease(std::uintptr_t addr, EventBatch& batch) {
+  // Note [Thread caches]: one large lease per thread, made of a block it frees, so that a thread
+  // that frees and allocates large blocks again and again (a layer's activations, step after
+  // step) does so without the engine lock. The lease goes back on the thread's next large miss
+  // and before any growth of its pool and stream, so it never makes the engine grow.
+  ThreadCache* tc = cache_for_this_thread(true);
+  if (tc == nullptr) return false;
+  std::lock_guard cl(tc->lock);
+  if (tc->large_lease != nullptr || tc->stash_count == 0) return false;
+  Block* x = live.with_shard(addr, [&](detail::LiveTable& t) -> Block* {
+    Block* y = t.find(addr);
+    if (y == nullptr || y->state != BlockState::allocated || y->uses || y->lease || y->region->pool != PoolKind::large)
+      return nullptr;
+    t.erase(*y);
+    return y;
+  });
+  if (x == nullptr) return false;
+  tc->allocated_delta -= static_cast<std::int64_t>(x->size_bytes);
+  tc->requested_delta -= static_cast<std::int64_t>(x->requested_bytes);
+  record(batch, EventKind::free_requested, PoolKind::large, addr, x->size_bytes, x->requested_bytes, x->stream);
+  record(batch, EventKind::free_completed, PoolKind::large, addr, x->size_bytes, x->requested_bytes, x->stream);
+  tc->large_lease = tc->adopt(x);
+  return true;
+}
+
 void CachingAllocator::Impl::free_leased_locked(Block* b, EventBatch& batch) {
   mutex.assert_held();
   ThreadCache& owner = *static_cast<detail::Lease*>(b->lease)->cache;
@@ -173,16 +198,17 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
   const PoolKind pool = policy::pool_for(rounded);
 
-  // Fast path: this thread's leases (once the engine lock has been contended; small pool only,
-  // Note [Thread caches]). No engine lock.
+  // Fast path: this thread's leases (once the engine lock has been contended; small-pool leases,
+  // and the one large lease a thread may hold, Note [Thread caches]). No engine lock.
   ThreadCache* tc = nullptr;
-  if (pool == PoolKind::small && m.use_caches() && !too_large) {
-    tc = m.cache_for_this_thread(true);
+  if (m.use_caches() && !too_large) {
+    tc = m.cache_for_this_thread(pool == PoolKind::small);
     if (tc) {
       Block* b = nullptr;
       {
         std::lock_guard cl(tc->lock);
-        b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+        if (pool == PoolKind::small || tc->large_lease != nullptr)
+          b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
       }
       if (b) {
         Impl::publish(m.observers_for(batch), batch);
@@ -203,7 +229,7 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       fail.status = SourceStatus::out_of_memory;
       fail.detail = "requests of 1 EiB or more are refused";
     } else {
-      if (tc != nullptr) {
+      if (tc != nullptr && pool == PoolKind::small) {
         // The cache missed: a new lease of free memory, and the request from it.
         std::lock_guard cl(tc->lock);
         m.refill_stash_locked(*tc);
@@ -211,6 +237,14 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
         if (b == nullptr && m.lease_locked(*tc, pool, stream, rounded))
           b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
         leased = b != nullptr;
+      } else if (tc != nullptr) {
+        // A large request the thread's large lease (if any) could not serve: the lease's free
+        // memory goes back first, so the engine's best fit sees it. Its stash is topped up for
+        // the next large lease.
+        std::lock_guard cl(tc->lock);
+        if (tc->large_lease != nullptr && tc->index[static_cast<int>(PoolKind::large)].bytes() > 0)
+          m.splice_lease_locked(*tc, tc->large_lease);
+        m.refill_stash_locked(*tc);
       }
       // Best fit in the free index; else the slow path: the recovery steps (grow, release cached
       // memory, retry), engine.cpp.
@@ -250,8 +284,9 @@ FreeStatus CachingAllocator::free(void* ptr) {
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
 
-  // Fast path: back into the lease the block came from (whichever thread's it is).
-  if (m.use_caches() && m.free_cached(addr, batch)) {
+  // Fast path: back into the lease the block came from (whichever thread's it is), or a large
+  // block into this thread's large lease if it has none.
+  if (m.use_caches() && (m.free_cached(addr, batch) || m.free_to_large_lease(addr, batch))) {
     Impl::publish(m.observers_for(batch), batch);
     return FreeStatus::ok;
   }

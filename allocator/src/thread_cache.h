@@ -2,9 +2,11 @@
 // freeing at once (of any mix of sizes) do not all take the engine's lock. Note [Thread caches]
 // (docs/notes/thread-caches.md) has the design; in short:
 //
-//   * A cache holds leases. A lease is one range of a small-pool region, taken from the engine's
-//     free memory and held by one block of the region's chain in state `cached`
-//     (Lease::block), which the engine never changes, merges with or hands out while it is leased.
+//   * A cache holds leases. A lease is one range of a region, held by one block of the region's
+//     chain in state `cached` (Lease::block), which the engine never changes, merges with or hands
+//     out while it is leased. Small-pool leases are taken from the engine's free memory; a cache
+//     has at most one large-pool lease (large_lease): a large block the thread freed while it had
+//     none, handed back on the thread's next large request that it cannot serve.
 //   * Inside the range the cache keeps its own chain of sub-blocks (Lease::first, linked through
 //     prev/next, null at the lease's ends, so nothing merges across it) and its own FreeIndex of the
 //     free ones: requests are served by best fit with splitting, frees merge with free neighbours,
@@ -65,6 +67,7 @@ struct ThreadCache {
   SpinLock lock;
   FreeIndex index[2];  // free sub-blocks, by PoolKind
   Lease* leases = nullptr;        // in use, a doubly linked list
+  Lease* large_lease = nullptr;   // the one large-pool lease among them, or null
   std::size_t lease_count = 0;
   std::size_t leased_bytes = 0;   // sum of the leases' sizes
   Block* stash = nullptr;         // spare Block objects, through next
@@ -110,8 +113,9 @@ struct ThreadCache {
     x->requested_bytes = 0;
     surgery::insert_free_merged(*this, x);
   }
-  // b (a block of a region's chain, out of every container: taken from the engine's free index)
-  // becomes a lease: state cached, one free sub-block over it.
+  // b (a block of a region's chain, out of every container: taken from the engine's free index,
+  // or an allocated block just taken out of the live table) becomes a lease: state cached, one
+  // free sub-block over it. Needs one Block object in the stash.
   Lease* adopt(Block* b) {
     Lease* l = new_lease();
     b->state = BlockState::cached;
@@ -133,6 +137,7 @@ struct ThreadCache {
   }
   // Unlinks l (its block and sub-blocks are the caller's to put back) and keeps the object.
   void retire(Lease* l) noexcept {
+    if (l == large_lease) large_lease = nullptr;
     if (l->prev) l->prev->next = l->next;
     else leases = l->next;
     if (l->next) l->next->prev = l->prev;

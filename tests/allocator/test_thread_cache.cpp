@@ -1,7 +1,8 @@
 // Thread caches (Note [Thread caches]): off until the engine's lock is contended; then a thread
 // allocates mixed sizes inside leases of free memory without the lock, other threads' frees go
 // back to the lease, double frees are still caught, totals and snapshots stay exact, leased memory
-// is used before the engine grows, and caches go back to the engine when their thread exits.
+// is used before the engine grows, a thread keeps at most one large lease (a large block it freed),
+// and caches go back to the engine when their thread exits.
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -208,7 +209,7 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
   engine.check_invariants();
 }
 
-TEST_CASE("leases hold small-pool memory only, and large-pool growth leaves them alone", "[engine][thread_cache]") {
+TEST_CASE("small leases come from free memory; a thread's one large lease is a block it freed", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
   CachingAllocator engine(source, *events, Config{});
@@ -216,8 +217,8 @@ TEST_CASE("leases hold small-pool memory only, and large-pool growth leaves them
   const std::size_t leased = engine.totals().thread_cached_bytes;
   REQUIRE(leased > 0);
 
-  // A large-pool request is the engine's (no lease), its growth drains no small-pool lease, and
-  // its free goes back to the engine, not into this thread's cache.
+  // A large-pool request is the engine's (no lease is taken for it) and its growth drains no
+  // small-pool lease.
   constexpr std::size_t kLarge = std::size_t{64} << 20;
   const std::size_t reserved_before = engine.totals().reserved_bytes;
   auto big = engine.allocate(kLarge, 0);
@@ -226,11 +227,60 @@ TEST_CASE("leases hold small-pool memory only, and large-pool growth leaves them
   CHECK(t.reserved_bytes > reserved_before);  // it grew
   CHECK(t.thread_cached_bytes == leased);
   CHECK(t.allocated_bytes == big.size_bytes);
+  engine.check_invariants();
+
+  // Its free makes it this thread's large lease: cached here, counted as freed.
   REQUIRE(engine.free(big.ptr) == FreeStatus::ok);
   t = engine.totals();
-  CHECK(t.thread_cached_bytes == leased);
+  CHECK(t.thread_cached_bytes == leased + big.size_bytes);
   CHECK(t.allocated_bytes == 0);
   CHECK(t.cached_free_bytes >= big.size_bytes + leased);
-  CHECK(engine.free(big.ptr) == FreeStatus::double_free);
+  engine.check_invariants();
+
+  // The same size again: served from the lease, no growth; its free goes back to the lease.
+  const std::size_t reserved = t.reserved_bytes;
+  auto again = engine.allocate(kLarge, 0);
+  REQUIRE(again.ok());
+  CHECK(again.ptr == big.ptr);
+  t = engine.totals();
+  CHECK(t.reserved_bytes == reserved);
+  CHECK(t.allocated_bytes == again.size_bytes);
+  CHECK(t.thread_cached_bytes == leased);  // the lease's memory is allocated
+  engine.check_invariants();
+  REQUIRE(engine.free(again.ptr) == FreeStatus::ok);
+  CHECK(engine.totals().thread_cached_bytes == leased + big.size_bytes);
+
+  // A second large block freed while the lease exists goes back to the engine (one large lease
+  // per thread).
+  auto other = engine.allocate(kLarge / 2, 0);  // served from the lease
+  auto third = engine.allocate(kLarge, 0);      // does not fit: the lease's rest goes back first
+  REQUIRE(other.ok());
+  REQUIRE(third.ok());
+  engine.check_invariants();
+  t = engine.totals();
+  CHECK(t.allocated_bytes == other.size_bytes + third.size_bytes);
+  REQUIRE(engine.free(third.ptr) == FreeStatus::ok);  // no large lease now: it becomes one
+  REQUIRE(engine.free(other.ptr) == FreeStatus::ok);  // a block of the spliced lease: the engine's
+  engine.check_invariants();
+  t = engine.totals();
+  CHECK(t.allocated_bytes == 0);
+  CHECK(t.thread_cached_bytes == leased + third.size_bytes);
+
+  // A request larger than everything cached: the lease goes back before the engine grows, so the
+  // growth uses its memory (reserved grows by at most the shortfall).
+  const std::size_t reserved_now = t.reserved_bytes, cached_now = t.cached_free_bytes;
+  auto huge = engine.allocate(4 * kLarge, 0);
+  REQUIRE(huge.ok());
+  t = engine.totals();
+  CHECK(t.thread_cached_bytes == leased);
+  CHECK(t.reserved_bytes <= reserved_now + huge.size_bytes);
+  CHECK(t.cached_free_bytes <= cached_now);
+  engine.check_invariants();
+  REQUIRE(engine.free(huge.ptr) == FreeStatus::ok);
+  engine.check_invariants();
+  // A double free of a block that went into the large lease is still caught (classifying a bad
+  // pointer hands every lease back first).
+  CHECK(engine.free(huge.ptr) == FreeStatus::double_free);
+  CHECK(engine.totals().thread_cached_bytes == 0);
   engine.check_invariants();
 }
