@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "alloc_pattern.h"
+#include "bench_args.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
 #include "gpumem/alloc/stats.h"
@@ -120,14 +121,6 @@ std::string cell(const Spread& s, int rounds) {
   return fmt::format("{:.1f} ({:.0f}..{:.0f})", s.median, s.min, s.max);
 }
 
-[[noreturn]] void usage(const std::string& what) {
-  fmt::print(stderr,
-             "bench_alloc_pairs: {}\nusage: bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... "
-             "[--observer] [--config TEXT] [--tsv]\n",
-             what);
-  std::exit(2);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,37 +129,29 @@ int main(int argc, char** argv) {
   bool observer = false, tsv = false;
   Config config;
   std::vector<std::string> wanted;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (a == "--ops") ops = std::stoull(next());
-      else if (a == "--threads") threads = std::stoi(next());
-      else if (a == "--rounds") rounds = std::stoi(next());
-      else if (a == "--pattern") wanted.push_back(next());
-      else if (a == "--observer") observer = true;
-      else if (a == "--config") {
-        auto parsed = parse_config(next());
-        if (auto* err = std::get_if<ConfigError>(&parsed)) usage("--config: " + err->message);
-        config = std::get<Config>(parsed);
-      }
-      else if (a == "--tsv") tsv = true;
-      else usage("unknown argument '" + a + "'");
-    } catch (const std::logic_error&) {
-      usage(a + " needs a number");
-    }
-  }
-  if (ops == 0 || threads < 0 || rounds < 1) usage("--ops and --rounds must be positive, --threads at least 0");
+  gpumem::bench::BenchArgs args("bench_alloc_pairs",
+                                "[--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--config TEXT] [--tsv]");
+  args.count("--ops", ops, 1)
+      .number("--threads", threads, 0, 1024)
+      .number("--rounds", rounds, 1, 1000)
+      .texts("--pattern", wanted)
+      .flag("--observer", observer)
+      .custom("--config",
+              [&config](const std::string& text) -> std::string {
+                auto parsed = parse_config(text);
+                if (auto* err = std::get_if<ConfigError>(&parsed)) return err->message;
+                config = std::get<Config>(parsed);
+                return std::string();
+              })
+      .flag("--tsv", tsv);
+  args.parse(argc, argv);
   std::vector<AllocPattern> patterns;
   for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
     bool keep = wanted.empty();
     for (const auto& w : wanted) keep = keep || std::string(p.name).find(w) != std::string::npos;
     if (keep) patterns.push_back(p);
   }
-  if (patterns.empty()) usage("no pattern matches --pattern");
+  if (patterns.empty()) args.fail("no pattern matches --pattern");
 
   if (!tsv) {
     fmt::print("gpumem engine on SimSource, {} pairs per thread{}{}\n", ops, observer ? ", stats observer attached" : "",
@@ -175,10 +160,10 @@ int main(int argc, char** argv) {
   }
   for (const AllocPattern& p : patterns) {
     std::vector<double> single, multi;
-    SimSourceCounters c{};
+    SimSourceCounters c{}, cm{};
     for (int r = 0; r < rounds; ++r) {
       single.push_back(measure(p, ops, 0, observer, config, &c));
-      if (threads) multi.push_back(measure(p, ops, threads, observer, config, nullptr));
+      if (threads) multi.push_back(measure(p, ops, threads, observer, config, &cm));
     }
     const Spread s = spread_of(single);
     if (tsv) {
@@ -188,8 +173,9 @@ int main(int argc, char** argv) {
         fmt::print("pairs\t{}\t{}\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, threads, m.median, m.min, m.max);
       }
     } else {
-      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {})\n", p.name, cell(s, rounds),
-                 threads ? cell(spread_of(multi), rounds) : "", c.maps, c.unmaps, c.creates);
+      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}{})\n", p.name, cell(s, rounds),
+                 threads ? cell(spread_of(multi), rounds) : "", c.maps, c.unmaps, c.creates,
+                 threads ? fmt::format("; {} threads: maps {}, creates {}", threads, cm.maps, cm.creates) : "");
     }
     std::fflush(stdout);
   }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "gpumem/alloc/cuda_sources.h"
 
 namespace {
@@ -39,26 +40,14 @@ struct Args {
   std::exit(2);
 }
 
-int parse_int(const char* flag, const char* text, int min) {
-  char* end = nullptr;
-  const long v = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || v < min || v > 1000000)
-    usage_error(fmt::format("{} needs an integer >= {}, got '{}'", flag, min, text));
-  return static_cast<int>(v);
-}
-
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
-    const char* value = argv[++i];
-    if (flag == "--device") a.device = parse_int("--device", value, 0);
-    else if (flag == "--rounds") a.rounds = parse_int("--rounds", value, 1);
-    else if (flag == "--pieces-2mib") a.pieces_2mib = parse_int("--pieces-2mib", value, 1);
-    else if (flag == "--pieces-20mib") a.pieces_20mib = parse_int("--pieces-20mib", value, 1);
-    else usage_error(fmt::format("unknown option '{}'", flag));
-  }
+  gpumem::bench::BenchArgs args("cuda_vmm_calls", "[--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N]");
+  args.number("--device", a.device, 0, 1024)
+      .number("--rounds", a.rounds, 1, 1000000)
+      .number("--pieces-2mib", a.pieces_2mib, 1, 1000000)
+      .number("--pieces-20mib", a.pieces_20mib, 1, 1000000);
+  args.parse(argc, argv);
   return a;
 }
 

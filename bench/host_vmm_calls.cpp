@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "gpumem/alloc/host_vmm_source.h"
 
 namespace {
@@ -20,20 +21,6 @@ using namespace gpumem::alloc;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-[[noreturn]] void usage_error(const std::string& what) {
-  std::fprintf(stderr, "host_vmm_calls: %s\nusage: host_vmm_calls [--rounds R] [--pieces N]  (positive integers)\n",
-               what.c_str());
-  std::exit(2);
-}
-
-int parse_int(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  const long v = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || v < 1 || v > 100000)
-    usage_error(fmt::format("{} needs an integer in 1..100000, got '{}'", flag, text));
-  return static_cast<int>(v);
-}
 
 struct Timer {
   std::uint64_t total_ns = 0, calls = 0;
@@ -101,13 +88,9 @@ bool run_size(std::size_t piece_bytes, int pieces, int rounds) {
 
 int main(int argc, char** argv) {
   int rounds = 5, pieces = 32;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
-    if (flag == "--rounds") rounds = parse_int(flag, argv[++i]);
-    else if (flag == "--pieces") pieces = parse_int(flag, argv[++i]);
-    else usage_error(fmt::format("unknown option '{}'", flag));
-  }
+  gpumem::bench::BenchArgs args("host_vmm_calls", "[--rounds R] [--pieces N]");
+  args.number("--rounds", rounds, 1, 100000).number("--pieces", pieces, 1, 100000);
+  args.parse(argc, argv);
   bool good = run_size(2 * kMiB, pieces, rounds);
   good = run_size(20 * kMiB, pieces, rounds) && good;
   return good ? 0 : 1;

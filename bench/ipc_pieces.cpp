@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "gpumem/alloc/cuda_ipc.h"
 #include "gpumem/alloc/cuda_sources.h"
 
@@ -130,21 +131,9 @@ void share_and_import(int device, std::size_t piece_bytes, int pieces) {
 
 int main(int argc, char** argv) {
   int device = 0, pieces = 32, rounds = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> int {
-      if (i + 1 >= argc) die("missing value after " + a);
-      char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || v < 0 || v > 100000) die("bad value for " + a + ": " + argv[i]);
-      return static_cast<int>(v);
-    };
-    if (a == "--device") device = next();
-    else if (a == "--pieces") pieces = next();
-    else if (a == "--rounds") rounds = next();
-    else die("unknown argument " + a + " (usage: ipc_pieces [--device N] [--pieces N] [--rounds R])");
-  }
-  if (pieces < 1 || rounds < 1) die("--pieces and --rounds must be at least 1");
+  gpumem::bench::BenchArgs args("ipc_pieces", "[--device N] [--pieces N] [--rounds R]");
+  args.number("--device", device, 0, 1024).number("--pieces", pieces, 1, 100000).number("--rounds", rounds, 1, 100000);
+  args.parse(argc, argv);
   if (cuda_device_count() == 0) die("no CUDA device");
   std::printf("ipc_pieces: device %d, %d pieces x %d rounds; mean us per call\n", device, pieces, rounds);
   std::printf("  %-8s %-11s %10s %10s\n", "piece", "pieces", "cuMemCreate", "cuMemRelease");

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "gpumem/torch/config.h"
 #include "gpumem/forensics/engine_forensics.h"
 #include "gpumem/forensics/op_attribution_torch.h"
@@ -49,21 +50,31 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--device") o.device = v;
-    else if (k == "--phases") o.phases = std::atoi(v.c_str());
-    else if (k == "--steps-per-phase") o.steps = std::atoi(v.c_str());
-    else if (k == "--d-model") o.model.width = std::atoi(v.c_str());
-    else if (k == "--layers") o.model.layers = std::atoi(v.c_str());
-    else if (k == "--batch") o.batch = std::atoi(v.c_str());
-    else if (k == "--seq") o.model.max_seq = std::atoi(v.c_str());
-    else if (k == "--on" && (v == "all" || v == "callbacks" || v == "observers")) o.on = v;
-    else {
-      std::fprintf(stderr, "bench_op_attribution_overhead: unknown option '%s'\n", k.c_str());
-      return 2;
-    }
-  }
+  gpumem::bench::BenchArgs args("bench_op_attribution_overhead",
+                                "[--device cuda|cpu] [--phases N] [--steps-per-phase N] [--d-model N] [--layers N] "
+                                "[--batch N] [--seq N] [--on all|callbacks|observers]");
+  auto one_of = [](std::string& out, std::vector<std::string> allowed) {
+    return [&out, allowed = std::move(allowed)](const std::string& v) -> std::string {
+      std::string list;
+      for (const std::string& a : allowed) {
+        if (v == a) {
+          out = v;
+          return {};
+        }
+        list += (list.empty() ? "" : ", ") + a;
+      }
+      return "expected one of " + list;
+    };
+  };
+  args.custom("--device", one_of(o.device, {"cuda", "cpu"}))
+      .number("--phases", o.phases, 1, 100000)
+      .number("--steps-per-phase", o.steps, 1, 100000)
+      .number<std::int64_t>("--d-model", o.model.width, 8, 65536)
+      .number<std::int64_t>("--layers", o.model.layers, 1, 1000)
+      .number("--batch", o.batch, 1, 100000)
+      .number<std::int64_t>("--seq", o.model.max_seq, 2, 1000000)
+      .custom("--on", one_of(o.on, {"all", "callbacks", "observers"}));
+  args.parse(argc, argv);
   const bool cuda = o.device == "cuda" && torch::cuda::is_available();
   if (o.device == "cuda" && !cuda) {
     std::fprintf(stderr, "no CUDA device: running on the CPU\n");

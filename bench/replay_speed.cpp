@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_args.h"
 #include "gpumem/forensics/policy_factory.h"
 #include "gpumem/forensics/replay.h"
 #include "gpumem/forensics/trace_loader.h"
@@ -27,14 +28,9 @@ namespace fs = std::filesystem;
 int main(int argc, char** argv) {
   std::vector<std::string> traces;
   int repeat = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--repeat" && i + 1 < argc) {
-      repeat = std::max(1, std::atoi(argv[++i]));
-    } else {
-      traces.push_back(a);
-    }
-  }
+  gpumem::bench::BenchArgs args("replay_speed", "[TRACE...] [--repeat N]");
+  args.number("--repeat", repeat, 1, 1000).positional(traces);
+  args.parse(argc, argv);
   if (traces.empty()) {
     const char* src = std::getenv("GPUMEM_SOURCE_DIR");
     for (const std::string& root : {std::string(src ? src : "."), std::string(".")}) {

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_args.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
 #include "gpumem/forensics/engine_snapshot.h"
@@ -44,7 +45,14 @@ double median_ms(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t entries = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 100000;
+  std::size_t entries = 100000;
+  std::vector<std::string> given;
+  gpumem::bench::BenchArgs args("bench_snapshot_write", "[ENTRIES]");
+  args.positional(given).parse(argc, argv);
+  if (given.size() > 1) args.fail("one ENTRIES at most");
+  if (!given.empty())
+    if (std::string err = args.parse_number(given[0], entries, std::size_t{1}, std::size_t{1} << 32); !err.empty())
+      args.fail("ENTRIES " + given[0] + ": " + err);
   alloc::SimSource source;
   auto events = alloc::make_immediate_events();
   alloc::Config config;

@@ -14,9 +14,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "gpumem/alloc/stats.h"
 
 using namespace gpumem::alloc;
@@ -121,7 +123,14 @@ double run(const std::vector<Batches>& per_thread, bool classic, bool track, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t events = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 2000000;
+  std::size_t events = 2000000;
+  std::vector<std::string> given;
+  gpumem::bench::BenchArgs args("bench_stats_observer", "[EVENTS_PER_THREAD]");
+  args.positional(given).parse(argc, argv);
+  if (given.size() > 1) args.fail("one EVENTS_PER_THREAD at most");
+  if (!given.empty())
+    if (std::string err = args.parse_number(given[0], events, std::size_t{1}, std::size_t{1} << 40); !err.empty())
+      args.fail("EVENTS_PER_THREAD " + given[0] + ": " + err);
   const int reps = 5;
   std::printf("StatsObserver::on_events, %zu events per thread, best of %d runs\n", events, reps);
   std::printf("%-12s %8s %16s %22s\n", "workload", "threads", "ns/event/thread",

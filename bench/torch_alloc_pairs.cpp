@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "alloc_pattern.h"
+#include "bench_args.h"
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/cuda_allocator.h"
 
@@ -83,44 +84,25 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-[[noreturn]] void usage(const std::string& what) {
-  std::fprintf(stderr,
-               "torch_alloc_pairs: %s\nusage: torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] "
-               "[--config STR]\n",
-               what.c_str());
-  std::exit(2);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::size_t ops = 200000, thread_ops = 20000;
   int threads = 4, rounds = 3;
   std::string config_text;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (a == "--ops") ops = std::stoull(next());
-      else if (a == "--thread-ops") thread_ops = std::stoull(next());
-      else if (a == "--threads") threads = std::stoi(next());
-      else if (a == "--rounds") rounds = std::stoi(next());
-      else if (a == "--config") config_text = next();
-      else usage("unknown argument '" + a + "'");
-    } catch (const std::logic_error&) {
-      usage(a + " needs a number");
-    }
-  }
-  if (ops == 0 || threads < 1 || rounds < 1) usage("--ops, --threads and --rounds must be positive");
+  gpumem::bench::BenchArgs args("torch_alloc_pairs", "[--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR]");
+  args.count("--ops", ops, 1)
+      .count("--thread-ops", thread_ops, 1)
+      .number("--threads", threads, 1, 1024)
+      .number("--rounds", rounds, 1, 1000)
+      .text("--config", config_text);
+  args.parse(argc, argv);
   if (!torch::cuda::is_available()) {
     std::printf("torch_alloc_pairs: no CUDA device; nothing measured\n");
     return 0;
   }
   auto parsed = gpumem::torch::parse_config(config_text);
-  if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) usage("--config: " + error->message);
+  if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) args.fail("--config: " + error->message);
 
   Allocator& native = *c10::cuda::CUDACachingAllocator::get();
   torch::empty({1}, torch::kCUDA);  // initializes CUDA and the native allocator

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include "bench_args.h"
 #include "gpumem/forensics/csv_trace_reader.h"
 #include "gpumem/view/render.h"
 #include "gpumem/view/view_state.h"
@@ -98,19 +99,20 @@ int main(int argc, char** argv) {
   std::string path;
   std::size_t entries = 1'000'000;
   vw::Size screen{200, 60};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--entries" && i + 1 < argc) entries = std::stoull(argv[++i]);
-    else if (a == "--width" && i + 1 < argc) screen.width = std::stoi(argv[++i]);
-    else if (a == "--height" && i + 1 < argc) screen.height = std::stoi(argv[++i]);
-    else if (a == "--write" && i + 1 < argc) {
-      const std::string out = argv[++i];
-      fmt::print("wrote {} entries to {}\n", write_synthetic(out, entries), out);
-      return 0;
-    } else if (a == "-h" || a == "--help") {
-      std::puts("usage: viewer_keys [TRACE] [--entries N] [--width W] [--height H] [--write FILE]");
-      return 0;
-    } else path = a;
+  std::string write_to;
+  std::vector<std::string> files;
+  gpumem::bench::BenchArgs args("viewer_keys", "[TRACE] [--entries N] [--width W] [--height H] [--write FILE]");
+  args.count("--entries", entries, 1)
+      .number("--width", screen.width, 20, 10000)
+      .number("--height", screen.height, 5, 10000)
+      .text("--write", write_to)
+      .positional(files);
+  args.parse(argc, argv);
+  if (files.size() > 1) args.fail("one TRACE at most");
+  if (!files.empty()) path = files.front();
+  if (!write_to.empty()) {
+    fmt::print("wrote {} entries to {}\n", write_synthetic(write_to, entries), write_to);
+    return 0;
   }
   std::string tmp;
   if (path.empty()) {

@@ -11,7 +11,12 @@
 #   SPEED_QUICK=1 OUT=/dir BUILD=build scripts/gpu/speed.sh
 #        a short run (fewer pairs, 1 round) to try the script on a machine without a GPU: the
 #        torch step then reports that no CUDA device is there.
-# Needs in BUILD: bench/bench_alloc_pairs, bench/torch_alloc_pairs (GPUMEM_WITH_TORCH=ON).
+#   SPEED_ENGINE_ONLY=1 ...   the engine and lock steps only (no torch_alloc_pairs needed; ~45 s)
+# Needs in BUILD: bench/bench_alloc_pairs, bench/bench_lock_handoff, bench/torch_alloc_pairs
+# (GPUMEM_WITH_TORCH=ON; not with SPEED_ENGINE_ONLY).
+# The lock step (bench_lock_handoff) times one acquisition of the engine's spin lock, std::mutex,
+# a spin-then-park lock and a ticket lock with 1..4 threads around 8 shared cache lines: what the
+# engine lock's kind costs when every thread takes it (large requests).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$gpu_root"
@@ -26,10 +31,12 @@ trap 'tar czf "$OUT/speed-logs.tar.gz" -C "$OUT" speed-logs && rm -rf "$logs"' E
 
 if [ -n "${SPEED_QUICK:-}" ]; then
   engine_args=(--ops 20000 --threads 4 --rounds 1)
+  lock_args=(--ms 20 --threads 4 --rounds 1)
   torch_args=(--ops 20000 --thread-ops 5000 --threads 4 --rounds 1)
   torch_off_args=("${torch_args[@]}")
 else
   engine_args=(--ops 150000 --threads 4 --rounds 3)
+  lock_args=(--ms 100 --threads 4 --rounds 3)
   torch_args=(--ops 200000 --thread-ops 20000 --threads 4 --rounds 5)
   torch_off_args=(--ops 100000 --thread-ops 20000 --threads 4 --rounds 3)
 fi
@@ -59,8 +66,14 @@ step engine 18 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}"
 step engine_no_thread_cache 15 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}" --config thread_cache:False
 # The same with the stats observer the torch adapter attaches: what the adapter's engine costs.
 step engine_observer 18 "$BUILD/bench/bench_alloc_pairs" "${engine_args[@]}" --observer
-# Through libtorch: native beside gpumem, 1 and 4 threads (the issue's last two rows).
-step torch 30 "$BUILD/bench/torch_alloc_pairs" "${torch_args[@]}"
-step torch_no_thread_cache 16 "$BUILD/bench/torch_alloc_pairs" "${torch_off_args[@]}" --config thread_cache:False
+# The engine lock's kind against the alternatives, under the contention large requests make.
+step lock_handoff 10 "$BUILD/bench/bench_lock_handoff" "${lock_args[@]}"
+if [ -z "${SPEED_ENGINE_ONLY:-}" ]; then
+  # Through libtorch: native beside gpumem, 1 and 4 threads (the issue's last two rows).
+  step torch 30 "$BUILD/bench/torch_alloc_pairs" "${torch_args[@]}"
+  step torch_no_thread_cache 16 "$BUILD/bench/torch_alloc_pairs" "${torch_off_args[@]}" --config thread_cache:False
+else
+  note "torch steps: skipped (SPEED_ENGINE_ONLY)"
+fi
 note "speed: $([ $status = 0 ] && echo 'all steps ran' || echo 'a step FAILED or was cut (see above)')"
 exit $status
