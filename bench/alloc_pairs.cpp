@@ -27,6 +27,7 @@
 
 #include "alloc_pattern.h"
 #include "bench_args.h"
+#include "spread.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
 #include "gpumem/alloc/stats.h"
@@ -36,6 +37,8 @@ using namespace gpumem::alloc;
 namespace {
 
 using gpumem::bench::AllocPattern;
+using gpumem::bench::Spread;
+using gpumem::bench::spread_of;
 
 // Runs `ops` pairs of the pattern on one thread; returns ns per pair.
 double run_pattern(CachingAllocator& engine, const AllocPattern& p, std::size_t ops, std::uint64_t seed, StreamId stream) {
@@ -107,20 +110,6 @@ double measure(const AllocPattern& p, std::size_t ops, int threads, bool observe
   return ns;
 }
 
-struct Spread {
-  double median, min, max;
-};
-
-Spread spread_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
-
-std::string cell(const Spread& s, int rounds) {
-  if (rounds == 1) return fmt::format("{:.1f}", s.median);
-  return fmt::format("{:.1f} ({:.0f}..{:.0f})", s.median, s.min, s.max);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,8 +162,9 @@ int main(int argc, char** argv) {
         fmt::print("pairs\t{}\t{}\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, threads, m.median, m.min, m.max);
       }
     } else {
-      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}{})\n", p.name, cell(s, rounds),
-                 threads ? cell(spread_of(multi), rounds) : "", c.maps, c.unmaps, c.creates,
+      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}{})\n", p.name,
+                 gpumem::bench::format_spread(s, rounds),
+                 threads ? gpumem::bench::format_spread(spread_of(multi), rounds) : "", c.maps, c.unmaps, c.creates,
                  threads ? fmt::format("; {} threads: maps {}, creates {}", threads, cm.maps, cm.creates) : "");
     }
     std::fflush(stdout);

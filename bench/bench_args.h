@@ -85,8 +85,17 @@ class BenchArgs {
     positional_ = &out;
     return *this;
   }
+  // One optional argument that is not an option: a whole number in [min, max] named `label` in
+  // errors (bench_snapshot_write [ENTRIES]).
+  template <class T>
+  BenchArgs& positional_number(std::string label, T& out, T min, T max) {
+    number_label_ = std::move(label);
+    number_ = [&out, min, max](const std::string& v) { return parse_number(v, out, min, max); };
+    return *this;
+  }
 
   void parse(int argc, char** argv) const {
+    bool number_given = false;
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "--help" || a == "-h") {
@@ -104,6 +113,12 @@ class BenchArgs {
       if (o == nullptr) {
         if (positional_ != nullptr && !has_value && a.rfind("-", 0) != 0) {
           positional_->push_back(a);
+          continue;
+        }
+        if (number_ && !has_value && a.rfind("--", 0) != 0) {
+          if (number_given) fail(fmt::format("one {} at most; '{}' is a second", number_label_, a));
+          if (std::string err = number_(a); !err.empty()) fail(fmt::format("{} {}: {}", number_label_, a, err));
+          number_given = true;
           continue;
         }
         fail(fmt::format("unknown argument '{}'", argv[i]));
@@ -159,6 +174,8 @@ class BenchArgs {
   std::string usage_;
   std::vector<Option> opts_;
   std::vector<std::string>* positional_ = nullptr;
+  std::string number_label_;
+  Apply number_;
 };
 
 }  // namespace gpumem::bench

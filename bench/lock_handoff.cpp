@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "spread.h"
 #include "gpumem/alloc/spin_lock.h"
 
 namespace {
@@ -139,15 +140,6 @@ double run(int threads, std::size_t ms, std::size_t lines, unsigned outside) {
   return ns;
 }
 
-struct Spread {
-  double median, min, max;
-};
-
-Spread spread_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,9 +178,9 @@ int main(int argc, char** argv) {
     for (const Kind& k : kinds) {
       std::vector<double> v;
       for (int r = 0; r < rounds; ++r) v.push_back(k.run(t, ms, lines, outside));
-      const Spread s = spread_of(v);
+      const gpumem::bench::Spread s = gpumem::bench::spread_of(v);
       if (tsv) fmt::print("lock\t{}\t{}\t{:.1f}\t{:.1f}\t{:.1f}\n", k.name, t, s.median, s.min, s.max);
-      else fmt::print(" {:>22}", fmt::format("{:.1f} ({:.0f}..{:.0f})", s.median, s.min, s.max));
+      else fmt::print(" {:>22}", gpumem::bench::format_spread(s, rounds));
       std::fflush(stdout);
     }
     if (!tsv) fmt::print("\n");

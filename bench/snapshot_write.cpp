@@ -46,13 +46,9 @@ double median_ms(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::size_t entries = 100000;
-  std::vector<std::string> given;
-  gpumem::bench::BenchArgs args("bench_snapshot_write", "[ENTRIES]");
-  args.positional(given).parse(argc, argv);
-  if (given.size() > 1) args.fail("one ENTRIES at most");
-  if (!given.empty())
-    if (std::string err = args.parse_number(given[0], entries, std::size_t{1}, std::size_t{1} << 32); !err.empty())
-      args.fail("ENTRIES " + given[0] + ": " + err);
+  gpumem::bench::BenchArgs("bench_snapshot_write", "[ENTRIES]")
+      .positional_number("ENTRIES", entries, std::size_t{1}, std::size_t{1} << 32)
+      .parse(argc, argv);
   alloc::SimSource source;
   auto events = alloc::make_immediate_events();
   alloc::Config config;

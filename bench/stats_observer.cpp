@@ -124,13 +124,9 @@ double run(const std::vector<Batches>& per_thread, bool classic, bool track, int
 
 int main(int argc, char** argv) {
   std::size_t events = 2000000;
-  std::vector<std::string> given;
-  gpumem::bench::BenchArgs args("bench_stats_observer", "[EVENTS_PER_THREAD]");
-  args.positional(given).parse(argc, argv);
-  if (given.size() > 1) args.fail("one EVENTS_PER_THREAD at most");
-  if (!given.empty())
-    if (std::string err = args.parse_number(given[0], events, std::size_t{1}, std::size_t{1} << 40); !err.empty())
-      args.fail("EVENTS_PER_THREAD " + given[0] + ": " + err);
+  gpumem::bench::BenchArgs("bench_stats_observer", "[EVENTS_PER_THREAD]")
+      .positional_number("EVENTS_PER_THREAD", events, std::size_t{1}, std::size_t{1} << 40)
+      .parse(argc, argv);
   const int reps = 5;
   std::printf("StatsObserver::on_events, %zu events per thread, best of %d runs\n", events, reps);
   std::printf("%-12s %8s %16s %22s\n", "workload", "threads", "ns/event/thread",
