@@ -7,8 +7,8 @@
 // pool it is that engine's; otherwise the pointer registry says whose (a device or a pool).
 //
 // Lock order: slots_mutex_ (engine creation only) -> engine's mutex; a device's pools mutex ->
-// engines' locks (set_capturing / set_holding only); contexts_mutex is a leaf; hooks_mutex_ is a
-// leaf. No other lock of ours is held while calling the engine, a tracker or an OOM observer.
+// engines' locks (set_capturing / set_holding only); contexts_mutex is a leaf; hooks_mutex_ ->
+// a DeviceEngine's trace_attach_mutex_ -> engine's mutex (sync_trace_observer), nothing else. No other lock of ours is held while calling the engine, a tracker or an OOM observer.
 #include "gpumem/torch/cuda_allocator.h"
 
 #include <c10/core/Allocator.h>
@@ -356,7 +356,10 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     trace_settings_.contexts = enabled && when >= cda::RecordContext::ALLOC;
     const bool clear = !enabled || clearHistory;
     if (clear) annotations_.clear();
-    for_each_slot([&](DeviceSlot& slot) { slot.de->trace->configure(trace_settings_, clear); });
+    for_each_slot([&](DeviceSlot& slot) {
+      slot.de->trace->configure(trace_settings_, clear);
+      slot.de->sync_trace_observer();
+    });
   }
 
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
@@ -402,7 +405,10 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override {
     std::lock_guard lock(hooks_mutex_);
     trackers_.push_back(tracker);
-    for_each_slot([&](DeviceSlot& slot) { slot.de->trace->add_hook(tracker_hook(tracker)); });
+    for_each_slot([&](DeviceSlot& slot) {
+      slot.de->trace->add_hook(tracker_hook(tracker));
+      slot.de->sync_trace_observer();
+    });
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -630,6 +636,7 @@ DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
     slot->de->trace->set_user_metadata(user_metadata_);
     for (const auto& context : compile_contexts_) slot->de->trace->push_compile_context(context);
     for (const auto& tracker : trackers_) slot->de->trace->add_hook(tracker_hook(tracker));
+    slot->de->sync_trace_observer();
   }
   int existing = 0;
   for (int d = 0; d < kMaxDevices; ++d) existing += find_slot(d) != nullptr;
