@@ -136,6 +136,17 @@ long long driver_calls(Allocator& a) {
   return static_cast<long long>(s.num_device_alloc + s.num_device_free);
 }
 
+// One line of gpumem's statistics after the run: classic segments (the stats observer keeps its
+// lock for every event while one exists), driver calls, retries.
+void print_gpumem_stats(Allocator& a) {
+  const auto s = a.getDeviceStats(0);
+  std::printf("gpumem after the run: classic segments peak %lld, device allocs %lld, device frees %lld, alloc retries "
+              "%lld, OOMs %lld\n",
+              static_cast<long long>(s.segment[0].peak), static_cast<long long>(s.num_device_alloc),
+              static_cast<long long>(s.num_device_free), static_cast<long long>(s.num_alloc_retries),
+              static_cast<long long>(s.num_ooms));
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -207,6 +218,7 @@ int main(int argc, char** argv) {
                   driver_calls(ours_allocator) - calls0);
       std::fflush(stdout);
     }
+    print_gpumem_stats(ours_allocator);
     return 0;
   }
 
@@ -239,5 +251,6 @@ int main(int argc, char** argv) {
                 driver_calls(ours_allocator) - calls0);
     std::fflush(stdout);
   }
+  print_gpumem_stats(ours_allocator);
   return 0;
 }
