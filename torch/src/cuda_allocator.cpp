@@ -161,7 +161,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
 
   // ---- c10::Allocator ----
   c10::DataPtr allocate(size_t n) override {
-    const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::DeviceIndex device = current_device();
     const c10::Device where(c10::DeviceType::CUDA, device);
     if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) {
       void* p = uncached_allocate(n, device);
@@ -213,14 +213,14 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   // ---- CUDAAllocator ----
   void* raw_alloc(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::DeviceIndex device = current_device();
     if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return uncached_allocate(nbytes, device);
     return malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     if (nbytes == 0) return nullptr;
-    const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::DeviceIndex device = current_device();
     if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return uncached_allocate(nbytes, device);
     return malloc(device, nbytes, stream);
   }
@@ -476,6 +476,14 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     std::uint64_t t_ns = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
   };
+
+  // The calling thread's current CUDA device, as c10::cuda::current_device() answers. With one
+  // visible device (init(1)) that can only be device 0: no cudaGetDevice call, which c10 makes on
+  // every call (torch 2.11 caches only a deferred target device) and which every allocation would
+  // otherwise pay. Before init, or with several devices, c10 answers.
+  c10::DeviceIndex current_device() const {
+    return device_count_.load(std::memory_order_relaxed) == 1 ? c10::DeviceIndex{0} : c10::cuda::current_device();
+  }
 
   void check_device(c10::DeviceIndex device) const {
     const int count = device_count_.load();
