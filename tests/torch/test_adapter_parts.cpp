@@ -1,5 +1,6 @@
 // The torch-free parts of the adapter: mapped runs of snapshot segments, the pointer registry
-// (with its registering source), and when a device's trace ring is attached to its engine. No
+// (with its registering source), when a device's trace ring is attached to its engine, and when
+// the current device is asked for. No
 // torch header here. (The trace ring the adapter uses is forensics' TraceRing:
 // tests/forensics/test_observers.cpp.)
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "current_device.h"
 #include "device_engine.h"
 #include "gpumem/alloc/sim_source.h"
 #include "pointer_registry.h"
@@ -123,4 +125,22 @@ TEST_CASE("a device's trace ring is attached to its engine only while it records
   de->sync_trace_observer();
   pair();
   CHECK(de->trace->history().size() == 3);
+}
+
+TEST_CASE("the current device is asked for unless exactly one device is visible") {
+  int asked = 0;
+  auto ask = [&] {
+    ++asked;
+    return static_cast<signed char>(3);  // c10's answer on a machine with several devices
+  };
+  // One visible device: it is device 0, and nobody is asked.
+  CHECK(gpumem::torch::detail::current_device_of(1, ask) == 0);
+  CHECK(asked == 0);
+  // Several devices: c10 answers, every time (the thread may have switched devices since).
+  CHECK(gpumem::torch::detail::current_device_of(2, ask) == 3);
+  CHECK(gpumem::torch::detail::current_device_of(8, ask) == 3);
+  CHECK(asked == 2);
+  // Before init() says how many: c10 answers.
+  CHECK(gpumem::torch::detail::current_device_of(0, ask) == 3);
+  CHECK(asked == 3);
 }

@@ -36,6 +36,7 @@
 
 #include "c10_stats.h"
 #include "cuda_ipc.h"
+#include "current_device.h"
 #include "format_size.h"
 #include "device_engine.h"
 #include "engines.h"
@@ -477,12 +478,12 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     std::vector<std::pair<std::string, std::string>> metadata;
   };
 
-  // The calling thread's current CUDA device, as c10::cuda::current_device() answers. With one
-  // visible device (init(1)) that can only be device 0: no cudaGetDevice call, which c10 makes on
-  // every call (torch 2.11 caches only a deferred target device) and which every allocation would
-  // otherwise pay. Before init, or with several devices, c10 answers.
+  // The calling thread's current CUDA device, as c10::cuda::current_device() answers, without
+  // asking when one device is visible (current_device.h: the question costs microseconds when
+  // threads ask at once).
   c10::DeviceIndex current_device() const {
-    return device_count_.load(std::memory_order_relaxed) == 1 ? c10::DeviceIndex{0} : c10::cuda::current_device();
+    return detail::current_device_of(device_count_.load(std::memory_order_relaxed),
+                                     [] { return c10::cuda::current_device(); });
   }
 
   void check_device(c10::DeviceIndex device) const {
