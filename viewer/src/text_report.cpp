@@ -15,7 +15,8 @@ std::string text_report(const ViewerModel& model, int width) {
     View view;
     int height;
   } screens[] = {{View::summary, 70}, {View::timeline, 22}, {View::live, 24},
-                 {View::pins, 24},    {View::segments, 20}, {View::diff, 20}};
+                 {View::pins, 24},    {View::segments, 20}, {View::active, 24},
+                 {View::diff, 20}};
   for (const auto& sc : screens) {
     if (sc.view == View::diff && !model.compare) continue;
     ViewState s = initial_state(model, Size{width, sc.height});

@@ -11,6 +11,7 @@
 // read-only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -27,6 +28,11 @@
 namespace gpumem::view {
 
 inline constexpr std::size_t kCheckpointEvery = 8192;
+inline constexpr std::size_t kPeakBlock = 1024;
+
+enum class GroupBy : std::uint8_t;  // live_groups.h
+class ActiveMemory;                 // active_memory.h
+struct ActiveMemoryCache;           // active_memory.h
 
 // PyTorch's own numbers at the end of a snapshot, read from its segments (exact block sizes).
 struct SnapshotTotals {
@@ -59,6 +65,23 @@ class ViewerModel {
   std::uint64_t allocated_at(std::size_t applied) const { return allocated_[applied]; }
   std::uint64_t reserved_at(std::size_t applied) const { return reserved_[applied]; }
   std::int64_t time_us_at(std::size_t applied) const;  // time of the last applied entry
+  // Time of entry `entry` since the first entry, made non-decreasing (a later entry stamped
+  // earlier takes its predecessor's time), so that time buckets are contiguous runs of entries.
+  std::int64_t elapsed_us_of(std::size_t entry) const { return elapsed_us_[entry]; }
+  // The cursor's time since the first entry: that of its last applied entry (0 for cursor 0).
+  std::int64_t cursor_elapsed_us(std::size_t applied) const {
+    return applied == 0 || elapsed_us_.empty() ? 0 : elapsed_us_[std::min(applied, entry_count()) - 1];
+  }
+  // The number of entries before time t (since the first entry): the cursor at the end of a time
+  // bucket that ends at t. O(log entries).
+  std::size_t applied_before_us(std::int64_t elapsed_us) const;
+  // Time from the first entry to the last, plus one microsecond (at least 1): every entry's
+  // elapsed time lies in [0, span).
+  std::int64_t span_us() const noexcept { return elapsed_us_.empty() ? 1 : elapsed_us_.back() + 1; }
+
+  // The first cursor in [lo, hi] (lo <= hi <= entry_count()) where allocated bytes are highest.
+  // O(kPeakBlock + (hi - lo) / kPeakBlock): per-block maxima are kept.
+  std::size_t peak_allocated_cursor_in(std::size_t lo, std::size_t hi) const;
 
   std::size_t peak_reserved_cursor() const noexcept { return peak_reserved_; }
   std::size_t peak_allocated_cursor() const noexcept { return peak_allocated_; }
@@ -91,6 +114,15 @@ class ViewerModel {
   // held only earlier in the trace shows as the default pool's.
   std::optional<std::pair<std::int64_t, std::int64_t>> pool_of(std::uint64_t addr) const;
 
+  // Real block size of an alloc entry where a snapshot knows it (0: round the request), and the
+  // op it ran under (0: not recorded): what MemoryState::apply takes for entry `entry`.
+  std::uint64_t entry_block_bytes(std::size_t entry) const noexcept { return block_bytes_of(entry); }
+  std::uint32_t entry_op(std::size_t entry) const noexcept { return op_of(entry); }
+
+  // Live bytes over time grouped `by` (the Active view's model), built on first use and kept
+  // (thread-safe: built once per grouping). Defined in active_memory.cpp.
+  const ActiveMemory& active_memory(GroupBy by) const;
+
   // A second file to diff against (gpumem view A --diff B).
   std::shared_ptr<const ViewerModel> compare;
 
@@ -106,6 +138,10 @@ class ViewerModel {
   forensics::Trace trace_;
   std::vector<std::uint64_t> allocated_;  // entry_count() + 1 values
   std::vector<std::uint64_t> reserved_;
+  std::vector<std::int64_t> elapsed_us_;  // entry_count() values, non-decreasing
+  // block_peak_[b]: the first cursor of [b * kPeakBlock, (b + 1) * kPeakBlock) with the most allocated.
+  std::vector<std::size_t> block_peak_;
+  std::shared_ptr<ActiveMemoryCache> active_cache_;  // shared by copies (the data is immutable)
   // checkpoints_[i]: the state after i * kCheckpointEvery entries.
   std::vector<MemoryState> checkpoints_;
   // Real block sizes of alloc entries, by entry, where a snapshot knows them (empty for CSV).
