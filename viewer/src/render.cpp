@@ -50,7 +50,7 @@ const char* help_line(const ViewState& s) {
     case View::live: return "↑↓ select  s sort  g group  / search  , . step  p a o jump";
     case View::pins: return "↑↓ segment  , . step  p a o jump";
     case View::diff: return "m mark  g group  b A/B cursor  , . step  p a o jump";
-    case View::active: return "←→ column  + - zoom  0 all  PgUp PgDn pan  g group  , . step  p a o jump";
+    case View::active: return "←→ column  + - zoom  0 all  PgUp PgDn pan  g group  e peak/end  p a o";
   }
   return "? help  q quit";
 }
