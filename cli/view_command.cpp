@@ -30,7 +30,8 @@ std::string help_text() {
       "torch.cuda.memory._dump_snapshot writes) or a CSV trace (.csv / .csv.gz). An OOM snapshot\n"
       "opens on its verdict. Views: 1 Summary (OOM verdict), 2 Segments (address-order map),\n"
       "3 Timeline (allocated / reserved; moving its cursor replays the trace and every view\n"
-      "follows), 4 Live allocations by call site, 5 what pins each segment, 6 Diff.\n"
+      "follows), 4 Live allocations by call site, 5 what pins each segment, 6 Diff, 7 Active\n"
+      "(live memory over time stacked by call site, function or op, with zoom in time).\n"
       "\n"
       "options:\n"
       "  --diff FILE2   a second snapshot or trace; the Diff view compares FILE at its cursor with\n"
@@ -99,7 +100,7 @@ int run_view(const std::vector<std::string_view>& argv) {
 }  // namespace
 
 Command view_command() {
-  return {"view", "terminal viewer of a snapshot or trace (segments, timeline, live, OOM verdict)", &run_view};
+  return {"view", "terminal viewer of a snapshot or trace (segments, timeline, live, active memory, OOM verdict)", &run_view};
 }
 
 }  // namespace gpumem::cli

@@ -104,6 +104,24 @@ TEST_CASE("gpumem view under tmux: keys, views, resize, quit", "[viewer][e2e]") 
   REQUIRE_SCREEN(tm, "/oom");
   REQUIRE_SCREEN(tm, "oom_repro.py");
 
+  // The Active view: the same cursor, zoomed about it, regrouped, then one column back; the
+  // screen shows what reduce() computes for the same keys.
+  tm.keys("7");
+  REQUIRE_SCREEN(tm, "live by call site │");
+  REQUIRE_SCREEN(tm, fmt::format("at the cursor (entry {}/{}", *model.oom_cursor(), model.entry_count()));
+  tm.keys("+ g Left");
+  REQUIRE_SCREEN(tm, "zoom 2x");
+  REQUIRE_SCREEN(tm, "live by function │");
+  {
+    ViewState expected = initial_state(model, Size{100, 30});
+    expected.cursor = *model.oom_cursor();
+    for (const Key& k : {Key::chr(U'7'), Key::chr(U'+'), Key::chr(U'g'), Key::of(KeyCode::left)}) expected = reduce(expected, k, model);
+    REQUIRE(expected.cursor != *model.oom_cursor());
+    REQUIRE_SCREEN(tm, fmt::format("at the cursor (entry {}/{}", expected.cursor, model.entry_count()));
+  }
+  tm.keys("o");
+  REQUIRE_SCREEN(tm, fmt::format("at the cursor (entry {}/{}", *model.oom_cursor(), model.entry_count()));
+
   tm.keys("2");
   REQUIRE_SCREEN(tm, "1 cell =");
   tm.keys("5");
