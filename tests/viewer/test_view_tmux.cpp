@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "catch.h"
+#include "gpumem/view/cell_grid.h"
 #include "gpumem/view/view_state.h"
 #include "gpumem/view/viewer_model.h"
 #include "run_command.h"
@@ -222,4 +223,32 @@ TEST_CASE("gpumem view --report --diff compares two files", "[viewer][e2e]") {
   CHECK(status == 0);
   CHECK(out.find("B = ") != std::string::npos);
   CHECK(out.find("count A→B") != std::string::npos);
+}
+
+TEST_CASE("gpumem view --report --at: the Active view at 80 columns on the repository's ResNet-50 trace", "[viewer][e2e]") {
+  const char* src = std::getenv("GPUMEM_SOURCE_DIR");
+  REQUIRE(src != nullptr);
+  const std::string file = std::string(src) + "/traces/resnet50.native.trace.csv.gz";
+  const auto model = ViewerModel::open(file);
+  int status = 0;
+  const std::string out = run(fmt::format("{} view --report {} --width 80 --at alloc-peak < /dev/null", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 0);
+  CHECK(out.find(" live by call site │ top 6 of 17 groups + other │ whole trace\n") != std::string::npos);
+  CHECK(out.find(fmt::format("at the cursor (entry {}/{}", model.peak_allocated_cursor(), model.entry_count())) != std::string::npos);
+  CHECK(out.find("resnet.py:154:forward") != std::string::npos);
+  CHECK(out.find("other (11 groups)") != std::string::npos);
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    INFO(line);
+    CHECK(decode_utf8(line).size() <= 80);
+  }
+  // A moment the trace does not have is one clear error; a malformed one is a usage error.
+  const std::string no_oom = run(fmt::format("{} view --report {} --at oom", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 1);
+  CHECK(no_oom.find("records no OOM") != std::string::npos);
+  const std::string past = run(fmt::format("{} view --report {} --at entry:99999999", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 1);
+  CHECK(past.find("past the trace's end") != std::string::npos);
+  run(fmt::format("{} view --report {} --at soon", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 2);
 }

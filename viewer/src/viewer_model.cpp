@@ -14,6 +14,7 @@
 #include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_reader.h"
 #include "gpumem/view/active_memory.h"
+#include "gpumem/view/summary.h"
 
 namespace gpumem::view {
 namespace {
@@ -265,6 +266,31 @@ std::int64_t ViewerModel::time_us_at(std::size_t applied) const {
   if (trace_.entries.empty()) return 0;
   if (applied == 0) return trace_.entries.front().time_us;
   return trace_.entries[std::min(applied, entry_count()) - 1].time_us;
+}
+
+std::size_t ViewerModel::cursor_at(const forensics::MomentSpec& spec) const {
+  using Kind = forensics::MomentSpec::Kind;
+  switch (spec.kind) {
+    case Kind::automatic: return initial_cursor();
+    case Kind::oom:
+      if (!oom_) throw forensics::ForensicsError(source() + ": the trace records no OOM; use --at peak, alloc-peak, entry:N or time:T");
+      return *oom_;
+    case Kind::peak_reserved: return peak_reserved_;
+    case Kind::peak_allocated: return peak_allocated_;
+    case Kind::entry:
+      if (spec.entry > entry_count()) {
+        throw forensics::ForensicsError(fmt::format("{}: --at entry:{} is past the trace's end (it has {} entries)", source(),
+                                                    spec.entry, entry_count()));
+      }
+      return spec.entry;
+    case Kind::time:
+      if (spec.time_us >= span_us()) {
+        throw forensics::ForensicsError(fmt::format("{}: --at time: +{} is past the trace's end (+{})", source(),
+                                                    format_us(spec.time_us), format_us(span_us() - 1)));
+      }
+      return applied_before_us(spec.time_us + 1);
+  }
+  return initial_cursor();
 }
 
 std::size_t ViewerModel::peak_allocated_cursor_in(std::size_t lo, std::size_t hi) const {

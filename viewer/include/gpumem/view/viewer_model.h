@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/moment.h"
 #include "gpumem/forensics/snapshot.h"
 #include "gpumem/forensics/trace.h"
 #include "gpumem/view/memory_state.h"
@@ -89,6 +90,11 @@ class ViewerModel {
   std::optional<std::size_t> oom_cursor() const noexcept { return oom_; }
   // Where the viewer opens: the OOM if there is one, else the end.
   std::size_t initial_cursor() const noexcept { return oom_.value_or(entry_count()); }
+  // The cursor of a moment (`gpumem view --at`), as the viewer's keys find it: oom as `o` (just
+  // after the oom entry), peak as `p`, alloc-peak as `a`, entry:N as N, time:T after the last
+  // entry at most T after the first; automatic is initial_cursor(). Throws ForensicsError naming
+  // the file and the fix when the trace has no such moment.
+  std::size_t cursor_at(const forensics::MomentSpec& spec) const;
 
   MemoryState state_at(std::size_t applied) const;
 
