@@ -148,6 +148,8 @@ TEST_CASE("time windows: edges, columns, zoom, clamping", "[viewer][active]") {
       CHECK(zoomed_span_us(span, columns, deepest) >= std::min<std::int64_t>(span, columns));
       CHECK(zoomed_span_us(span, columns, deepest + 5) == zoomed_span_us(span, columns, deepest));
       if (span >= 2 * columns) CHECK(deepest > 0);
+      if (span <= columns) CHECK(deepest == 0);  // one microsecond per column at most
+      for (int z = 1; z <= deepest; ++z) CHECK(zoomed_span_us(span, columns, z) < zoomed_span_us(span, columns, z - 1));
       for (int z = 0; z <= deepest; ++z) {
         const TimeWindow w = make_window(span, columns, z, span / 2);
         CHECK(w.start_us >= 0);

@@ -94,6 +94,9 @@ TEST_CASE("golden: diff of a mark and the cursor", "[viewer][render]") {
 TEST_CASE("help screen and a screen too small", "[viewer][render]") {
   const auto help = frame(View::live, [](ViewState& s) { s.help = true; });
   CHECK(help.to_text().find("Trace cursor") != std::string::npos);
+  // At 80x24 the whole key list fits: its last line shows, and no line is cut at the edge.
+  CHECK(help.to_text().find("this help (any key closes it)") != std::string::npos);
+  for (int y = 2; y < help.height() - 1; ++y) CHECK(help.at(help.width() - 1, y).ch == U' ');
   static const ViewerModel model = ViewerModel::from(handmade_trace());
   const auto tiny = render(initial_state(model, Size{20, 5}), model, Size{20, 5});
   CHECK(tiny.row_text(0).rfind("terminal too small", 0) == 0);

@@ -23,8 +23,10 @@ std::int64_t TimeWindow::column_of(std::int64_t t_us) const noexcept {
 
 int max_zoom(std::int64_t trace_span_us, int columns) noexcept {
   const std::int64_t floor_span = std::max<std::int64_t>(1, std::min<std::int64_t>(trace_span_us, columns));
+  const auto span_at = [&](int z) { return (trace_span_us + (std::int64_t{1} << z) - 1) >> z; };
   int z = 0;
-  while (z < 62 && (trace_span_us + (std::int64_t{1} << (z + 1)) - 1) >> (z + 1) >= floor_span) ++z;
+  // Each level must shrink the span and keep it at least floor_span.
+  while (z < 62 && span_at(z + 1) < span_at(z) && span_at(z + 1) >= floor_span) ++z;
   return z;
 }
 
