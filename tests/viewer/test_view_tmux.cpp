@@ -3,6 +3,7 @@
 // text with a timeout, so a slow machine makes the test slower, not flaky.
 #include <unistd.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <vector>
@@ -242,6 +243,25 @@ TEST_CASE("gpumem view --report --at: the Active view at 80 columns on the repos
     INFO(line);
     CHECK(decode_utf8(line).size() <= 80);
   }
+  // README.md shows this screen (the code block after the command line): it must be what the
+  // command prints today.
+  std::ifstream readme(std::string(src) + "/README.md");
+  REQUIRE(readme.good());
+  std::string excerpt, line;
+  bool after_command = false, in_block = false;
+  while (std::getline(readme, line)) {
+    if (line.find("--width 80 --at alloc-peak") != std::string::npos) after_command = true;
+    if (!after_command) continue;
+    if (line.find("```") != std::string::npos) {
+      if (in_block) break;
+      in_block = true;
+      continue;
+    }
+    if (in_block) excerpt += (line.size() >= 4 ? line.substr(4) : std::string()) + "\n";
+  }
+  INFO("README excerpt:\n" << excerpt);
+  REQUIRE_FALSE(excerpt.empty());
+  CHECK(out.find(excerpt) != std::string::npos);
   // A moment the trace does not have is one clear error; a malformed one is a usage error.
   const std::string no_oom = run(fmt::format("{} view --report {} --at oom", GPUMEM_CLI_PATH, file), &status);
   CHECK(status == 1);
