@@ -312,15 +312,7 @@ TEST_CASE("ops of a snapshot, with a block live before the trace began", "[viewe
                 {kSeg1 + 2 * kMiB, 1 * kMiB, 1 * kMiB, "active_allocated", {{"step", "optim.py", 5}}, "aten::add_"},
                 {kSeg1 + 3 * kMiB, 5 * kMiB, 0, "inactive", {}, ""}};
   snap.segments = {seg};
-  auto entry = [](TraceAction act, std::uint64_t addr, std::uint64_t size, std::int64_t t, std::string op) {
-    fx::SnapshotTraceEntry e;
-    e.action = act;
-    e.addr = addr;
-    e.size_bytes = size;
-    e.time_us = t;
-    e.op = std::move(op);
-    return e;
-  };
+  const auto entry = snapshot_entry;
   snap.device_traces = {{entry(TraceAction::alloc, kSeg1 + 3 * kMiB, 4 * kMiB, 100, "aten::relu"),
                          entry(TraceAction::alloc, kSeg1 + 2 * kMiB, 1 * kMiB, 200, "aten::add_"),
                          entry(TraceAction::free_completed, kSeg1 + 3 * kMiB, 4 * kMiB, 300, "aten::relu")}};
