@@ -186,3 +186,14 @@ TEST_CASE("the Active view at 80 columns on the repository's ResNet-50 trace kee
     CHECK(g.row_text(kScreen.height - 2).find(last) != std::string::npos);
   }
 }
+
+TEST_CASE("the Active view on the smallest screen stays inside its area", "[viewer][render][active]") {
+  static const ViewerModel model = ViewerModel::from(handmade_trace());
+  ViewState s = initial_state(model, kMinScreen);
+  s.view = View::active;
+  const auto g = render(s, model, kMinScreen);
+  INFO(g.to_text());
+  // The help line (the last row) is the frame's, whole.
+  for (int x = 0; x < g.width(); ++x) CHECK(g.at(x, g.height() - 1).style == Style::help);
+  CHECK(g.to_text().find("at the cursor") != std::string::npos);
+}

@@ -724,7 +724,9 @@ void draw_active(CellGrid& g, const Area& a, const ViewState& s, const ViewerMod
                       Style::title);
 
   const int legend_rows = std::max<int>(1, static_cast<int>(slots.size()));
-  const int chart_rows = std::max(2, a.rows - 4 - legend_rows);
+  // The heading, axis, time and cursor rows always fit (the smallest screen leaves 5 rows); the
+  // chart takes what the legend leaves, at least one row; legend rows that do not fit are cut.
+  const int chart_rows = std::max(1, a.rows - 4 - legend_rows);
   const int chart_top = a.top + 1;
   const int x0 = kTimelineLabelWidth;
 
@@ -739,7 +741,7 @@ void draw_active(CellGrid& g, const Area& a, const ViewState& s, const ViewerMod
   }
   const std::vector<ActiveSample> samples = am.sample(moments);
   g.put(0, chart_top, fmt::format("{:>10}", format_bytes(top)), Style::dim);
-  g.put(0, chart_top + chart_rows - 1, fmt::format("{:>10}", "0"), Style::dim);
+  if (chart_rows > 1) g.put(0, chart_top + chart_rows - 1, fmt::format("{:>10}", "0"), Style::dim);
 
   const std::int64_t t_cursor = model.cursor_elapsed_us(s.cursor);
   const std::int64_t cursor_col = w.column_of(t_cursor);
