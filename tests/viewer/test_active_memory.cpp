@@ -357,3 +357,17 @@ TEST_CASE("the biggest shared trace: bucket ends at every zoom, bounded work", "
   const ActiveMemory& am = m.active_memory(GroupBy::call_site);
   for (std::size_t c = 0; c <= m.entry_count(); c += 9973) check_slots_at(m, am, c);
 }
+
+TEST_CASE("PyTorch's own OOM snapshot (pickle): exact block sizes, blocks from before the trace", "[viewer][active][shared]") {
+  const auto dir = shared_dir();
+  if (!dir) GPUMEM_SKIP("GPUMEM_SHARED_DIR has no traces/");
+  const auto m = ViewerModel::open(*dir + "/traces/native/oom.snapshot.pickle");
+  REQUIRE(m.is_snapshot());
+  check_bucket_ends(m, GroupBy::call_site, 68);
+  const ActiveMemory& am = m.active_memory(GroupBy::call_site);
+  for (std::size_t c = 0; c <= m.entry_count(); c += 997) check_slots_at(m, am, c);
+  check_slots_at(m, am, *m.oom_cursor());
+  // At the OOM the layers hold the 7.31 GiB allocated that `gpumem report` gives there.
+  const auto at_oom = am.live_at(*m.oom_cursor());
+  CHECK(gpumem::forensics::format_bytes(std::accumulate(at_oom.begin(), at_oom.end(), std::uint64_t{0})) == "7.31 GiB");
+}
