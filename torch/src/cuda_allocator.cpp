@@ -8,7 +8,8 @@
 //
 // Lock order: slots_mutex_ (engine creation only) -> engine's mutex; a device's pools mutex ->
 // engines' locks (set_capturing / set_holding only); contexts_mutex is a leaf; hooks_mutex_ ->
-// a DeviceEngine's trace_attach_mutex_ -> engine's mutex (sync_trace_observer), nothing else. No other lock of ours is held while calling the engine, a tracker or an OOM observer.
+// a DeviceEngine's trace_attach_mutex_ -> engine's mutex (sync_trace_observer), nothing else.
+// No other lock of ours is held while calling the engine, a tracker or an OOM observer.
 #include "gpumem/torch/cuda_allocator.h"
 
 #include <c10/core/Allocator.h>
@@ -658,8 +659,8 @@ void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStre
   TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte, "CUDA out of memory. Tried to allocate more than 1EB memory.");
   DeviceSlot& slot = slot_for(device);
   // The common call: nothing records stacks, no capture, the engine serves it, no profiler.
-  // Everything else (and a failed request) takes malloc_attached, which does the whole work again
-  // from the start only when nothing was allocated here.
+  // Everything else goes to malloc_attached; a refused request goes there with the engine's
+  // answer (the retry and the OOM), so the engine is not asked twice.
   if (C10_LIKELY(!records_context(slot, size) && !slot.pools->capturing())) {
     alloc::AllocResult result = slot.de->engine->allocate(size, stream_id(stream));
     if (C10_LIKELY(result.ok())) {
