@@ -6,7 +6,8 @@
 //     chain in state `cached` (Lease::block), which the engine never changes, merges with or hands
 //     out while it is leased. Small-pool leases are taken from the engine's free memory; a cache
 //     has at most one large-pool lease (large_lease): a large block the thread freed while it had
-//     none, handed back on the thread's next large request that it cannot serve.
+//     none, which serves requests of exactly its size only (never split), handed back on the
+//     thread's next large request that it cannot serve.
 //   * Inside the range the cache keeps its own chain of sub-blocks (Lease::first, linked through
 //     prev/next, null at the lease's ends, so nothing merges across it) and its own FreeIndex of the
 //     free ones: requests are served by best fit with splitting, frees merge with free neighbours,

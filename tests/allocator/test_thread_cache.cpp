@@ -250,10 +250,13 @@ TEST_CASE("small leases come from free memory; a thread's one large lease is a b
   REQUIRE(engine.free(again.ptr) == FreeStatus::ok);
   CHECK(engine.totals().thread_cached_bytes == leased + big.size_bytes);
 
-  // A second large block freed while the lease exists goes back to the engine (one large lease
-  // per thread).
-  auto other = engine.allocate(kLarge / 2, 0);  // served from the lease
-  auto third = engine.allocate(kLarge, 0);      // does not fit: the lease's rest goes back first
+  // Another size is not served from the lease (it is never split): the lease goes back to the
+  // engine first, whose best fit then uses its memory. A second large block freed while the thread
+  // holds a large lease goes back to the engine (one large lease per thread).
+  auto other = engine.allocate(kLarge / 2, 0);  // the lease goes back; the engine serves it
+  CHECK(engine.totals().thread_cached_bytes == leased);
+  CHECK(other.ptr == big.ptr);                  // best fit: the lease's memory, lowest address
+  auto third = engine.allocate(kLarge, 0);
   REQUIRE(other.ok());
   REQUIRE(third.ok());
   engine.check_invariants();
