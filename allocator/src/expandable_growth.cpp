@@ -29,6 +29,7 @@ namespace gpumem::alloc {
 using detail::Block;
 using detail::EventBatch;
 using detail::GrowFailure;
+using detail::PieceSlot;
 using detail::Region;
 using detail::RegionMap;
 
@@ -118,15 +119,23 @@ struct GrowthWork {
     std::uintptr_t from = 0;
     PhysHandle handle = 0;      // recycled: its handle; created: set once created
     std::uintptr_t to = 0;      // where it is mapped
+    bool keep_old = false;      // recycled: its mapping at `from` stays (a ghost), no unmap
+    bool onto_ghost = false;    // recycled: `to` is one of its ghosts, still mapped: no call at all
     // Results.
     bool have = false;          // created, or unmapped from `from`
     bool mapped = false;        // mapped at `to`
     bool destroyed = false;     // had, but not mapped: destroyed
   };
-  std::vector<StreamId> sync_streams;  // streams whose pieces move (synchronized first)
+  struct Ghost {
+    std::uintptr_t va = 0;      // a kept mapping in the way of the growth: unmapped first
+    std::size_t bytes = 0;
+    bool unmapped = false;      // result
+  };
+  std::vector<StreamId> sync_streams;  // streams whose memory is unmapped or changes stream (synchronized first)
+  std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
-  std::int64_t recycle_ns = 0;         // source time the recycled pieces' unmap and map calls took
+  std::int64_t recycle_ns = 0;         // source time recycling's unmap and map calls took
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -149,11 +158,20 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
-  // The recycled pieces' calls are timed (the recycle budget); with none, the clock is not read.
-  const bool any_recycled = std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
+  // Recycling's calls are timed (the recycle budget); with none, the clock is not read.
+  const bool any_recycled =
+      !w.ghosts.empty() || std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
+  for (auto& g : w.ghosts) {
+    const SourceStatus st = source.unmap(g.va, g.bytes);
+    if (st != SourceStatus::ok) {
+      w.recycle_ns += source.now_ns() - t0;
+      return fail_and_clean_up(st);
+    }
+    g.unmapped = true;
+  }
   for (auto& p : w.pieces) {
-    if (p.created) continue;
+    if (p.created || p.keep_old) continue;
     const SourceStatus st = source.unmap(p.from, p.bytes);
     if (st != SourceStatus::ok) {
       w.recycle_ns += source.now_ns() - t0;
@@ -163,12 +181,68 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   if (any_recycled) w.recycle_ns += source.now_ns() - t0;
   for (auto& p : w.pieces) {
+    if (p.onto_ghost) {  // still mapped there
+      p.mapped = true;
+      continue;
+    }
     if (!p.created) t0 = source.now_ns();
     const SourceStatus st = source.map(p.to, p.bytes, p.handle);
     if (!p.created) w.recycle_ns += source.now_ns() - t0;
     if (st != SourceStatus::ok) return fail_and_clean_up(st);
     p.mapped = true;
   }
+}
+
+// Ghost matches (kept mappings, block.h): in the target runs, the slots where a ghost of a free
+// piece lies whole (a one-slot ghost may also take a run's shared first or last slot). Moving
+// that piece there costs no driver call. Returns the matches as (piece index into `offered`,
+// target slot) and cuts the runs around them into `rest`.
+std::vector<policy::RecycleChoice> match_ghosts(const Region& r, std::span<const policy::TargetRun> runs,
+                                               std::span<const PhysHandle> offered_handles,
+                                               std::span<const policy::FreePiece> offered, bool adaptive,
+                                               std::vector<policy::TargetRun>& rest) {
+  std::vector<policy::RecycleChoice> matches;
+  rest.clear();
+  std::vector<bool> taken(offered.size(), false);
+  for (const policy::TargetRun& run : runs) {
+    const std::size_t inside_lo = run.slots.lo + (adaptive && run.head_shared ? 1 : 0);
+    const std::size_t inside_hi = run.slots.hi - (adaptive && run.tail_shared && run.slots.hi > inside_lo ? 1 : 0);
+    policy::TargetRun cur = run;  // what is left of the run, from cur.slots.lo
+    for (std::size_t s = run.slots.lo; s < run.slots.hi;) {
+      const PieceSlot* slot = s < r.slots.size() ? &r.slots[s] : nullptr;
+      if (!slot || !slot->has_ghost() || slot->ghost_first != s) {
+        ++s;
+        continue;
+      }
+      const std::size_t n = slot->ghost_count;
+      const bool whole = s >= inside_lo && s + n <= inside_hi;
+      const bool end_slot = n == 1 && (s == run.slots.lo || s + 1 == run.slots.hi);
+      std::size_t k = offered.size();
+      if ((whole || end_slot) && s + n <= run.slots.hi)
+        for (std::size_t i = 0; i < offered.size(); ++i)
+          if (!taken[i] && offered_handles[i] == slot->ghost && offered[i].slots == n) {
+            k = i;
+            break;
+          }
+      if (k == offered.size()) {
+        s += 1;
+        continue;
+      }
+      taken[k] = true;
+      matches.push_back({k, s});
+      if (s > cur.slots.lo) {
+        policy::TargetRun before = cur;
+        before.slots.hi = s;
+        before.tail_shared = false;
+        rest.push_back(before);
+      }
+      cur.slots.lo = s + n;
+      cur.head_shared = false;
+      s += n;
+    }
+    if (cur.slots.lo < cur.slots.hi) rest.push_back(cur);
+  }
+  return matches;
 }
 
 }  // namespace
@@ -260,6 +334,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Planned> planned;
   std::vector<policy::GrowthOption> options;
   std::vector<policy::FreePiece> offered;
+  std::vector<PhysHandle> offered_handles;    // parallel to offered
+  std::vector<policy::TargetRun> rest_runs;   // the target runs around ghost matches
   const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
   // Plans the growth at each shortlisted place (with or without recycling); the best one's index.
   auto plan_all = [&](bool recycle) {
@@ -288,9 +364,40 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
           offered.push_back(fp);
         }
       x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
+      std::size_t free_moves = 0;  // ghost matches: moves that make no driver call
+      if (rules.keep_mappings && !map.ghosts.empty() && !offered.empty() && r.ghosts > 0) {
+        offered_handles.clear();
+        for (std::size_t k : x.piece_refs) {
+          const PieceRef& ref = refs[k];
+          offered_handles.push_back(ref.block->region->slots[ref.first_slot].handle);
+        }
+        const std::vector<policy::RecycleChoice> matches =
+            match_ghosts(r, x.runs, offered_handles, offered, pieces.mode == policy::PieceMode::adaptive, rest_runs);
+        if (!matches.empty()) {
+          // The rest is planned as usual with the pieces not matched; the layout with matches is
+          // taken when it creates no more memory than the plain one.
+          std::vector<std::size_t> left;
+          std::vector<policy::FreePiece> left_pieces;
+          std::vector<bool> matched(offered.size(), false);
+          for (const policy::RecycleChoice& m : matches) matched[m.piece] = true;
+          for (std::size_t q = 0; q < offered.size(); ++q)
+            if (!matched[q]) {
+              left.push_back(q);
+              left_pieces.push_back(offered[q]);
+            }
+          policy::GrowthLayout with = policy::plan_growth(left_pieces, rest_runs, pieces, recycle);
+          for (policy::RecycleChoice& c : with.recycled) c.piece = left[c.piece];
+          with.recycled.insert(with.recycled.end(), matches.begin(), matches.end());
+          if (with.created_slots() <= x.layout.created_slots()) {
+            x.layout = std::move(with);
+            free_moves = matches.size();
+          }
+        }
+      }
       for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
       options.push_back({x.layout.created_slots(),
-                         x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
+                         x.layout.created.size() + x.layout.recycled.size() - free_moves, candidates[i].hole_bytes,
+                         pl.addr});
       planned.push_back(std::move(x));
     }
     return *policy::choose_growth(options);
@@ -356,6 +463,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     return free_pieces[layout.recycled[a].piece].addr > free_pieces[layout.recycled[b].piece].addr;
   });
   std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
+  auto note_sync = [&](StreamId s) {
+    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
+  };
   for (std::size_t i : order) {
     const policy::RecycleChoice& c = layout.recycled[i];
     const PieceRef& cand = candidates_refs[c.piece];
@@ -365,11 +475,32 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.from = free_pieces[c.piece].addr;
     piece.handle = from.slots[cand.first_slot].handle;
     piece.to = r.slot_addr(c.target_slot);
+    piece.keep_old = rules.keep_mappings;
+    const std::size_t n = free_pieces[c.piece].slots;
+    piece.onto_ghost = piece.keep_old && r.slot_ghost(c.target_slot) && r.slots[c.target_slot].ghost == piece.handle &&
+                       r.slots[c.target_slot].ghost_first == c.target_slot && r.slots[c.target_slot].ghost_count == n;
     w.pieces.push_back(piece);
     recycled.push_back(map.claim_piece(cand.block, cand.first_slot));
-    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), from.stream) == w.sync_streams.end())
-      w.sync_streams.push_back(from.stream);
+    // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
+    // stays mapped needs it only when it changes stream (as any cached block would: a free block's
+    // last uses are ordered on its own stream).
+    if (!piece.keep_old || from.stream != r.stream) note_sync(from.stream);
   }
+  // Kept mappings where pieces land (other than a piece's own ghost) are unmapped first; their
+  // region's stream may still run kernels that used them before their piece moved.
+  std::vector<std::size_t> ghost_firsts;  // parallel to w.ghosts: slots of r
+  for (const GrowthWork::Piece& piece : w.pieces) {
+    if (piece.onto_ghost) continue;
+    const std::size_t first = r.slot_of(piece.to), n = piece.bytes / slot;
+    for (std::size_t s2 = first; s2 < first + n; ++s2) {
+      if (!r.slot_ghost(s2)) continue;
+      const std::size_t g = r.slots[s2].ghost_first;
+      if (std::find(ghost_firsts.begin(), ghost_firsts.end(), g) != ghost_firsts.end()) continue;
+      ghost_firsts.push_back(g);
+      w.ghosts.push_back({r.slot_addr(g), r.slots[g].ghost_count * slot, false});
+    }
+  }
+  if (!w.ghosts.empty()) note_sync(r.stream);
   // ... and the target.
   std::vector<Block*> target;
   map.claim_range(place->hole_first, claim_lo, claim_hi, target);
@@ -382,21 +513,27 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // ---- commit
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
+  for (std::size_t i = 0; i < w.ghosts.size(); ++i)
+    if (w.ghosts[i].unmapped) map.remove_ghost(r, ghost_firsts[i]);
   const std::size_t created = layout.created.size();
   for (std::size_t i = 0; i < recycled.size(); ++i) {
     const GrowthWork::Piece& piece = w.pieces[created + i];
     Block* b = recycled[i];
-    if (!piece.have) {
-      map.unclaim(b);  // never unmapped: still free memory
+    const bool moved = piece.keep_old ? piece.mapped : piece.have;
+    if (!moved) {
+      map.unclaim(b);  // never unmapped (or, kept, never mapped elsewhere): still free memory here
       continue;
     }
-    const Region& from = *b->region;
+    Region& from = *b->region;
+    const std::size_t from_first = from.slot_of(piece.from);
     map.record_piece_unmapped(b);
+    if (piece.keep_old) map.add_ghost(from, from_first, piece.bytes / slot, piece.handle);  // still mapped there
     if (piece.destroyed) map.reserved_bytes -= piece.bytes;
     emit(batch, EventKind::segment_unmap, from.pool, piece.from, piece.bytes, 0, from.stream, piece.destroyed ? 1 : 0);
   }
   for (const GrowthWork::Piece& piece : w.pieces) {
     if (!piece.mapped) continue;
+    if (piece.onto_ghost) map.remove_ghost(r, r.slot_of(piece.to));  // its kept mapping is the piece's again
     map.record_piece_mapped(r, r.slot_of(piece.to), piece.bytes / slot, piece.handle);
     if (piece.created) map.reserved_bytes += piece.bytes;
     emit(batch, EventKind::segment_map, r.pool, piece.to, piece.bytes, 0, r.stream, piece.created ? 1 : 0);
