@@ -193,58 +193,6 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
 }
 
-// Ghost matches (kept mappings, block.h): in the target runs, the slots where a ghost of a free
-// piece lies whole (a one-slot ghost may also take a run's shared first or last slot). Moving
-// that piece there costs no driver call. Returns the matches as (piece index into `offered`,
-// target slot) and cuts the runs around them into `rest`.
-std::vector<policy::RecycleChoice> match_ghosts(const Region& r, std::span<const policy::TargetRun> runs,
-                                               std::span<const PhysHandle> offered_handles,
-                                               std::span<const policy::FreePiece> offered, bool adaptive,
-                                               std::vector<policy::TargetRun>& rest) {
-  std::vector<policy::RecycleChoice> matches;
-  rest.clear();
-  std::vector<bool> taken(offered.size(), false);
-  for (const policy::TargetRun& run : runs) {
-    const std::size_t inside_lo = run.slots.lo + (adaptive && run.head_shared ? 1 : 0);
-    const std::size_t inside_hi = run.slots.hi - (adaptive && run.tail_shared && run.slots.hi > inside_lo ? 1 : 0);
-    policy::TargetRun cur = run;  // what is left of the run, from cur.slots.lo
-    for (std::size_t s = run.slots.lo; s < run.slots.hi;) {
-      const PieceSlot* slot = s < r.slots.size() ? &r.slots[s] : nullptr;
-      if (!slot || !slot->has_ghost() || slot->ghost_first != s) {
-        ++s;
-        continue;
-      }
-      const std::size_t n = slot->ghost_count;
-      const bool whole = s >= inside_lo && s + n <= inside_hi;
-      const bool end_slot = n == 1 && (s == run.slots.lo || s + 1 == run.slots.hi);
-      std::size_t k = offered.size();
-      if ((whole || end_slot) && s + n <= run.slots.hi)
-        for (std::size_t i = 0; i < offered.size(); ++i)
-          if (!taken[i] && offered_handles[i] == slot->ghost && offered[i].slots == n) {
-            k = i;
-            break;
-          }
-      if (k == offered.size()) {
-        s += 1;
-        continue;
-      }
-      taken[k] = true;
-      matches.push_back({k, s});
-      if (s > cur.slots.lo) {
-        policy::TargetRun before = cur;
-        before.slots.hi = s;
-        before.tail_shared = false;
-        rest.push_back(before);
-      }
-      cur.slots.lo = s + n;
-      cur.head_shared = false;
-      s += n;
-    }
-    if (cur.slots.lo < cur.slots.hi) rest.push_back(cur);
-  }
-  return matches;
-}
-
 }  // namespace
 
 CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_lock(
@@ -334,8 +282,6 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Planned> planned;
   std::vector<policy::GrowthOption> options;
   std::vector<policy::FreePiece> offered;
-  std::vector<PhysHandle> offered_handles;    // parallel to offered
-  std::vector<policy::TargetRun> rest_runs;   // the target runs around ghost matches
   const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
   // Plans the growth at each shortlisted place (with or without recycling); the best one's index.
   auto plan_all = [&](bool recycle) {
@@ -364,40 +310,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
           offered.push_back(fp);
         }
       x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
-      std::size_t free_moves = 0;  // ghost matches: moves that make no driver call
-      if (rules.keep_mappings && !map.ghosts.empty() && !offered.empty() && r.ghosts > 0) {
-        offered_handles.clear();
-        for (std::size_t k : x.piece_refs) {
-          const PieceRef& ref = refs[k];
-          offered_handles.push_back(ref.block->region->slots[ref.first_slot].handle);
-        }
-        const std::vector<policy::RecycleChoice> matches =
-            match_ghosts(r, x.runs, offered_handles, offered, pieces.mode == policy::PieceMode::adaptive, rest_runs);
-        if (!matches.empty()) {
-          // The rest is planned as usual with the pieces not matched; the layout with matches is
-          // taken when it creates no more memory than the plain one.
-          std::vector<std::size_t> left;
-          std::vector<policy::FreePiece> left_pieces;
-          std::vector<bool> matched(offered.size(), false);
-          for (const policy::RecycleChoice& m : matches) matched[m.piece] = true;
-          for (std::size_t q = 0; q < offered.size(); ++q)
-            if (!matched[q]) {
-              left.push_back(q);
-              left_pieces.push_back(offered[q]);
-            }
-          policy::GrowthLayout with = policy::plan_growth(left_pieces, rest_runs, pieces, recycle);
-          for (policy::RecycleChoice& c : with.recycled) c.piece = left[c.piece];
-          with.recycled.insert(with.recycled.end(), matches.begin(), matches.end());
-          if (with.created_slots() <= x.layout.created_slots()) {
-            x.layout = std::move(with);
-            free_moves = matches.size();
-          }
-        }
-      }
       for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
       options.push_back({x.layout.created_slots(),
-                         x.layout.created.size() + x.layout.recycled.size() - free_moves, candidates[i].hole_bytes,
-                         pl.addr});
+                         x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
       planned.push_back(std::move(x));
     }
     return *policy::choose_growth(options);
@@ -455,19 +370,43 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.created = true;
     w.pieces.push_back(piece);
   }
+  // Kept mappings (block.h): among the pieces this growth moves, those of one length are
+  // interchangeable, so each goes, where it can, to a target slot that holds its own kept mapping
+  // (a move there makes no driver call). Only which handle goes where changes: the slots mapped,
+  // the pieces freed and every later decision are those of the plan.
+  std::vector<policy::RecycleChoice> choices = layout.recycled;
+  if (rules.keep_mappings && r.ghosts > 0) {
+    auto handle_of = [&](std::size_t piece) {
+      const PieceRef& ref = candidates_refs[piece];
+      return ref.block->region->slots[ref.first_slot].handle;
+    };
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      const std::size_t t = choices[i].target_slot, n = free_pieces[choices[i].piece].slots;
+      if (!r.slot_ghost(t) || r.slots[t].ghost_first != t || r.slots[t].ghost_count != n) continue;
+      if (handle_of(choices[i].piece) == r.slots[t].ghost) continue;  // already its own
+      for (std::size_t j = 0; j < choices.size(); ++j) {
+        if (j == i || handle_of(choices[j].piece) != r.slots[t].ghost) continue;
+        // Piece j has its kept mapping at t: swap unless j already sits on its own kept mapping.
+        const std::size_t tj = choices[j].target_slot;
+        const bool j_home = r.slot_ghost(tj) && r.slots[tj].ghost_first == tj && r.slots[tj].ghost == handle_of(choices[j].piece);
+        if (!j_home) std::swap(choices[i].piece, choices[j].piece);
+        break;
+      }
+    }
+  }
   // Claim the pieces to recycle, the highest first: claim_piece keeps the part of the block below
   // the piece in the same Block, so a lower piece of the same free block is still found through it.
-  std::vector<std::size_t> order(layout.recycled.size());
+  std::vector<std::size_t> order(choices.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return free_pieces[layout.recycled[a].piece].addr > free_pieces[layout.recycled[b].piece].addr;
+    return free_pieces[choices[a].piece].addr > free_pieces[choices[b].piece].addr;
   });
   std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
   auto note_sync = [&](StreamId s) {
     if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
   };
   for (std::size_t i : order) {
-    const policy::RecycleChoice& c = layout.recycled[i];
+    const policy::RecycleChoice& c = choices[i];
     const PieceRef& cand = candidates_refs[c.piece];
     Region& from = *cand.block->region;
     GrowthWork::Piece piece;
