@@ -402,6 +402,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     return free_pieces[choices[a].piece].addr > free_pieces[choices[b].piece].addr;
   });
   std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
+  std::size_t keep_room = map.reserved_bytes > map.ghost_bytes ? map.reserved_bytes - map.ghost_bytes : 0;
   auto note_sync = [&](StreamId s) {
     if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
   };
@@ -414,10 +415,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.from = free_pieces[c.piece].addr;
     piece.handle = from.slots[cand.first_slot].handle;
     piece.to = r.slot_addr(c.target_slot);
-    piece.keep_old = rules.keep_mappings;
     const std::size_t n = free_pieces[c.piece].slots;
-    piece.onto_ghost = piece.keep_old && r.slot_ghost(c.target_slot) && r.slots[c.target_slot].ghost == piece.handle &&
+    piece.onto_ghost = rules.keep_mappings && r.slot_ghost(c.target_slot) && r.slots[c.target_slot].ghost == piece.handle &&
                        r.slots[c.target_slot].ghost_first == c.target_slot && r.slots[c.target_slot].ghost_count == n;
+    // A move onto its own kept mapping trades one kept mapping for another; any other kept mapping
+    // is new address space still mapped, allowed up to the physical footprint (so their number stays
+    // bounded however long recycling goes on: past it, a move unmaps its old place as before).
+    piece.keep_old = piece.onto_ghost || (rules.keep_mappings && piece.bytes <= keep_room);
+    if (piece.keep_old && !piece.onto_ghost) keep_room -= piece.bytes;
     w.pieces.push_back(piece);
     recycled.push_back(map.claim_piece(cand.block, cand.first_slot));
     // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
