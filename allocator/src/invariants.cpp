@@ -37,16 +37,22 @@ void CachingAllocator::Impl::check_locked() const {
     if (r.expandable) {
       if (r.slots.size() > r.slot_count()) broken(fmt::format("region {:#x}: more slots than its range holds", base));
       std::size_t ghosts = 0;
+      // Slot s lies in a run of slots that all name it the same way: a piece, or a kept mapping.
+      const std::uintptr_t at_base = base;  // a structured binding: lambdas may not capture it (clang)
+      auto check_in_run = [&](std::size_t s, std::uint32_t PieceSlot::*first, std::uint32_t PieceSlot::*count,
+                              PhysHandle PieceSlot::*handle, const char* what) {
+        const PieceSlot& x = r.slots[s];
+        if (x.*first > s || s >= std::size_t{x.*first} + x.*count || std::size_t{x.*first} + x.*count > r.slots.size())
+          broken(fmt::format("region {:#x}: slot {} lies outside its {}", at_base, s, what));
+        const PieceSlot& head = r.slots[x.*first];
+        if (head.*first != x.*first || head.*count != x.*count || head.*handle != x.*handle)
+          broken(fmt::format("region {:#x}: slot {} disagrees with its {}'s first slot", at_base, s, what));
+      };
       for (std::size_t s = 0; s < r.slots.size(); ++s) {
         const PieceSlot& x = r.slots[s];
         if (x.has_ghost()) {
           if (x.mapped()) broken(fmt::format("region {:#x}: slot {} is mapped and holds a kept mapping", base, s));
-          if (x.ghost_first > s || s >= std::size_t{x.ghost_first} + x.ghost_count ||
-              std::size_t{x.ghost_first} + x.ghost_count > r.slots.size())
-            broken(fmt::format("region {:#x}: slot {} lies outside its kept mapping", base, s));
-          const PieceSlot& head = r.slots[x.ghost_first];
-          if (head.ghost_first != x.ghost_first || head.ghost_count != x.ghost_count || head.ghost != x.ghost)
-            broken(fmt::format("region {:#x}: slot {} disagrees with its kept mapping's first slot", base, s));
+          check_in_run(s, &PieceSlot::ghost_first, &PieceSlot::ghost_count, &PieceSlot::ghost, "kept mapping");
           if (x.ghost_first == s) {
             ++ghosts;
             auto g = map.ghosts.find(x.ghost);
@@ -58,15 +64,8 @@ void CachingAllocator::Impl::check_locked() const {
         }
         if (!x.mapped()) continue;
         ++mapped_slots;
-        if (x.first > s || s >= std::size_t{x.first} + x.count)
-          broken(fmt::format("region {:#x}: slot {} lies outside its piece", base, s));
-        const PieceSlot& head = r.slots[x.first];
-        if (head.first != x.first || head.count != x.count || head.handle != x.handle)
-          broken(fmt::format("region {:#x}: slot {} disagrees with its piece's first slot", base, s));
-        if (x.first == s) {
-          ++pieces;
-          if (s + x.count > r.slots.size()) broken(fmt::format("region {:#x}: piece at slot {} runs past the slots", base, s));
-        }
+        check_in_run(s, &PieceSlot::first, &PieceSlot::count, &PieceSlot::handle, "piece");
+        if (x.first == s) ++pieces;
       }
       if (pieces != r.pieces) broken(fmt::format("region {:#x}: {} pieces, pieces says {}", base, pieces, r.pieces));
       if (ghosts != r.ghosts) broken(fmt::format("region {:#x}: {} kept mappings, ghosts says {}", base, ghosts, r.ghosts));
