@@ -209,6 +209,23 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Placement> places;
   std::vector<policy::PlacementCandidate> candidates;
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
+  if (!may_wait() && !map.ghosts.empty()) {
+    // Capturing: a kept mapping in the way would have to be unmapped, which waits for its stream
+    // (not allowed now): only places whose slots hold none (a new region if there is no such place).
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      const Region& pr = *places[i].region;
+      const policy::SlotRange u = unit_range(pr, places[i].addr, rounded, unit);
+      bool clear = true;
+      for (std::size_t s = u.lo; s < u.hi && clear; ++s) clear = !pr.slot_ghost(s);
+      if (!clear) continue;
+      places[kept] = places[i];
+      candidates[kept] = candidates[i];
+      ++kept;
+    }
+    places.resize(kept);
+    candidates.resize(kept);
+  }
   if (places.empty()) {
     if (rounded > rules.region_va_bytes[p]) {
       fail.status = SourceStatus::out_of_memory;

@@ -291,3 +291,30 @@ TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmappi
   CHECK(f.source.mapped_bytes() == 0);
   f.engine.check_invariants();
 }
+
+TEST_CASE("capturing: growth lands where no kept mapping is in the way (unmapping one would wait)",
+          "[engine][capture][kept_mappings]") {
+  Config c = test_config();
+  c.pieces = PieceSizing::fixed;
+  Fixture f(c);
+  void* a = f.alloc(60 * MiB);  // pieces at slots 0-2
+  void* live = f.alloc(20 * MiB);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  void* x = f.alloc(80 * MiB);  // moves them; kept mappings at slots 0-2
+  REQUIRE(f.engine.totals().kept_mappings == 3);
+  f.engine.set_capturing(true);
+  f.events.forbidden = true;
+  const int syncs = f.events.stream_syncs.load();
+  // Outside a capture 60 MiB would land where A was, over its kept mappings (the case above).
+  void* y = f.alloc(60 * MiB);
+  CHECK(y != a);
+  CHECK(f.events.violations == 0);
+  CHECK(f.events.stream_syncs == syncs);
+  CHECK(f.engine.totals().kept_mappings == 3);
+  f.events.forbidden = false;
+  f.engine.set_capturing(false);
+  for (void* p : {x, y, live}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.mapped_bytes() == 0);
+  f.engine.check_invariants();
+}
