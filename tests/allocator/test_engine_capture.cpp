@@ -5,6 +5,7 @@
 // allocation at a recorded address.
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <thread>
 #include <vector>
 
@@ -261,18 +262,48 @@ TEST_CASE("allocate_at finds memory a thread cache holds", "[engine][restore]") 
   f.engine.check_invariants();
 }
 
-TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmapping and changing stream do",
-          "[engine][recycle][kept_mappings]") {
+namespace {
+
+Config fixed_pieces() {
   Config c = test_config();
   c.pieces = PieceSizing::fixed;  // 20 MiB pieces
-  Fixture f(c);
-  void* a = f.alloc(60 * MiB);  // pieces at slots 0-2
-  void* live = f.alloc(20 * MiB);
-  REQUIRE(f.engine.free(a) == FreeStatus::ok);
-  // 80 MiB fits no free block: it grows at the region's end and moves the three free pieces, which
-  // stay mapped where they were: nothing to wait for on their stream.
-  void* x = f.alloc(80 * MiB);
-  CHECK(f.engine.totals().kept_mappings == 3);
+  return c;
+}
+
+// A (60 MiB, pieces at slots 0-2) freed behind a live block; X (80 MiB) fits no free block, grows
+// at the region's end and moves A's three pieces, which stay mapped where they were.
+struct KeptThree {
+  void* a = nullptr;
+  void* live = nullptr;
+  void* x = nullptr;
+};
+
+KeptThree kept_three(Fixture& f) {
+  KeptThree k;
+  k.a = f.alloc(60 * MiB);
+  k.live = f.alloc(20 * MiB);
+  REQUIRE(f.engine.free(k.a) == FreeStatus::ok);
+  k.x = f.alloc(80 * MiB);
+  REQUIRE(f.engine.totals().kept_mappings == 3);
+  return k;
+}
+
+// Frees the blocks, empties the cache: nothing stays mapped.
+void give_back(Fixture& f, std::initializer_list<void*> blocks) {
+  for (void* p : blocks) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.mapped_bytes() == 0);
+  f.engine.check_invariants();
+}
+
+}  // namespace
+
+TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmapping and changing stream do",
+          "[engine][recycle][kept_mappings]") {
+  Fixture f(fixed_pieces());
+  // X's moves kept their old mappings: nothing to wait for on their stream.
+  const KeptThree k = kept_three(f);
+  void* const a = k.a;
   CHECK(f.source.counters().unmaps == 0);
   CHECK(f.events.stream_syncs == 0);
   // 60 MiB more lands where A was: its kept mappings are unmapped first, after the stream's work.
@@ -286,44 +317,30 @@ TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmappi
   void* z = f.alloc(60 * MiB, 1);
   CHECK(f.engine.totals().kept_mappings > 0);  // some of them moved (and kept their mappings)
   CHECK(f.events.stream_syncs == syncs + 1);
-  for (void* p : {x, z, live}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
-  f.engine.empty_cache();
-  CHECK(f.source.mapped_bytes() == 0);
-  f.engine.check_invariants();
+  give_back(f, {k.x, z, k.live});
 }
 
 TEST_CASE("capturing: growth lands where no kept mapping is in the way (unmapping one would wait)",
           "[engine][capture][kept_mappings]") {
-  Config c = test_config();
-  c.pieces = PieceSizing::fixed;
-  Fixture f(c);
-  void* a = f.alloc(60 * MiB);  // pieces at slots 0-2
-  void* live = f.alloc(20 * MiB);
-  REQUIRE(f.engine.free(a) == FreeStatus::ok);
-  void* x = f.alloc(80 * MiB);  // moves them; kept mappings at slots 0-2
-  REQUIRE(f.engine.totals().kept_mappings == 3);
+  Fixture f(fixed_pieces());
+  const KeptThree k = kept_three(f);
   f.engine.set_capturing(true);
   f.events.forbidden = true;
   const int syncs = f.events.stream_syncs.load();
   // Outside a capture 60 MiB would land where A was, over its kept mappings (the case above).
   void* y = f.alloc(60 * MiB);
-  CHECK(y != a);
+  CHECK(y != k.a);
   CHECK(f.events.violations == 0);
   CHECK(f.events.stream_syncs == syncs);
   CHECK(f.engine.totals().kept_mappings == 3);
   f.events.forbidden = false;
   f.engine.set_capturing(false);
-  for (void* p : {x, y, live}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
-  f.engine.empty_cache();
-  CHECK(f.source.mapped_bytes() == 0);
-  f.engine.check_invariants();
+  give_back(f, {k.x, y, k.live});
 }
 
 TEST_CASE("kept mappings: unmapping one waits for its stream only while its marker is outstanding",
           "[engine][recycle][kept_mappings]") {
-  Config c = test_config();
-  c.pieces = PieceSizing::fixed;  // 20 MiB pieces
-  Fixture f(c);
+  Fixture f(fixed_pieces());
   // Rounds of ever longer blocks, each followed by a live block and then freed: growth moves the
   // freed pieces, keeps their old mappings, lands on kept mappings and passes the footprint.
   std::vector<void*> pins;
@@ -349,8 +366,6 @@ TEST_CASE("kept mappings: unmapping one waits for its stream only while its mark
   CHECK(f.source.counters().unmaps > unmaps);
   CHECK(f.events.stream_syncs == syncs);
   for (void* p : pins) REQUIRE(f.engine.free(p) == FreeStatus::ok);
-  f.engine.empty_cache();
-  CHECK(f.source.mapped_bytes() == 0);
+  give_back(f, {});
   CHECK(f.events.inner.outstanding() == 0);  // every marker released
-  f.engine.check_invariants();
 }
