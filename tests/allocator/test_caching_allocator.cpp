@@ -360,12 +360,13 @@ TEST_CASE("the recycle budget's memory guard: past the slack, recycling goes on 
 
 TEST_CASE("the memory guard counts as bought only the footprint beyond the most ever in use",
           "[engine][recycle][recycle_budget]") {
-  // 20 MiB pieces (test_config), slots S0.. of one region. recycling alone would reserve 140, 140,
-  // 160, 180 MiB after the four growths below; the budget, past its burst, buys 20 MiB at e and 20
-  // MiB at g. The count of what it created beyond its recycling plans is 20 MiB at g, but y (f) has
-  // used that memory since, and g's request takes the most memory in use to 180 MiB, above what
-  // is reserved (160): nothing bought is still beyond it, so the slack (0.2 x 160) allows g's
-  // 20 MiB. The raw count alone would have refused it (20 + 20 > 0.2 x (160 - 20)).
+  // 20 MiB pieces (test_config), slots S0.. of one region. Recycling alone would reserve 140, 140,
+  // 160 and 180 MiB after steps c, e, f and g below (f needing a growth there); the budget, spent
+  // by the recycling at c, buys 20 MiB at e and 20 MiB at g. At g the count of what it created
+  // beyond its recycling plans is 20 MiB, but y (f) has used that memory since, and g's request
+  // takes the most memory in use to 180 MiB, above what is reserved (160): nothing bought is still
+  // beyond it, so the slack (0.2 x 160) allows g's 20 MiB. The raw count alone would have refused
+  // it (20 + 20 > 0.2 x (160 - 20)).
   ClockedFixture f(budget_config(/*slack=*/0.2));
   std::vector<void*> p;
   for (int i = 0; i < 7; ++i) p.push_back(f.alloc(20 * MiB));  // a: S0..S6
