@@ -51,7 +51,7 @@ struct RecycleBudgetRules {
 //    budget cannot have bought more than the footprint beyond it.
 // The first alone stopped the budget during the first step of the replayed llama_train trace: it
 // counted 464 MiB (1.9% of the footprint) where the footprint ended 12 MiB above recycling alone's
-// (docs/notes/allocation-policy.md, "The recycle budget").
+// (docs/notes/allocation-policy.md, "The guard's estimate of bought memory").
 std::size_t bought_estimate(std::size_t counted_bytes, std::size_t reserved_bytes,
                             std::size_t in_use_high_bytes) noexcept;
 
