@@ -29,6 +29,7 @@ namespace gpumem::alloc {
 using detail::Block;
 using detail::EventBatch;
 using detail::GrowFailure;
+using detail::PieceSlot;
 using detail::Region;
 using detail::RegionMap;
 
@@ -118,15 +119,23 @@ struct GrowthWork {
     std::uintptr_t from = 0;
     PhysHandle handle = 0;      // recycled: its handle; created: set once created
     std::uintptr_t to = 0;      // where it is mapped
+    bool keep_old = false;      // recycled: its mapping at `from` stays (a ghost), no unmap
+    bool onto_ghost = false;    // recycled: `to` is one of its ghosts, still mapped: no call at all
     // Results.
     bool have = false;          // created, or unmapped from `from`
     bool mapped = false;        // mapped at `to`
     bool destroyed = false;     // had, but not mapped: destroyed
   };
-  std::vector<StreamId> sync_streams;  // streams whose pieces move (synchronized first)
+  struct Ghost {
+    std::uintptr_t va = 0;      // a kept mapping in the way of the growth: unmapped first
+    std::size_t bytes = 0;
+    bool unmapped = false;      // result
+  };
+  std::vector<StreamId> sync_streams;  // streams whose memory is unmapped or changes stream (synchronized first)
+  std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
-  std::int64_t recycle_ns = 0;         // source time the recycled pieces' unmap and map calls took
+  std::int64_t recycle_ns = 0;         // source time recycling's unmap and map calls took
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -149,11 +158,20 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
-  // The recycled pieces' calls are timed (the recycle budget); with none, the clock is not read.
-  const bool any_recycled = std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
+  // Recycling's calls are timed (the recycle budget); with none, the clock is not read.
+  const bool any_recycled =
+      !w.ghosts.empty() || std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
+  for (auto& g : w.ghosts) {
+    const SourceStatus st = source.unmap(g.va, g.bytes);
+    if (st != SourceStatus::ok) {
+      w.recycle_ns += source.now_ns() - t0;
+      return fail_and_clean_up(st);
+    }
+    g.unmapped = true;
+  }
   for (auto& p : w.pieces) {
-    if (p.created) continue;
+    if (p.created || p.keep_old) continue;
     const SourceStatus st = source.unmap(p.from, p.bytes);
     if (st != SourceStatus::ok) {
       w.recycle_ns += source.now_ns() - t0;
@@ -163,6 +181,10 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   if (any_recycled) w.recycle_ns += source.now_ns() - t0;
   for (auto& p : w.pieces) {
+    if (p.onto_ghost) {  // still mapped there
+      p.mapped = true;
+      continue;
+    }
     if (!p.created) t0 = source.now_ns();
     const SourceStatus st = source.map(p.to, p.bytes, p.handle);
     if (!p.created) w.recycle_ns += source.now_ns() - t0;
@@ -187,6 +209,23 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Placement> places;
   std::vector<policy::PlacementCandidate> candidates;
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
+  if (!may_wait() && !map.ghosts.empty()) {
+    // Capturing: a kept mapping in the way would have to be unmapped, which waits for its stream
+    // (not allowed now): only places whose slots hold none (a new region if there is no such place).
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      const Region& pr = *places[i].region;
+      const policy::SlotRange u = unit_range(pr, places[i].addr, rounded, unit);
+      bool clear = true;
+      for (std::size_t s = u.lo; s < u.hi && clear; ++s) clear = !pr.slot_ghost(s);
+      if (!clear) continue;
+      places[kept] = places[i];
+      candidates[kept] = candidates[i];
+      ++kept;
+    }
+    places.resize(kept);
+    candidates.resize(kept);
+  }
   if (places.empty()) {
     if (rounded > rules.region_va_bytes[p]) {
       fail.status = SourceStatus::out_of_memory;
@@ -351,16 +390,44 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.created = true;
     w.pieces.push_back(piece);
   }
+  // Kept mappings (block.h): among the pieces this growth moves, those of one length are
+  // interchangeable, so each goes, where it can, to a target slot that holds its own kept mapping
+  // (a move there makes no driver call). Only which handle goes where changes: the slots mapped,
+  // the pieces freed and every later decision are those of the plan.
+  std::vector<policy::RecycleChoice> choices = layout.recycled;
+  if (rules.keep_mappings && r.ghosts > 0) {
+    auto handle_of = [&](std::size_t piece) {
+      const PieceRef& ref = candidates_refs[piece];
+      return ref.block->region->slots[ref.first_slot].handle;
+    };
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      const std::size_t t = choices[i].target_slot, n = free_pieces[choices[i].piece].slots;
+      if (!r.slot_ghost(t) || r.slots[t].ghost_first != t || r.slots[t].ghost_count != n) continue;
+      if (handle_of(choices[i].piece) == r.slots[t].ghost) continue;  // already its own
+      for (std::size_t j = 0; j < choices.size(); ++j) {
+        if (j == i || handle_of(choices[j].piece) != r.slots[t].ghost) continue;
+        // Piece j has its kept mapping at t: swap unless j already sits on its own kept mapping.
+        const std::size_t tj = choices[j].target_slot;
+        const bool j_home = r.slot_ghost(tj) && r.slots[tj].ghost_first == tj && r.slots[tj].ghost == handle_of(choices[j].piece);
+        if (!j_home) std::swap(choices[i].piece, choices[j].piece);
+        break;
+      }
+    }
+  }
   // Claim the pieces to recycle, the highest first: claim_piece keeps the part of the block below
   // the piece in the same Block, so a lower piece of the same free block is still found through it.
-  std::vector<std::size_t> order(layout.recycled.size());
+  std::vector<std::size_t> order(choices.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return free_pieces[layout.recycled[a].piece].addr > free_pieces[layout.recycled[b].piece].addr;
+    return free_pieces[choices[a].piece].addr > free_pieces[choices[b].piece].addr;
   });
   std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
+  std::size_t keep_room = map.reserved_bytes > map.ghost_bytes ? map.reserved_bytes - map.ghost_bytes : 0;
+  auto note_sync = [&](StreamId s) {
+    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
+  };
   for (std::size_t i : order) {
-    const policy::RecycleChoice& c = layout.recycled[i];
+    const policy::RecycleChoice& c = choices[i];
     const PieceRef& cand = candidates_refs[c.piece];
     Region& from = *cand.block->region;
     GrowthWork::Piece piece;
@@ -368,11 +435,36 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.from = free_pieces[c.piece].addr;
     piece.handle = from.slots[cand.first_slot].handle;
     piece.to = r.slot_addr(c.target_slot);
+    const std::size_t n = free_pieces[c.piece].slots;
+    piece.onto_ghost = rules.keep_mappings && r.slot_ghost(c.target_slot) && r.slots[c.target_slot].ghost == piece.handle &&
+                       r.slots[c.target_slot].ghost_first == c.target_slot && r.slots[c.target_slot].ghost_count == n;
+    // A move onto its own kept mapping trades one kept mapping for another; any other kept mapping
+    // is new address space still mapped, allowed up to the physical footprint (so their number stays
+    // bounded however long recycling goes on: past it, a move unmaps its old place as before).
+    piece.keep_old = piece.onto_ghost || (rules.keep_mappings && piece.bytes <= keep_room);
+    if (piece.keep_old && !piece.onto_ghost) keep_room -= piece.bytes;
     w.pieces.push_back(piece);
     recycled.push_back(map.claim_piece(cand.block, cand.first_slot));
-    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), from.stream) == w.sync_streams.end())
-      w.sync_streams.push_back(from.stream);
+    // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
+    // stays mapped needs it only when it changes stream (as any cached block would: a free block's
+    // last uses are ordered on its own stream).
+    if (!piece.keep_old || from.stream != r.stream) note_sync(from.stream);
   }
+  // Kept mappings where pieces land (other than a piece's own ghost) are unmapped first; their
+  // region's stream may still run kernels that used them before their piece moved.
+  std::vector<std::size_t> ghost_firsts;  // parallel to w.ghosts: slots of r
+  for (const GrowthWork::Piece& piece : w.pieces) {
+    if (piece.onto_ghost) continue;
+    const std::size_t first = r.slot_of(piece.to), n = piece.bytes / slot;
+    for (std::size_t s2 = first; s2 < first + n; ++s2) {
+      if (!r.slot_ghost(s2)) continue;
+      const std::size_t g = r.slots[s2].ghost_first;
+      if (std::find(ghost_firsts.begin(), ghost_firsts.end(), g) != ghost_firsts.end()) continue;
+      ghost_firsts.push_back(g);
+      w.ghosts.push_back({r.slot_addr(g), r.slots[g].ghost_count * slot, false});
+    }
+  }
+  if (!w.ghosts.empty()) note_sync(r.stream);
   // ... and the target.
   std::vector<Block*> target;
   map.claim_range(place->hole_first, claim_lo, claim_hi, target);
@@ -385,21 +477,27 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // ---- commit
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
+  for (std::size_t i = 0; i < w.ghosts.size(); ++i)
+    if (w.ghosts[i].unmapped) map.remove_ghost(r, ghost_firsts[i]);
   const std::size_t created = layout.created.size();
   for (std::size_t i = 0; i < recycled.size(); ++i) {
     const GrowthWork::Piece& piece = w.pieces[created + i];
     Block* b = recycled[i];
-    if (!piece.have) {
-      map.unclaim(b);  // never unmapped: still free memory
+    const bool moved = piece.keep_old ? piece.mapped : piece.have;
+    if (!moved) {
+      map.unclaim(b);  // never unmapped (or, kept, never mapped elsewhere): still free memory here
       continue;
     }
-    const Region& from = *b->region;
+    Region& from = *b->region;
+    const std::size_t from_first = from.slot_of(piece.from);
     map.record_piece_unmapped(b);
+    if (piece.keep_old) map.add_ghost(from, from_first, piece.bytes / slot, piece.handle);  // still mapped there
     if (piece.destroyed) map.reserved_bytes -= piece.bytes;
     emit(batch, EventKind::segment_unmap, from.pool, piece.from, piece.bytes, 0, from.stream, piece.destroyed ? 1 : 0);
   }
   for (const GrowthWork::Piece& piece : w.pieces) {
     if (!piece.mapped) continue;
+    if (piece.onto_ghost) map.remove_ghost(r, r.slot_of(piece.to));  // its kept mapping is the piece's again
     map.record_piece_mapped(r, r.slot_of(piece.to), piece.bytes / slot, piece.handle);
     if (piece.created) map.reserved_bytes += piece.bytes;
     emit(batch, EventKind::segment_map, r.pool, piece.to, piece.bytes, 0, r.stream, piece.created ? 1 : 0);

@@ -56,6 +56,7 @@ void RegionMap::drop_region(Region& r) {
       invariant_failed("dropping a region that holds a live block");
   }
   if (r.claims != 0) invariant_failed("dropping a region with a claim in progress");
+  if (r.ghosts != 0) invariant_failed("dropping a region that still holds kept mappings");
   arena.dispose(b);
   va_bytes -= r.va.size_bytes;
   regions.erase(r.va.base);
@@ -193,6 +194,7 @@ void RegionMap::record_piece_mapped(Region& r, std::size_t first, std::size_t co
   if (r.slots.size() < first + count) r.slots.resize(first + count);
   for (std::size_t s = first; s < first + count; ++s) {
     if (r.slots[s].mapped()) invariant_failed("record_piece_mapped: a slot is mapped already");
+    if (r.slots[s].has_ghost()) invariant_failed("record_piece_mapped: a slot still holds a kept mapping");
     r.slots[s] = PieceSlot{handle, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count)};
   }
   r.mapped_bytes += count * r.slot_bytes;
@@ -213,6 +215,43 @@ void RegionMap::record_piece_unmapped(Block* b) {
   --claimed_blocks;
   b->state = BlockState::unmapped;
   insert_unmapped_merged(b);
+}
+
+void RegionMap::add_ghost(Region& r, std::size_t first, std::size_t count, PhysHandle handle) {
+  if (count == 0 || first + count > r.slots.size()) invariant_failed("add_ghost: slots outside the region's slot table");
+  for (std::size_t s = first; s < first + count; ++s) {
+    PieceSlot& slot = r.slots[s];
+    if (slot.mapped() || slot.has_ghost()) invariant_failed("add_ghost: a slot is mapped or holds a kept mapping");
+    slot.ghost = handle;
+    slot.ghost_first = static_cast<std::uint32_t>(first);
+    slot.ghost_count = static_cast<std::uint32_t>(count);
+  }
+  ++r.ghosts;
+  ghosts[handle].push_back({&r, first, count});
+  ghost_bytes += count * r.slot_bytes;
+}
+
+void RegionMap::remove_ghost(Region& r, std::size_t first) {
+  if (!r.slot_ghost(first) || r.slots[first].ghost_first != first) invariant_failed("remove_ghost: no kept mapping starts there");
+  const PhysHandle handle = r.slots[first].ghost;
+  const std::size_t count = r.slots[first].ghost_count;
+  for (std::size_t s = first; s < first + count; ++s) {
+    r.slots[s].ghost = 0;
+    r.slots[s].ghost_first = 0;
+    r.slots[s].ghost_count = 0;
+  }
+  --r.ghosts;
+  ghost_bytes -= count * r.slot_bytes;
+  auto it = ghosts.find(handle);
+  if (it == ghosts.end()) invariant_failed("remove_ghost: the piece lists no kept mapping");
+  auto& list = it->second;
+  for (std::size_t i = 0; i < list.size(); ++i)
+    if (list[i].region == &r && list[i].first == first) {
+      list[i] = list.back();
+      list.pop_back();
+      break;
+    }
+  if (list.empty()) ghosts.erase(it);
 }
 
 }  // namespace gpumem::alloc::detail

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "block.h"
@@ -52,6 +53,14 @@ class RegionMap {
   std::size_t va_bytes = 0;        // address space of all regions
   std::size_t claimed_blocks = 0;
   std::uint64_t tick = 0;          // engine order of changes (advanced by the engine per event)
+  // Kept mappings (block.h, "ghost"), by the handle of the piece they map.
+  struct GhostRef {
+    Region* region = nullptr;
+    std::size_t first = 0;  // its first slot
+    std::size_t count = 0;
+  };
+  std::unordered_map<PhysHandle, std::vector<GhostRef>> ghosts;
+  std::size_t ghost_bytes = 0;     // address space under ghosts (no physical memory of its own)
 
   FreeIndex& index_of(const Region& r) noexcept { return free_index[static_cast<int>(r.pool)]; }
 
@@ -134,6 +143,13 @@ class RegionMap {
   // Commit: b is a claimed block of exactly one piece, which has been unmapped: its slots are
   // cleared and b becomes unmapped, merged into the region's unmapped set.
   void record_piece_unmapped(Block* b);
+
+  // ---- ghosts (kept mappings; the slots' blocks keep their state and container)
+
+  // Slots [first, first + count) of r, unmapped and without a ghost, still map piece `handle`.
+  void add_ghost(Region& r, std::size_t first, std::size_t count, PhysHandle handle);
+  // The ghost starting at slot `first` of r is gone (unmapped, or its piece mapped there again).
+  void remove_ghost(Region& r, std::size_t first);
 
  private:
   void note_claimed(Block* b) noexcept;

@@ -37,7 +37,8 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle);
     CHECK(c.recycle_budget == 0.005);
     CHECK(c.recycle_burst_ms == 10);
-    CHECK(c.recycle_slack == 0.01);
+    CHECK(c.recycle_slack == 0.005);
+    CHECK(c.recycle_keep_mappings);
     CHECK(c.thread_cache);
   }
 }
@@ -315,7 +316,8 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
         "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
         "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.05,"
-        "recycle_burst_ms:25,recycle_slack:0.5,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
+        "recycle_burst_ms:25,recycle_slack:0.5,recycle_keep_mappings:False,thread_cache:False,va_reserve_mb:4096,"
+        "check_invariants:True";
     Config c = parse_ok(text);
     Config d;
     CHECK(c.large_segment_size_bytes != d.large_segment_size_bytes);
@@ -331,6 +333,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.recycle_budget != d.recycle_budget);
     CHECK(c.recycle_burst_ms != d.recycle_burst_ms);
     CHECK(c.recycle_slack != d.recycle_slack);
+    CHECK(c.recycle_keep_mappings != d.recycle_keep_mappings);
     CHECK(c.thread_cache != d.thread_cache);
     CHECK(c.va_reserve_bytes != d.va_reserve_bytes);
     CHECK(c.check_invariants != d.check_invariants);
@@ -368,6 +371,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
           {"recycle_budget", {"1", "0.005", "0.02"}},
           {"recycle_burst_ms", {"0", "10", "3600000"}},
           {"recycle_slack", {"0", "0.02", "1"}},
+          {"recycle_keep_mappings", {"True", "False"}},
         },
         20250611, 2000);
   }
@@ -375,7 +379,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 17);  // 7 PyTorch 2.11 keys + 10 of gpumem's engine
+  CHECK(keys.size() == 18);  // 7 PyTorch 2.11 keys + 11 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -134,12 +134,14 @@ TEST_CASE("capturing: growth creates pieces instead of recycling; the OOM retry 
   CHECK(f.events.violations == 0);
   CHECK(f.events.stream_syncs == 0);
 
-  // After the capture the same request succeeds: the free pieces move where it lands.
+  // After the capture the same request succeeds: the free pieces move where it lands (on their
+  // own stream, keeping their old mappings: nothing is unmapped, so nothing is synchronized).
   f.events.forbidden = false;
   f.engine.set_capturing(false);
   auto later = f.engine.allocate(40 * MiB, 0);
   CHECK(later.ok());
-  CHECK(f.events.stream_syncs > 0);
+  CHECK(f.engine.totals().kept_mappings > 0);
+  CHECK(f.events.stream_syncs == 0);
   for (void* p : {big, later.ptr, blocks[1], blocks[3]})
     if (p) REQUIRE(f.engine.free(p) == FreeStatus::ok);
   f.engine.check_invariants();
@@ -256,5 +258,63 @@ TEST_CASE("allocate_at finds memory a thread cache holds", "[engine][restore]") 
   REQUIRE(f.engine.allocate_at(p, 24 * KiB, 24 * KiB) == FreeStatus::ok);
   CHECK(f.engine.totals().allocated_bytes == 24 * KiB);
   REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.check_invariants();
+}
+
+TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmapping and changing stream do",
+          "[engine][recycle][kept_mappings]") {
+  Config c = test_config();
+  c.pieces = PieceSizing::fixed;  // 20 MiB pieces
+  Fixture f(c);
+  void* a = f.alloc(60 * MiB);  // pieces at slots 0-2
+  void* live = f.alloc(20 * MiB);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  // 80 MiB fits no free block: it grows at the region's end and moves the three free pieces, which
+  // stay mapped where they were: nothing to wait for on their stream.
+  void* x = f.alloc(80 * MiB);
+  CHECK(f.engine.totals().kept_mappings == 3);
+  CHECK(f.source.counters().unmaps == 0);
+  CHECK(f.events.stream_syncs == 0);
+  // 60 MiB more lands where A was: its kept mappings are unmapped first, after the stream's work.
+  void* y = f.alloc(60 * MiB);
+  CHECK(y == a);
+  CHECK(f.source.counters().unmaps == 3);
+  CHECK(f.events.stream_syncs == 1);
+  // A request on stream 1 takes stream 0's free pieces: their last uses must be done first.
+  REQUIRE(f.engine.free(y) == FreeStatus::ok);
+  const int syncs = f.events.stream_syncs.load();
+  void* z = f.alloc(60 * MiB, 1);
+  CHECK(f.engine.totals().kept_mappings > 0);  // some of them moved (and kept their mappings)
+  CHECK(f.events.stream_syncs == syncs + 1);
+  for (void* p : {x, z, live}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.mapped_bytes() == 0);
+  f.engine.check_invariants();
+}
+
+TEST_CASE("capturing: growth lands where no kept mapping is in the way (unmapping one would wait)",
+          "[engine][capture][kept_mappings]") {
+  Config c = test_config();
+  c.pieces = PieceSizing::fixed;
+  Fixture f(c);
+  void* a = f.alloc(60 * MiB);  // pieces at slots 0-2
+  void* live = f.alloc(20 * MiB);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+  void* x = f.alloc(80 * MiB);  // moves them; kept mappings at slots 0-2
+  REQUIRE(f.engine.totals().kept_mappings == 3);
+  f.engine.set_capturing(true);
+  f.events.forbidden = true;
+  const int syncs = f.events.stream_syncs.load();
+  // Outside a capture 60 MiB would land where A was, over its kept mappings (the case above).
+  void* y = f.alloc(60 * MiB);
+  CHECK(y != a);
+  CHECK(f.events.violations == 0);
+  CHECK(f.events.stream_syncs == syncs);
+  CHECK(f.engine.totals().kept_mappings == 3);
+  f.events.forbidden = false;
+  f.engine.set_capturing(false);
+  for (void* p : {x, y, live}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.mapped_bytes() == 0);
   f.engine.check_invariants();
 }

@@ -243,7 +243,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
         "pinned_num_register_threads:16,pinned_reserve_segment_size_mb:64,"
         "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,source:sim,"
         "pinned_allocator:gpumem,memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.01,"
-        "recycle_burst_ms:50,recycle_slack:0.1,thread_cache:False,"
+        "recycle_burst_ms:50,recycle_slack:0.1,recycle_keep_mappings:False,thread_cache:False,"
         "va_reserve_mb:4096,check_invariants:True,trace_entries:5000,oom_report_dir:/tmp/o,"
         "record_ops:True,python_stacks:True,python_stacks_min_kb:256";
     Config c = parse_ok(text);
@@ -269,6 +269,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.engine.recycle_budget != d.engine.recycle_budget);
     CHECK(c.engine.recycle_burst_ms != d.engine.recycle_burst_ms);
     CHECK(c.engine.recycle_slack != d.engine.recycle_slack);
+    CHECK(c.engine.recycle_keep_mappings != d.engine.recycle_keep_mappings);
     CHECK(c.engine.thread_cache != d.engine.thread_cache);
     CHECK(c.engine.va_reserve_bytes != d.engine.va_reserve_bytes);
     CHECK(c.engine.check_invariants != d.engine.check_invariants);
@@ -399,7 +400,7 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 34);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 18 of gpumem's
+  CHECK(keys.size() == 35);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 19 of gpumem's
   CHECK(std::string(to_string(PinnedAllocatorKind::native)) == "native");
   CHECK(std::string(to_string(PinnedAllocatorKind::gpumem)) == "gpumem");
   for (auto k : keys) {
