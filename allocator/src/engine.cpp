@@ -184,6 +184,10 @@ void CachingAllocator::Impl::release_all_locked() {
     for (const auto& g : list) source.unmap(g.region->slot_addr(g.first), g.count * g.region->slot_bytes);
   map.ghosts.clear();
   map.ghost_bytes = 0;
+  map.ghost_ages.clear();
+  map.ghost_count = 0;
+  for (const auto& [marker, refs] : map.marker_refs) events.release(marker);
+  map.marker_refs.clear();
   for (auto& [base, rp] : map.regions) {
     rp->ghosts = 0;
     Region& r = *rp;

@@ -422,7 +422,6 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     return free_pieces[choices[a].piece].addr > free_pieces[choices[b].piece].addr;
   });
   std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
-  std::size_t keep_room = map.reserved_bytes > map.ghost_bytes ? map.reserved_bytes - map.ghost_bytes : 0;
   auto note_sync = [&](StreamId s) {
     if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
   };
@@ -438,33 +437,68 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     const std::size_t n = free_pieces[c.piece].slots;
     piece.onto_ghost = rules.keep_mappings && r.slot_ghost(c.target_slot) && r.slots[c.target_slot].ghost == piece.handle &&
                        r.slots[c.target_slot].ghost_first == c.target_slot && r.slots[c.target_slot].ghost_count == n;
-    // A move onto its own kept mapping trades one kept mapping for another; any other kept mapping
-    // is new address space still mapped, allowed up to the physical footprint (so their number stays
-    // bounded however long recycling goes on: past it, a move unmaps its old place as before).
-    piece.keep_old = piece.onto_ghost || (rules.keep_mappings && piece.bytes <= keep_room);
-    if (piece.keep_old && !piece.onto_ghost) keep_room -= piece.bytes;
     w.pieces.push_back(piece);
     recycled.push_back(map.claim_piece(cand.block, cand.first_slot));
+  }
+  // Kept mappings to unmap: those where pieces land (other than a piece's own), and old ones evicted
+  // below. Unmapping one waits for its region's stream (kernels may still use it from before its
+  // piece moved) unless the marker recorded when it was made has completed.
+  std::vector<RegionMap::GhostRef> ghost_at;  // parallel to w.ghosts (region, first slot)
+  auto unmap_ghost = [&](Region& gr, std::size_t g) {
+    for (const RegionMap::GhostRef& x : ghost_at)
+      if (x.region == &gr && x.first == g) return std::size_t{0};
+    const std::size_t bytes = gr.slots[g].ghost_count * gr.slot_bytes;
+    const EventToken m = map.ghost_marker(gr, g);
+    ghost_at.push_back({&gr, g, 0, m});
+    w.ghosts.push_back({gr.slot_addr(g), bytes, false});
+    if (m == 0 || !events.query(m)) note_sync(gr.stream);
+    return bytes;
+  };
+  std::size_t unmapping_bytes = 0;
+  for (const GrowthWork::Piece& piece : w.pieces) {
+    if (piece.onto_ghost) continue;
+    const std::size_t first = r.slot_of(piece.to), n = piece.bytes / slot;
+    for (std::size_t s2 = first; s2 < first + n; ++s2)
+      if (r.slot_ghost(s2)) unmapping_bytes += unmap_ghost(r, r.slots[s2].ghost_first);
+  }
+  // A move keeps its old mapping while kept mappings stay within the physical footprint (so their
+  // number stays bounded however long recycling goes on); to make room, the oldest kept mappings
+  // whose markers have completed are unmapped (no wait); past that, a move unmaps its old place as
+  // before. A move onto its own kept mapping trades one kept mapping for another.
+  std::size_t keep_room = map.reserved_bytes + unmapping_bytes > map.ghost_bytes
+                              ? map.reserved_bytes + unmapping_bytes - map.ghost_bytes
+                              : 0;
+  map.trim_ghost_ages();
+  std::size_t age = 0;
+  constexpr std::size_t kEvictionScan = 256;  // kept mappings looked at per growth, oldest first
+  auto lands_on_own = [&](const Region& gr, std::size_t g) {
+    if (&gr != &r) return false;
+    for (const GrowthWork::Piece& piece : w.pieces)
+      if (piece.onto_ghost && r.slot_of(piece.to) == g) return true;
+    return false;
+  };
+  const std::size_t created_pieces = layout.created.size();
+  for (std::size_t k = 0; k < recycled.size(); ++k) {
+    GrowthWork::Piece& piece = w.pieces[created_pieces + k];
+    const Region& from = *recycled[k]->region;
+    if (rules.keep_mappings && !piece.onto_ghost)
+      while (piece.bytes > keep_room && age < map.ghost_ages.size() && age < kEvictionScan) {
+        const RegionMap::GhostAge a = map.ghost_ages[age++];
+        Region& gr = *a.region;
+        if (!gr.slot_ghost(a.first) || gr.slots[a.first].ghost_first != a.first || gr.slots[a.first].ghost != a.handle ||
+            lands_on_own(gr, a.first))
+          continue;
+        const EventToken m = map.ghost_marker(gr, a.first);
+        if (m == 0 || !events.query(m)) break;  // the rest are younger
+        keep_room += unmap_ghost(gr, a.first);
+      }
+    piece.keep_old = piece.onto_ghost || (rules.keep_mappings && piece.bytes <= keep_room);
+    if (piece.keep_old && !piece.onto_ghost) keep_room -= piece.bytes;
     // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
     // stays mapped needs it only when it changes stream (as any cached block would: a free block's
     // last uses are ordered on its own stream).
     if (!piece.keep_old || from.stream != r.stream) note_sync(from.stream);
   }
-  // Kept mappings where pieces land (other than a piece's own ghost) are unmapped first; their
-  // region's stream may still run kernels that used them before their piece moved.
-  std::vector<std::size_t> ghost_firsts;  // parallel to w.ghosts: slots of r
-  for (const GrowthWork::Piece& piece : w.pieces) {
-    if (piece.onto_ghost) continue;
-    const std::size_t first = r.slot_of(piece.to), n = piece.bytes / slot;
-    for (std::size_t s2 = first; s2 < first + n; ++s2) {
-      if (!r.slot_ghost(s2)) continue;
-      const std::size_t g = r.slots[s2].ghost_first;
-      if (std::find(ghost_firsts.begin(), ghost_firsts.end(), g) != ghost_firsts.end()) continue;
-      ghost_firsts.push_back(g);
-      w.ghosts.push_back({r.slot_addr(g), r.slots[g].ghost_count * slot, false});
-    }
-  }
-  if (!w.ghosts.empty()) note_sync(r.stream);
   // ... and the target.
   std::vector<Block*> target;
   map.claim_range(place->hole_first, claim_lo, claim_hi, target);
@@ -478,7 +512,17 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
   for (std::size_t i = 0; i < w.ghosts.size(); ++i)
-    if (w.ghosts[i].unmapped) map.remove_ghost(r, ghost_firsts[i]);
+    if (w.ghosts[i].unmapped)
+      if (const EventToken m = map.remove_ghost(*ghost_at[i].region, ghost_at[i].first)) events.release(m);
+  // One marker per stream that pieces moved away from keeping their old mappings: it completes once
+  // the work queued there so far (all uses of the old places) is done.
+  std::vector<std::pair<StreamId, EventToken>> markers;
+  auto marker_for = [&](StreamId st) {
+    for (const auto& [ms, m] : markers)
+      if (ms == st) return m;
+    markers.emplace_back(st, events.record(st));
+    return markers.back().second;
+  };
   const std::size_t created = layout.created.size();
   for (std::size_t i = 0; i < recycled.size(); ++i) {
     const GrowthWork::Piece& piece = w.pieces[created + i];
@@ -491,13 +535,15 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     Region& from = *b->region;
     const std::size_t from_first = from.slot_of(piece.from);
     map.record_piece_unmapped(b);
-    if (piece.keep_old) map.add_ghost(from, from_first, piece.bytes / slot, piece.handle);  // still mapped there
+    if (piece.keep_old)  // still mapped there
+      map.add_ghost(from, from_first, piece.bytes / slot, piece.handle, marker_for(from.stream));
     if (piece.destroyed) map.reserved_bytes -= piece.bytes;
     emit(batch, EventKind::segment_unmap, from.pool, piece.from, piece.bytes, 0, from.stream, piece.destroyed ? 1 : 0);
   }
   for (const GrowthWork::Piece& piece : w.pieces) {
     if (!piece.mapped) continue;
-    if (piece.onto_ghost) map.remove_ghost(r, r.slot_of(piece.to));  // its kept mapping is the piece's again
+    if (piece.onto_ghost)  // its kept mapping is the piece's again
+      if (const EventToken m = map.remove_ghost(r, r.slot_of(piece.to))) events.release(m);
     map.record_piece_mapped(r, r.slot_of(piece.to), piece.bytes / slot, piece.handle);
     if (piece.created) map.reserved_bytes += piece.bytes;
     emit(batch, EventKind::segment_map, r.pool, piece.to, piece.bytes, 0, r.stream, piece.created ? 1 : 0);

@@ -4,6 +4,8 @@
 // engine lock dropped: claimed blocks, pieces in `waiting` and the counters are consistent then.
 #include <fmt/format.h>
 
+#include <unordered_map>
+
 #include "engine.h"
 #include "size_policy.h"
 
@@ -233,7 +235,12 @@ void CachingAllocator::Impl::check_locked() const {
         broken(fmt::format("piece {:#x}: a listed kept mapping is not in its region's slots", handle));
     }
   }
-  if (listed != region_ghosts) broken("kept mappings listed and counted per region disagree");
+  if (listed != region_ghosts || listed != map.ghost_count) broken("kept mappings listed and counted disagree");
+  std::unordered_map<EventToken, std::size_t> markers;
+  for (const auto& [handle, list] : map.ghosts)
+    for (const auto& g : list)
+      if (g.marker != 0) ++markers[g.marker];
+  if (markers != map.marker_refs) broken("kept mappings' markers and their counts disagree");
   if (listed_bytes != map.ghost_bytes) broken("ghost_bytes out of step");
 }
 

@@ -57,6 +57,7 @@ void RegionMap::drop_region(Region& r) {
   }
   if (r.claims != 0) invariant_failed("dropping a region with a claim in progress");
   if (r.ghosts != 0) invariant_failed("dropping a region that still holds kept mappings");
+  purge_ghost_ages(r);
   arena.dispose(b);
   va_bytes -= r.va.size_bytes;
   regions.erase(r.va.base);
@@ -217,7 +218,7 @@ void RegionMap::record_piece_unmapped(Block* b) {
   insert_unmapped_merged(b);
 }
 
-void RegionMap::add_ghost(Region& r, std::size_t first, std::size_t count, PhysHandle handle) {
+void RegionMap::add_ghost(Region& r, std::size_t first, std::size_t count, PhysHandle handle, EventToken marker) {
   if (count == 0 || first + count > r.slots.size()) invariant_failed("add_ghost: slots outside the region's slot table");
   for (std::size_t s = first; s < first + count; ++s) {
     PieceSlot& slot = r.slots[s];
@@ -227,11 +228,14 @@ void RegionMap::add_ghost(Region& r, std::size_t first, std::size_t count, PhysH
     slot.ghost_count = static_cast<std::uint32_t>(count);
   }
   ++r.ghosts;
-  ghosts[handle].push_back({&r, first, count});
+  ghosts[handle].push_back({&r, first, count, marker});
   ghost_bytes += count * r.slot_bytes;
+  ghost_ages.push_back({handle, &r, first});
+  ++ghost_count;
+  if (marker != 0) ++marker_refs[marker];
 }
 
-void RegionMap::remove_ghost(Region& r, std::size_t first) {
+EventToken RegionMap::remove_ghost(Region& r, std::size_t first) {
   if (!r.slot_ghost(first) || r.slots[first].ghost_first != first) invariant_failed("remove_ghost: no kept mapping starts there");
   const PhysHandle handle = r.slots[first].ghost;
   const std::size_t count = r.slots[first].ghost_count;
@@ -241,17 +245,49 @@ void RegionMap::remove_ghost(Region& r, std::size_t first) {
     r.slots[s].ghost_count = 0;
   }
   --r.ghosts;
+  --ghost_count;
   ghost_bytes -= count * r.slot_bytes;
   auto it = ghosts.find(handle);
   if (it == ghosts.end()) invariant_failed("remove_ghost: the piece lists no kept mapping");
   auto& list = it->second;
+  EventToken marker = 0;
   for (std::size_t i = 0; i < list.size(); ++i)
     if (list[i].region == &r && list[i].first == first) {
+      marker = list[i].marker;
       list[i] = list.back();
       list.pop_back();
       break;
     }
   if (list.empty()) ghosts.erase(it);
+  if (marker == 0) return 0;
+  auto ref = marker_refs.find(marker);
+  if (ref == marker_refs.end()) invariant_failed("remove_ghost: a marker nobody counts");
+  if (--ref->second > 0) return 0;
+  marker_refs.erase(ref);
+  return marker;
+}
+
+EventToken RegionMap::ghost_marker(const Region& r, std::size_t first) const {
+  if (!r.slot_ghost(first) || r.slots[first].ghost_first != first) return 0;
+  auto it = ghosts.find(r.slots[first].ghost);
+  if (it == ghosts.end()) return 0;
+  for (const GhostRef& g : it->second)
+    if (g.region == &r && g.first == first) return g.marker;
+  return 0;
+}
+
+void RegionMap::trim_ghost_ages() {
+  auto gone = [](const GhostAge& a) {
+    return !(a.region->slot_ghost(a.first) && a.region->slots[a.first].ghost_first == a.first &&
+             a.region->slots[a.first].ghost == a.handle);
+  };
+  while (!ghost_ages.empty() && gone(ghost_ages.front())) ghost_ages.pop_front();
+  // Entries of ghosts gone behind a long-lived one: compacted once they outnumber the ghosts.
+  if (ghost_ages.size() > 2 * ghost_count + 64) std::erase_if(ghost_ages, gone);
+}
+
+void RegionMap::purge_ghost_ages(const Region& r) {
+  std::erase_if(ghost_ages, [&](const GhostAge& a) { return a.region == &r; });
 }
 
 }  // namespace gpumem::alloc::detail

@@ -190,7 +190,8 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
 
   // ---- commit
   for (std::size_t i = 0; i < w.ghosts.size(); ++i)
-    if (w.ghosts[i].unmapped) map.remove_ghost(*ghost_slots[i].first, ghost_slots[i].second);
+    if (w.ghosts[i].unmapped)
+      if (const EventToken m = map.remove_ghost(*ghost_slots[i].first, ghost_slots[i].second)) events.release(m);
   std::size_t piece_i = 0, segment_i = 0;
   for (const Claim& c : claims) {
     Region& r = *c.block->region;

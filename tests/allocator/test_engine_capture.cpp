@@ -318,3 +318,39 @@ TEST_CASE("capturing: growth lands where no kept mapping is in the way (unmappin
   CHECK(f.source.mapped_bytes() == 0);
   f.engine.check_invariants();
 }
+
+TEST_CASE("kept mappings: unmapping one waits for its stream only while its marker is outstanding",
+          "[engine][recycle][kept_mappings]") {
+  Config c = test_config();
+  c.pieces = PieceSizing::fixed;  // 20 MiB pieces
+  Fixture f(c);
+  // Rounds of ever longer blocks, each followed by a live block and then freed: growth moves the
+  // freed pieces, keeps their old mappings, lands on kept mappings and passes the footprint.
+  std::vector<void*> pins;
+  auto round = [&](int k) {
+    void* b = f.alloc((40 + 20 * static_cast<std::size_t>(k % 6)) * MiB);
+    pins.push_back(f.alloc(20 * MiB));
+    REQUIRE(f.engine.free(b) == FreeStatus::ok);
+    const EngineTotals t = f.engine.totals();
+    CHECK(t.kept_mapping_bytes <= t.reserved_bytes);
+    CHECK(f.source.mapped_bytes() == f.source.physical_bytes() + t.kept_mapping_bytes);
+  };
+  // Markers outstanding (ManualStreamEvents): every kept mapping unmapped waits for the stream.
+  for (int k = 0; k < 6; ++k) round(k);
+  CHECK(f.source.counters().unmaps > 0);
+  CHECK(f.events.stream_syncs > 0);
+  // Every marker complete before each growth: kept mappings go without any wait.
+  const auto unmaps = f.source.counters().unmaps;
+  const int syncs = f.events.stream_syncs.load();
+  for (int k = 6; k < 14; ++k) {
+    f.events.inner.complete_all();
+    round(k);
+  }
+  CHECK(f.source.counters().unmaps > unmaps);
+  CHECK(f.events.stream_syncs == syncs);
+  for (void* p : pins) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.mapped_bytes() == 0);
+  CHECK(f.events.inner.outstanding() == 0);  // every marker released
+  f.engine.check_invariants();
+}
