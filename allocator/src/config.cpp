@@ -253,7 +253,7 @@ constexpr Key<Config> kKeys[] = {
     {{"recycle_burst_ms", "", "a whole number of milliseconds (at most 3600000)", "recycle_burst_ms:10"},
      apply_recycle_burst},
     {{"recycle_slack", "", "a number in [0, 1]: memory the recycle budget may add, as a share of the footprint",
-      "recycle_slack:0.02"},
+      "recycle_slack:0.05"},
      apply_recycle_slack},
     {{"recycle_keep_mappings", "", "True or False", "recycle_keep_mappings:True"}, apply_recycle_keep_mappings},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},

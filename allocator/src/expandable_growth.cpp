@@ -336,9 +336,12 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   };
   std::size_t chosen = plan_all(recycle_now);
   const bool budget_denied = may_recycle && !recycle_now;
+  in_use_high_bytes = std::max(in_use_high_bytes, allocated_bytes + pending_bytes + rounded);
   // Growth past the budget creates what it could have recycled: the memory the budget buys (the
   // slots created beyond what the same growth with recycling would create).
   std::size_t buying_bytes = 0;
+  const std::size_t bought_bytes =
+      policy::bought_estimate(recycle_budget_bought_bytes, map.reserved_bytes, in_use_high_bytes);
   if (budget_denied && !refs.empty()) {
     const std::size_t without = planned[chosen].layout.created_slots();
     const std::size_t chosen_without = chosen;
@@ -347,11 +350,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     const std::size_t chosen_with = plan_all(true);
     const std::size_t with = planned[chosen_with].layout.created_slots();
     buying_bytes = (without - std::min(without, with)) * slot;
-    // Memory comes first: past the cap, or past the memory the budget may add (its slack), growth
-    // recycles whatever it costs; that recycling is not charged (the budget counts what it chose).
+    // Memory comes first: past the cap, or past the memory the budget may add (its slack, against
+    // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
+    // not charged (the budget counts what it chose).
     if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
-        !policy::within_slack(recycle_budget_bought_bytes, buying_bytes, map.reserved_bytes,
-                              rules.recycle_budget.slack))) {
+        !policy::within_slack(bought_bytes, buying_bytes, map.reserved_bytes, rules.recycle_budget.slack))) {
       recycle_now = true;
       chosen = chosen_with;
       buying_bytes = 0;

@@ -520,6 +520,36 @@ TEST_CASE("the recycle budget's memory guard: past the slack, recycling goes on 
   f.engine.check_invariants();
 }
 
+TEST_CASE("the memory guard counts as bought only the footprint beyond the most ever in use",
+          "[engine][recycle][recycle_budget]") {
+  // 20 MiB pieces (test_config), slots S0.. of one region. Recycling alone would reserve 140, 140,
+  // 160 and 180 MiB after steps c, e, f and g below (f needing a growth there); the budget, spent
+  // by the recycling at c, buys 20 MiB at e and 20 MiB at g. At g the count of what it created
+  // beyond its recycling plans is 20 MiB, but y (f) has used that memory since, and g's request
+  // takes the most memory in use to 180 MiB, above what is reserved (160): nothing bought is still
+  // beyond it, so the slack (0.2 x 160) allows g's 20 MiB. The raw count alone would have refused
+  // it (20 + 20 > 0.2 x (160 - 20)).
+  ClockedFixture f(budget_config(/*slack=*/0.2));
+  std::vector<void*> p;
+  for (int i = 0; i < 7; ++i) p.push_back(f.alloc(20 * MiB));  // a: S0..S6
+  for (int i : {0, 2, 6}) REQUIRE(f.engine.free(p[i]) == FreeStatus::ok);
+  void* q = f.alloc(60 * MiB);  // c: S6..S8, the pieces of S0 and S2 move (the burst's recycling)
+  CHECK(f.source.inner.counters().unmaps == 2);
+  CHECK(f.engine.totals().reserved_bytes == 140 * MiB);
+  for (int i : {1, 3}) REQUIRE(f.engine.free(p[i]) == FreeStatus::ok);
+  void* x = f.alloc(40 * MiB);  // e: S0..S1; the budget is spent: S0 is created, S3's piece stays
+  CHECK(f.source.inner.counters().unmaps == 2);
+  CHECK(f.engine.totals().reserved_bytes == 160 * MiB);
+  void* y = f.alloc(20 * MiB);  // f: S3, from the cache
+  CHECK(f.engine.totals().reserved_bytes == 160 * MiB);
+  REQUIRE(f.engine.free(p[4]) == FreeStatus::ok);
+  void* w = f.alloc(40 * MiB);  // g: S9..S10, both created; S4's piece stays
+  CHECK(f.source.inner.counters().unmaps == 2);
+  CHECK(f.engine.totals().reserved_bytes == 200 * MiB);
+  f.engine.check_invariants();
+  for (void* b : {q, x, y, w, p[5]}) REQUIRE(f.engine.free(b) == FreeStatus::ok);
+}
+
 TEST_CASE("without a recycle budget (recycle_budget:1) recycling never waits for time",
           "[engine][recycle][recycle_budget]") {
   Config c = test_config();

@@ -38,7 +38,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle);
     CHECK(c.recycle_budget == 0.005);
     CHECK(c.recycle_burst_ms == 10);
-    CHECK(c.recycle_slack == 0.02);
+    CHECK(c.recycle_slack == 0.005);
     CHECK(c.recycle_keep_mappings);
     CHECK(c.thread_cache);
   }
