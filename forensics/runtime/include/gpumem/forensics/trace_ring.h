@@ -24,7 +24,7 @@
 // Cost: while inactive (no history, no floor, no hook) on_events returns after one atomic load.
 // Active, it reads the CPU's tick counter once per batch (tick_clock.h; the engine is asked for
 // sequence numbers only, never for its clock), and the ring's lock is held only to copy the
-// batch's records in: a few stores per event once the buffer is full. The buffer grows on demand
+// batch's records in: once the buffer is full, one aligned 64-byte slot stored per event. The buffer grows on demand
 // up to its capacity (a few allocations, amortized), and hooks run after the lock is released.
 // 64 bytes a record (what the program attached is kept once per run of records that share it).
 // Times are ticks while kept and steady-clock nanoseconds in every record handed out.
@@ -145,13 +145,15 @@ class TraceRing final : public alloc::AllocObserver {
   void clear();
 
  private:
-  // A kept record: plain data, one cache line, so that overwriting the oldest one only stores
-  // (the slot is cold in a large ring: a load would stall). Notes are kept beside, in notes_.
-  struct Slot {
+  // A kept record: plain data, exactly one cache line and aligned to it, so that overwriting the
+  // oldest one stores one line (unaligned, each slot straddled two lines: two cold lines to fetch
+  // per record). Notes are kept beside, in notes_.
+  struct alignas(64) Slot {
     alloc::AllocEvent event;
     std::uint32_t op = 0;
     std::uint32_t scope = 0;
   };
+  static_assert(sizeof(Slot) == 64, "a slot is one cache line");
   // The notes of kept records: one entry per run of consecutive records (by ordinal) that share
   // one notes object, oldest first; records in no run have none.
   struct NotesRun {
