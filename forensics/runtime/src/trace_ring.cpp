@@ -167,8 +167,7 @@ inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint64
     return;
   }
   // Full: overwrite the oldest record: one whole, aligned line, built in registers and stored at
-  // once (field by field, the event's padding bytes would be left out and the stores would wait
-  // for the cold line to be read).
+  // once (whole-line stores; field by field, the event's padding bytes would be left out).
   Slot slot{event, op, scope};
   slot.event.t_ns = ticks;
   std::memcpy(static_cast<void*>(&buffer_[head_]), &slot, sizeof slot);

@@ -146,8 +146,7 @@ class TraceRing final : public alloc::AllocObserver {
 
  private:
   // A kept record: plain data, exactly one cache line and aligned to it, so that overwriting the
-  // oldest one stores one line (unaligned, each slot straddled two lines: two cold lines to fetch
-  // per record). Notes are kept beside, in notes_.
+  // oldest one writes one whole line. Notes are kept beside, in notes_.
   struct alignas(64) Slot {
     alloc::AllocEvent event;
     std::uint32_t op = 0;
