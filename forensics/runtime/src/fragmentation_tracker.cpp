@@ -8,7 +8,7 @@
 namespace gpumem::forensics {
 
 FragmentationTracker::FragmentationTracker(bool record_ops, bool keep_contexts)
-    : record_ops_(record_ops), keep_contexts_(keep_contexts), live_(16384) {}  // 8192 live blocks before it grows
+    : record_ops_(record_ops), keep_contexts_(keep_contexts), live_(8192) {}  // 4096 live blocks (~590 KB) before it grows
 
 void FragmentationTracker::on_events(std::span<const alloc::AllocEvent> events) {
   using alloc::EventKind;
