@@ -12,25 +12,27 @@ FragmentationTracker::FragmentationTracker(bool record_ops, bool keep_contexts)
 
 void FragmentationTracker::on_events(std::span<const alloc::AllocEvent> events) {
   using alloc::EventKind;
-  // The op, the time and the stack only matter to allocations: read once, by the first one.
-  bool tagged = false;
+  // The op, the time and the stack only matter to allocations: read once per batch that has one,
+  // before the lock (interning an op's name may take the registry's lock).
+  const bool allocates = std::any_of(events.begin(), events.end(),
+                                     [](const alloc::AllocEvent& e) { return e.kind == EventKind::alloc; });
   std::uint32_t op = 0, scope = 0;
   std::uint64_t ticks = 0;
+  std::shared_ptr<void> context;
+  if (allocates) {
+    if (record_ops_) {
+      op = OpStack::current_op();
+      scope = OpStack::current_scope();
+    }
+    ticks = detail::read_ticks();
+    if (keep_contexts_) context = AllocContext::current();
+  }
   std::lock_guard lock(mutex_);
   for (const auto& e : events) {
     switch (e.kind) {
       case EventKind::alloc:
         if (e.addr == 0) break;
-        if (!tagged) {
-          if (record_ops_) {
-            op = OpStack::current_op();
-            scope = OpStack::current_scope();
-          }
-          ticks = detail::read_ticks();
-          tagged = true;
-        }
-        live_.assign(e.addr, LiveBlockInfo{e.size_bytes, e.requested_bytes, op, scope, ticks, e.seq,
-                                           keep_contexts_ ? AllocContext::current() : nullptr});
+        live_.assign(e.addr, LiveBlockInfo{e.size_bytes, e.requested_bytes, op, scope, ticks, e.seq, context});
         c_.allocated_bytes += e.size_bytes;
         c_.requested_bytes += e.requested_bytes;
         ++c_.live_blocks;
