@@ -6,11 +6,21 @@
 // log-uniform in 512 B..32 MiB; each step frees a random slot and allocates a new size into it),
 // single-threaded and with T threads each running its own sequence.
 //
-//   torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR]
+//   torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR] [--sim]
 //
 // gpumem is not installed: libtorch keeps its native allocator, and gpumem's allocator object is
 // driven directly (gpumem::torch::cuda_allocator()), so both run under the same conditions. Each
 // pattern runs R rounds alternating native and gpumem; the table shows the median of the rounds.
+// Before the table, one line says what c10::cuda::current_device() costs (raw_alloc calls it in
+// both allocators: it is the part of every pair that no allocator controls), 1 thread and T.
+//
+// --sim needs no GPU: gpumem only, on a simulated device (source:sim, GPUMEM_ALLOW_SIM=1 is set),
+// through the C entry points CUDAPluggableAllocator calls (gpumem_malloc / gpumem_free: the
+// adapter's per-call path without c10::cuda::current_device()). It is the CPU harness for the
+// adapter's own cost and its contention between threads (compare bench_alloc_pairs --observer,
+// the engine and observer alone).
+// The last column counts gpumem's driver calls during the pattern (all its rounds, 1 thread and T):
+// each costs microseconds on a GPU and nothing on a simulated device.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
@@ -26,6 +36,7 @@
 #include <vector>
 
 #include "alloc_pattern.h"
+#include "gpumem/torch/c_api.h"
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/cuda_allocator.h"
 
@@ -36,29 +47,41 @@ using Allocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
 using gpumem::bench::AllocPattern;
 using gpumem::bench::AllocSequence;
 
-double run(Allocator& a, const AllocPattern& p, const AllocSequence& seq, std::size_t ops, cudaStream_t stream) {
+// The calls a pair makes: c10's allocator interface, or gpumem's C entry points (--sim).
+struct Calls {
+  Allocator* allocator = nullptr;  // null: gpumem_malloc / gpumem_free on device 0
+  void* alloc(std::size_t n, cudaStream_t stream) const {
+    return allocator ? allocator->raw_alloc_with_stream(n, stream) : gpumem_malloc(n, 0, stream);
+  }
+  void free(void* p) const {
+    if (allocator) allocator->raw_delete(p);
+    else gpumem_free(p, 0, 0, nullptr);
+  }
+};
+
+double run(const Calls& a, const AllocPattern& p, const AllocSequence& seq, std::size_t ops, cudaStream_t stream) {
   using clock = std::chrono::steady_clock;
   if (p.fixed_bytes) {
-    for (int i = 0; i < 1000; ++i) a.raw_delete(a.raw_alloc_with_stream(p.fixed_bytes, stream));
+    for (int i = 0; i < 1000; ++i) a.free(a.alloc(p.fixed_bytes, stream));
     const auto t0 = clock::now();
-    for (std::size_t i = 0; i < ops; ++i) a.raw_delete(a.raw_alloc_with_stream(p.fixed_bytes, stream));
+    for (std::size_t i = 0; i < ops; ++i) a.free(a.alloc(p.fixed_bytes, stream));
     return std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
   }
   std::vector<void*> live(p.window);
-  for (std::size_t i = 0; i < p.window; ++i) live[i] = a.raw_alloc_with_stream(seq.sizes[i], stream);
+  for (std::size_t i = 0; i < p.window; ++i) live[i] = a.alloc(seq.sizes[i], stream);
   const auto t0 = clock::now();
   for (std::size_t i = 0; i < ops; ++i) {
     void*& slot = live[seq.slots[i]];
-    a.raw_delete(slot);
-    slot = a.raw_alloc_with_stream(seq.sizes[p.window + i], stream);
+    a.free(slot);
+    slot = a.alloc(seq.sizes[p.window + i], stream);
   }
   const double ns = std::chrono::duration<double, std::nano>(clock::now() - t0).count() / static_cast<double>(ops);
-  for (void* q : live) a.raw_delete(q);
+  for (void* q : live) a.free(q);
   return ns;
 }
 
 // T threads, each with its own sequence on the default stream; returns mean ns per pair per thread.
-double run_threads(Allocator& a, const AllocPattern& p, std::size_t ops, int threads) {
+double run_threads(const Calls& a, const AllocPattern& p, std::size_t ops, int threads, bool gpu) {
   std::vector<AllocSequence> seqs;
   for (int t = 0; t < threads; ++t) {
     seqs.push_back(gpumem::bench::make_alloc_sequence(p, ops, 100 + static_cast<std::uint64_t>(t)));
@@ -68,7 +91,7 @@ double run_threads(Allocator& a, const AllocPattern& p, std::size_t ops, int thr
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
-      c10::cuda::set_device(0);
+      if (gpu) c10::cuda::set_device(0);
       start.arrive_and_wait();
       per[static_cast<std::size_t>(t)] = run(a, p, seqs[static_cast<std::size_t>(t)], ops, nullptr);
     });
@@ -76,6 +99,52 @@ double run_threads(Allocator& a, const AllocPattern& p, std::size_t ops, int thr
   double mean = 0;
   for (double v : per) mean += v / threads;
   return mean;
+}
+
+// ns per c10::cuda::current_device() call, on `threads` threads at once (0: this thread).
+double current_device_ns(int threads) {
+  using clock = std::chrono::steady_clock;
+  constexpr int kCalls = 200000;
+  auto loop = [] {
+    int sum = 0;
+    const auto t0 = clock::now();
+    for (int i = 0; i < kCalls; ++i) sum += c10::cuda::current_device();
+    const double ns = std::chrono::duration<double, std::nano>(clock::now() - t0).count() / kCalls;
+    return sum < 0 ? -ns : ns;  // keeps the calls
+  };
+  if (threads == 0) return loop();
+  std::vector<double> per(static_cast<std::size_t>(threads));
+  std::barrier start(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      c10::cuda::set_device(0);
+      start.arrive_and_wait();
+      per[static_cast<std::size_t>(t)] = loop();
+    });
+  for (auto& th : pool) th.join();
+  double mean = 0;
+  for (double v : per) mean += v / threads;
+  return mean;
+}
+
+// The driver calls gpumem made so far (num_device_alloc + num_device_free: maps and unmaps of
+// expandable memory, segment creations and releases): a pattern that keeps calling the driver in
+// its steady state pays microseconds per call on a GPU and nothing on a simulated device.
+long long driver_calls(Allocator& a) {
+  const auto s = a.getDeviceStats(0);
+  return static_cast<long long>(s.num_device_alloc + s.num_device_free);
+}
+
+// One line of gpumem's statistics after the run: classic segments (the stats observer keeps its
+// lock for every event while one exists), driver calls, retries.
+void print_gpumem_stats(Allocator& a) {
+  const auto s = a.getDeviceStats(0);
+  std::printf("gpumem after the run: classic segments peak %lld, device allocs %lld, device frees %lld, alloc retries "
+              "%lld, OOMs %lld\n",
+              static_cast<long long>(s.segment[0].peak), static_cast<long long>(s.num_device_alloc),
+              static_cast<long long>(s.num_device_free), static_cast<long long>(s.num_alloc_retries),
+              static_cast<long long>(s.num_ooms));
 }
 
 double median(std::vector<double> v) {
@@ -86,7 +155,7 @@ double median(std::vector<double> v) {
 [[noreturn]] void usage(const std::string& what) {
   std::fprintf(stderr,
                "torch_alloc_pairs: %s\nusage: torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] "
-               "[--config STR]\n",
+               "[--config STR] [--sim]\n",
                what.c_str());
   std::exit(2);
 }
@@ -97,6 +166,7 @@ int main(int argc, char** argv) {
   std::size_t ops = 200000, thread_ops = 20000;
   int threads = 4, rounds = 3;
   std::string config_text;
+  bool sim = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -109,43 +179,78 @@ int main(int argc, char** argv) {
       else if (a == "--threads") threads = std::stoi(next());
       else if (a == "--rounds") rounds = std::stoi(next());
       else if (a == "--config") config_text = next();
+      else if (a == "--sim") sim = true;
       else usage("unknown argument '" + a + "'");
     } catch (const std::logic_error&) {
       usage(a + " needs a number");
     }
   }
   if (ops == 0 || threads < 1 || rounds < 1) usage("--ops, --threads and --rounds must be positive");
-  if (!torch::cuda::is_available()) {
-    std::printf("torch_alloc_pairs: no CUDA device; nothing measured\n");
+  if (sim) {
+    if (config_text.find("source:") == std::string::npos) config_text += config_text.empty() ? "source:sim" : ",source:sim";
+    ::setenv("GPUMEM_ALLOW_SIM", "1", 1);
+  } else if (!torch::cuda::is_available()) {
+    std::printf("torch_alloc_pairs: no CUDA device; nothing measured (--sim measures gpumem on a simulated device)\n");
     return 0;
   }
   auto parsed = gpumem::torch::parse_config(config_text);
   if (auto* error = std::get_if<gpumem::torch::ConfigError>(&parsed)) usage("--config: " + error->message);
-
-  Allocator& native = *c10::cuda::CUDACachingAllocator::get();
-  torch::empty({1}, torch::kCUDA);  // initializes CUDA and the native allocator
   const gpumem::torch::Config config = std::get<gpumem::torch::Config>(parsed);
-  Allocator& ours = gpumem::torch::cuda_allocator(config);
-  ours.init(static_cast<int>(c10::cuda::device_count()));
   const cudaStream_t stream = nullptr;  // the default stream, as raw_alloc uses with no stream set
+
+  if (sim) {
+    // gpumem only: the C entry points use the allocator made here (the configuration above).
+    Allocator& ours_allocator = gpumem::torch::cuda_allocator(config);
+    const Calls ours{};
+    std::printf("torch_alloc_pairs --sim: gpumem on a simulated device through gpumem_malloc / gpumem_free, %zu pairs "
+                "(1 thread), %zu pairs per thread (%d threads), median of %d rounds\n",
+                ops, thread_ops, threads, rounds);
+    std::printf("%-28s %12s   %14s %14s\n", "pattern", "gpumem ns", "gpumem ns/thr", "driver calls");
+    for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
+      const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
+      std::vector<double> g1, gt;
+      const long long calls0 = driver_calls(ours_allocator);
+      for (int r = 0; r < rounds; ++r) {
+        g1.push_back(run(ours, p, seq, ops, stream));
+        gt.push_back(run_threads(ours, p, thread_ops, threads, false));
+      }
+      std::printf("%-28s %12.1f   %14.1f %14lld\n", p.name, median(g1), median(gt),
+                  driver_calls(ours_allocator) - calls0);
+      std::fflush(stdout);
+    }
+    print_gpumem_stats(ours_allocator);
+    return 0;
+  }
+
+  Allocator& native_allocator = *c10::cuda::CUDACachingAllocator::get();
+  torch::empty({1}, torch::kCUDA);  // initializes CUDA and the native allocator
+  Allocator& ours_allocator = gpumem::torch::cuda_allocator(config);
+  ours_allocator.init(static_cast<int>(c10::cuda::device_count()));
+  const Calls native{&native_allocator}, ours{&ours_allocator};
 
   std::printf("torch_alloc_pairs: %s vs %s, %zu pairs (1 thread), %zu pairs per thread (%d threads), median of %d "
               "rounds\n",
-              native.name().c_str(), ours.name().c_str(), ops, thread_ops, threads, rounds);
-  std::printf("%-28s %12s %12s %8s   %14s %14s %8s\n", "pattern", "native ns", "gpumem ns", "speedup",
-              "native ns/thr", "gpumem ns/thr", "speedup");
+              native_allocator.name().c_str(), ours_allocator.name().c_str(), ops, thread_ops, threads, rounds);
+  std::printf("c10::cuda::current_device() (in every raw_alloc of both): %.1f ns (1 thread), %.1f ns/thread (%d "
+              "threads)\n",
+              current_device_ns(0), current_device_ns(threads), threads);
+  std::printf("%-28s %12s %12s %8s   %14s %14s %8s %14s\n", "pattern", "native ns", "gpumem ns", "speedup",
+              "native ns/thr", "gpumem ns/thr", "speedup", "driver calls");
   for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
     const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
     std::vector<double> n1, g1, nt, gt;
+    const long long calls0 = driver_calls(ours_allocator);
     for (int r = 0; r < rounds; ++r) {
       n1.push_back(run(native, p, seq, ops, stream));
       g1.push_back(run(ours, p, seq, ops, stream));
-      nt.push_back(run_threads(native, p, thread_ops, threads));
-      gt.push_back(run_threads(ours, p, thread_ops, threads));
+      nt.push_back(run_threads(native, p, thread_ops, threads, true));
+      gt.push_back(run_threads(ours, p, thread_ops, threads, true));
     }
     const double a = median(n1), b = median(g1), c = median(nt), d = median(gt);
-    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx\n", p.name, a, b, a / b, c, d, c / d);
+    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %14lld\n", p.name, a, b, a / b, c, d, c / d,
+                driver_calls(ours_allocator) - calls0);
     std::fflush(stdout);
   }
+  print_gpumem_stats(ours_allocator);
   return 0;
 }

@@ -6,7 +6,8 @@
 // steps that allocate a few thousand blocks of 512 B..32 MiB from 40 call sites, then free them,
 // with segments created and released) to a temporary .csv.gz. It prints the time to open the file
 // (read + gunzip + parse + model with checkpoints), then plays a script of keys that touches every
-// view (timeline scrubbing, peak / OOM jumps, block cursor, zoom, search) and prints, per key kind,
+// view (timeline scrubbing, peak / OOM jumps, block cursor, zoom, search, the Active view's columns,
+// time zoom and pan) and prints, per key kind,
 // the time for reduce() plus a full render() of a W x H frame (default 200 x 60). --write FILE
 // only writes the synthetic trace (--entries of them) to FILE.
 #include <unistd.h>
@@ -175,6 +176,12 @@ int main(int argc, char** argv) {
       {"view switch", Key::chr(U'5'), 1},        {"pins select", Key::of(KeyCode::down), 30},
       {"pins step", Key::chr(U']'), 20},         {"mark", Key::chr(U'm'), 1},
       {"view switch", Key::chr(U'6'), 1},        {"diff step", Key::chr(U']'), 20},
+      // The Active view: its first frame builds the grouped index (once per grouping, as g does).
+      {"active: first frame", Key::chr(U'7'), 1}, {"active ->", Key::of(KeyCode::right), 100},
+      {"active zoom +", Key::chr(U'+'), 8},      {"active PgDn", Key::of(KeyCode::page_down), 20},
+      {"active <-", Key::of(KeyCode::left), 50}, {"active peak/end", Key::chr(U'e'), 2},
+      {"active zoom -", Key::chr(U'-'), 8},      {"active jump", Key::chr(U'p'), 3},
+      {"active: g (builds)", Key::chr(U'g'), 1}, {"active ->", Key::of(KeyCode::right), 20},
       {"help", Key::chr(U'?'), 2},
   };
   std::map<std::string, Stat> stats;

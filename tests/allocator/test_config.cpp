@@ -8,6 +8,7 @@
 
 #include "catch.h"
 #include "config_test_support.h"
+#include "engine_config_cases.h"
 #include "gpumem/alloc/config.h"
 
 using namespace gpumem::alloc;
@@ -310,31 +311,8 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(std::count(s.begin(), s.end(), ',') + 1 == static_cast<long>(config_keys().size()));
   }
   SECTION("every key away from its default") {
-    std::string text =
-        "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
-        "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
-        "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
-        "memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.05,"
-        "recycle_burst_ms:25,recycle_slack:0.5,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
-    Config c = parse_ok(text);
-    Config d;
-    CHECK(c.large_segment_size_bytes != d.large_segment_size_bytes);
-    CHECK(c.expandable_segments != d.expandable_segments);
-    CHECK(c.max_split_size_bytes != d.max_split_size_bytes);
-    CHECK(c.max_non_split_rounding_bytes != d.max_non_split_rounding_bytes);
-    CHECK(c.roundup_power2_divisions != d.roundup_power2_divisions);
-    CHECK(c.garbage_collection_threshold != d.garbage_collection_threshold);
-    CHECK(c.per_process_memory_fraction != d.per_process_memory_fraction);
-    CHECK(c.memory_limit_bytes != d.memory_limit_bytes);
-    CHECK(c.small_piece_bytes != d.small_piece_bytes);
-    CHECK(c.recycle != d.recycle);
-    CHECK(c.recycle_budget != d.recycle_budget);
-    CHECK(c.recycle_burst_ms != d.recycle_burst_ms);
-    CHECK(c.recycle_slack != d.recycle_slack);
-    CHECK(c.thread_cache != d.thread_cache);
-    CHECK(c.va_reserve_bytes != d.va_reserve_bytes);
-    CHECK(c.check_invariants != d.check_invariants);
-    CHECK_FALSE(c == d);
+    Config c = parse_ok(gpumem::testing::kEngineKeysAwayFromDefault);
+    gpumem::testing::check_engine_fields_away_from_default(c);
 
     std::string canonical = to_string(c);
     INFO(canonical);
@@ -352,23 +330,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
   }
   SECTION("seeded random configurations") {
     gpumem::testing::check_random_round_trips<Config, ConfigError>(
-        parse_config, [](const Config& c) { return to_string(c); },
-        {
-          {"large_segment_size_mb", {"11", "20", "32", "64"}},
-          {"expandable_segments", {"True", "False"}},
-          {"max_split_size_mb", {"64", "100", "unlimited", "4096"}},
-          {"max_non_split_rounding_mb", {"64", "80", "1000"}},
-          {"roundup_power2_divisions", {"0", "2", "[1:2,>:8]", "[16:4,64:0,1024:2]", "[>:1]", "[2:8,4:4,8:2,16:1]"}},
-          {"garbage_collection_threshold", {"0", "0.1", "0.3333333333333333", "0.95"}},
-          {"per_process_memory_fraction", {"0", "0.5", "1", "0.123456789"}},
-          {"memory_limit_mb", {"0", "1", "81920"}},
-          {"small_piece_size_mb", {"2", "4", "16"}},
-          {"va_reserve_mb", {"0", "65536"}},
-          {"recycle", {"True", "False"}},
-          {"recycle_budget", {"1", "0.005", "0.02"}},
-          {"recycle_burst_ms", {"0", "10", "3600000"}},
-          {"recycle_slack", {"0", "0.02", "1"}},
-        },
+        parse_config, [](const Config& c) { return to_string(c); }, gpumem::testing::engine_key_choices(),
         20250611, 2000);
   }
 }

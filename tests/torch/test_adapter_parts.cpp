@@ -1,11 +1,18 @@
-// The torch-free parts of the adapter: mapped runs of snapshot segments, and the pointer registry
-// (with its registering source). No torch header here. (The trace ring the adapter uses is
-// forensics' TraceRing: tests/forensics/test_observers.cpp.)
+// The torch-free parts of the adapter: mapped runs of snapshot segments, the pointer registry
+// (with its registering source), when a device's trace ring is attached to its engine, and when
+// the current device is asked for. No
+// torch header here. (The trace ring the adapter uses is forensics' TraceRing:
+// tests/forensics/test_observers.cpp.)
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
+#include <string>
+#include <variant>
 #include <vector>
 
 #include "catch.h"
+#include "current_device.h"
+#include "device_engine.h"
 #include "gpumem/alloc/sim_source.h"
 #include "pointer_registry.h"
 #include "snapshot_ranges.h"
@@ -77,4 +84,63 @@ TEST_CASE("registering source records what its inner source reserves, until rele
   REQUIRE(source.release(range.value) == alloc::SourceStatus::ok);
   CHECK(registry.owner_of(reinterpret_cast<void*>(range.value.base)) == -1);
   CHECK(std::string(source.caps().name) == "sim");
+}
+
+TEST_CASE("a device's trace ring is attached to its engine only while it records") {
+  ::setenv("GPUMEM_ALLOW_SIM", "1", 1);
+  auto parsed = gpumem::torch::parse_config("source:sim");
+  REQUIRE(std::holds_alternative<gpumem::torch::Config>(parsed));
+  gpumem::torch::detail::PointerRegistry registry;
+  std::string error;
+  auto de = gpumem::torch::detail::make_cuda_engine(std::get<gpumem::torch::Config>(parsed), 5, registry, &error);
+  REQUIRE(de != nullptr);
+  auto pair = [&] {
+    const alloc::AllocResult r = de->engine->allocate(4096, 0);
+    REQUIRE(r.ok());
+    REQUIRE(de->engine->free(r.ptr) == alloc::FreeStatus::ok);
+  };
+  forensics::TraceSettings on;
+  on.capacity = 100;
+
+  // trace_entries:0 and no hook: the ring is idle, so it is not attached. Turned on behind the
+  // adapter's back (no sync), it still sees nothing: attachment is what feeds it.
+  pair();
+  de->trace->configure(on, /*clear=*/true);
+  pair();
+  CHECK(de->trace->history().empty());
+
+  // Synced while it records: every call reaches it (alloc, free_requested, free_completed).
+  de->sync_trace_observer();
+  de->sync_trace_observer();  // idempotent: attached once
+  pair();
+  CHECK(de->trace->history().size() == 3);
+
+  // Off and synced: detached; turned on again without a sync, it sees nothing new.
+  de->trace->configure(forensics::TraceSettings{}, /*clear=*/true);
+  de->sync_trace_observer();
+  pair();
+  de->trace->configure(on, /*clear=*/true);
+  pair();
+  CHECK(de->trace->history().empty());
+  de->sync_trace_observer();
+  pair();
+  CHECK(de->trace->history().size() == 3);
+}
+
+TEST_CASE("the current device is asked for unless exactly one device is visible") {
+  int asked = 0;
+  auto ask = [&] {
+    ++asked;
+    return static_cast<signed char>(3);  // c10's answer on a machine with several devices
+  };
+  // One visible device: it is device 0, and nobody is asked.
+  CHECK(gpumem::torch::detail::current_device_of(1, ask) == 0);
+  CHECK(asked == 0);
+  // Several devices: c10 answers, every time (the thread may have switched devices since).
+  CHECK(gpumem::torch::detail::current_device_of(2, ask) == 3);
+  CHECK(gpumem::torch::detail::current_device_of(8, ask) == 3);
+  CHECK(asked == 2);
+  // Before init() says how many: c10 answers.
+  CHECK(gpumem::torch::detail::current_device_of(0, ask) == 3);
+  CHECK(asked == 3);
 }

@@ -10,6 +10,7 @@
 
 #include "catch.h"
 #include "config_test_support.h"
+#include "engine_config_cases.h"
 #include "gpumem/torch/config.h"
 
 using namespace gpumem::torch;
@@ -235,26 +236,16 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     }
   }
   SECTION("every key away from its default") {
-    std::string text =
-        "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
-        "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
-        "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
-        "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True,"
-        "pinned_num_register_threads:16,pinned_reserve_segment_size_mb:64,"
-        "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,source:sim,"
-        "pinned_allocator:gpumem,memory_limit_mb:1000,small_piece_size_mb:4,recycle:False,recycle_budget:0.01,"
-        "recycle_burst_ms:50,recycle_slack:0.1,thread_cache:False,"
-        "va_reserve_mb:4096,check_invariants:True,trace_entries:5000,oom_report_dir:/tmp/o,"
-        "record_ops:True,python_stacks:True,python_stacks_min_kb:256";
+    // The engine's keys (tests/support/engine_config_cases.h), then the adapter's and forensics'.
+    std::string text = std::string(gpumem::testing::kEngineKeysAwayFromDefault) +
+                       ",release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True,"
+                       "pinned_num_register_threads:16,pinned_reserve_segment_size_mb:64,"
+                       "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,source:sim,"
+                       "pinned_allocator:gpumem,trace_entries:5000,oom_report_dir:/tmp/o,"
+                       "record_ops:True,python_stacks:True,python_stacks_min_kb:256";
     Config c = parse_ok(text);
     Config d;
-    CHECK(c.engine.large_segment_size_bytes != d.engine.large_segment_size_bytes);
-    CHECK(c.engine.expandable_segments != d.engine.expandable_segments);
-    CHECK(c.engine.max_split_size_bytes != d.engine.max_split_size_bytes);
-    CHECK(c.engine.max_non_split_rounding_bytes != d.engine.max_non_split_rounding_bytes);
-    CHECK(c.engine.roundup_power2_divisions != d.engine.roundup_power2_divisions);
-    CHECK(c.engine.garbage_collection_threshold != d.engine.garbage_collection_threshold);
-    CHECK(c.engine.per_process_memory_fraction != d.engine.per_process_memory_fraction);
+    gpumem::testing::check_engine_fields_away_from_default(c.engine);
     CHECK(c.adapter.release_lock_on_cudamalloc != d.adapter.release_lock_on_cudamalloc);
     CHECK(c.adapter.pinned_use_cuda_host_register != d.adapter.pinned_use_cuda_host_register);
     CHECK(c.adapter.pinned_num_register_threads != d.adapter.pinned_num_register_threads);
@@ -263,15 +254,6 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK(c.adapter.graph_capture_record_stream_reuse != d.adapter.graph_capture_record_stream_reuse);
     CHECK(c.adapter.source != d.adapter.source);
     CHECK(c.adapter.pinned_allocator != d.adapter.pinned_allocator);
-    CHECK(c.engine.memory_limit_bytes != d.engine.memory_limit_bytes);
-    CHECK(c.engine.small_piece_bytes != d.engine.small_piece_bytes);
-    CHECK(c.engine.recycle != d.engine.recycle);
-    CHECK(c.engine.recycle_budget != d.engine.recycle_budget);
-    CHECK(c.engine.recycle_burst_ms != d.engine.recycle_burst_ms);
-    CHECK(c.engine.recycle_slack != d.engine.recycle_slack);
-    CHECK(c.engine.thread_cache != d.engine.thread_cache);
-    CHECK(c.engine.va_reserve_bytes != d.engine.va_reserve_bytes);
-    CHECK(c.engine.check_invariants != d.engine.check_invariants);
     CHECK(c.forensics.trace_entries != d.forensics.trace_entries);
     CHECK(c.forensics.oom_report_dir != d.forensics.oom_report_dir);
     CHECK(c.forensics.record_ops != d.forensics.record_ops);
@@ -307,30 +289,22 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
     CHECK_FALSE(a == b);
   }
   SECTION("seeded random configurations") {
+    // The engine's keys (tests/support/engine_config_cases.h), then the adapter's and forensics'.
+    std::vector<gpumem::testing::KeyChoices> keys = gpumem::testing::engine_key_choices();
+    keys.insert(keys.end(), {
+                                {"release_lock_on_cudamalloc", {"True", "False"}},
+                                {"pinned_num_register_threads", {"1", "4", "128"}},
+                                {"pinned_reserve_segment_size_mb", {"0", "1", "512"}},
+                                {"source", {"cuda_vmm", "cuda_malloc", "host_vmm", "sim"}},
+                                {"pinned_allocator", {"native", "gpumem"}},
+                                {"trace_entries", {"0", "1", "400000"}},
+                                {"oom_report_dir", {"", "/tmp/x", "rel/dir"}},
+                                {"record_ops", {"True", "False"}},
+                                {"python_stacks", {"auto", "True", "False"}},
+                                {"python_stacks_min_kb", {"0", "1", "1024"}},
+                            });
     gpumem::testing::check_random_round_trips<Config, ConfigError>(
-        parse_config, [](const Config& c) { return to_string(c); },
-        {
-          {"large_segment_size_mb", {"11", "20", "32", "64"}},
-          {"expandable_segments", {"True", "False"}},
-          {"max_split_size_mb", {"64", "100", "unlimited", "4096"}},
-          {"max_non_split_rounding_mb", {"64", "80", "1000"}},
-          {"roundup_power2_divisions", {"0", "2", "[1:2,>:8]", "[16:4,64:0,1024:2]", "[>:1]", "[2:8,4:4,8:2,16:1]"}},
-          {"garbage_collection_threshold", {"0", "0.1", "0.3333333333333333", "0.95"}},
-          {"per_process_memory_fraction", {"0", "0.5", "1", "0.123456789"}},
-          {"release_lock_on_cudamalloc", {"True", "False"}},
-          {"pinned_num_register_threads", {"1", "4", "128"}},
-          {"pinned_reserve_segment_size_mb", {"0", "1", "512"}},
-          {"source", {"cuda_vmm", "cuda_malloc", "host_vmm", "sim"}},
-          {"pinned_allocator", {"native", "gpumem"}},
-          {"memory_limit_mb", {"0", "1", "81920"}},
-          {"small_piece_size_mb", {"2", "4", "16"}},
-          {"va_reserve_mb", {"0", "65536"}},
-          {"trace_entries", {"0", "1", "400000"}},
-          {"oom_report_dir", {"", "/tmp/x", "rel/dir"}},
-          {"record_ops", {"True", "False"}},
-          {"python_stacks", {"auto", "True", "False"}},
-          {"python_stacks_min_kb", {"0", "1", "1024"}},
-        },
+        parse_config, [](const Config& c) { return to_string(c); }, keys,
         20250611, 2000);
   }
 }

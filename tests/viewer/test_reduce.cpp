@@ -1,4 +1,9 @@
 // reduce(): how keys change the view state.
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
 #include "catch.h"
 #include "gpumem/view/render.h"
 #include "gpumem/view/view_state.h"
@@ -145,4 +150,65 @@ TEST_CASE("diff view of two files: each side at its own cursor, b switches which
   ViewState one = press(initial_state(model(), Size{80, 24}), U"6b");
   CHECK_FALSE(one.diff_moves_b);
   CHECK(one.message.find("--diff") != std::string::npos);
+}
+
+TEST_CASE("active view: zoom keeps the cursor's moment; columns, pan, grouping, moment", "[viewer][reduce][active]") {
+  const ViewerModel& m = model();
+  ViewState s = press(initial_state(m, Size{80, 24}), U"7");
+  REQUIRE(s.view == View::active);
+  const std::size_t oom = s.cursor;
+  const auto column = [&](const ViewState& st) { return active_window(st, m).column_of(m.cursor_elapsed_us(st.cursor)); };
+  const std::int64_t col0 = column(s);
+  CHECK(active_window(s, m).span_us == m.span_us());
+  // Zooming in and out never moves the cursor, keeps it in the window, and keeps its place on the
+  // screen (within a column: the window's start is a whole microsecond).
+  int zooms = 0;
+  while (true) {
+    const ViewState before = s;
+    s = press(s, U"+");
+    if (s.active_zoom == before.active_zoom) break;
+    ++zooms;
+    CHECK(s.cursor == oom);
+    CHECK(active_window(s, m).span_us < active_window(before, m).span_us);
+    CHECK(active_window(s, m).contains(m.cursor_elapsed_us(s.cursor)));
+    CHECK(std::llabs(column(s) - col0) <= 1);
+  }
+  CHECK(zooms == max_zoom(m.span_us(), timeline_columns(s.screen)));
+  CHECK(s.message.find("limit") != std::string::npos);
+  s = press(s, U"-");
+  CHECK(s.cursor == oom);
+  CHECK(s.active_zoom == zooms - 1);
+  // Right / left: to the next / previous column's moment; the other views show the same cursor.
+  s = reduce(s, Key::of(KeyCode::home), m);
+  CHECK(s.cursor == 0);
+  CHECK(active_window(s, m).start_us == 0);
+  s = reduce(s, Key::of(KeyCode::right), m);
+  const std::size_t first = s.cursor;
+  CHECK(first == step_bucket(m, active_window(s, m), 0, true, BucketMoment::peak));
+  CHECK(first > 0);
+  ViewState live = press(s, U"4");
+  CHECK(live.cursor == first);
+  CHECK(render(live, m, live.screen).row_text(0).find(fmt::format("entry {}/", first)) != std::string::npos);
+  s = reduce(s, Key::of(KeyCode::left), m);
+  CHECK(s.cursor < first);
+  // Pan: the window moves by half its span and the cursor keeps its column.
+  const TimeWindow w = active_window(s, m);
+  const std::int64_t col = std::clamp<std::int64_t>(w.column_of(m.cursor_elapsed_us(s.cursor)), 0, w.columns - 1);
+  s = reduce(s, Key::of(KeyCode::page_down), m);
+  CHECK(active_window(s, m).start_us == w.start_us + w.span_us / 2);
+  CHECK(s.cursor == bucket_at(m, active_window(s, m), col, BucketMoment::peak).shown);
+  // A jump from another view scrolls the window to show the cursor.
+  s = press(s, U"4p7");
+  CHECK(s.cursor == m.peak_reserved_cursor());
+  CHECK(active_window(s, m).contains(m.cursor_elapsed_us(s.cursor)));
+  // g: call site -> function (-> op when recorded); e: bucket peak <-> end; 0: the whole trace.
+  s = press(s, U"g");
+  CHECK(s.group_by == GroupBy::function);
+  CHECK(render(s, m, s.screen).row_text(2).find("live by function") != std::string::npos);
+  s = press(s, U"e");
+  CHECK(s.active_moment == BucketMoment::end);
+  CHECK(render(s, m, s.screen).to_text().find("shown at its end") != std::string::npos);
+  s = press(s, U"0");
+  CHECK(s.active_zoom == 0);
+  CHECK(active_window(s, m).span_us == m.span_us());
 }

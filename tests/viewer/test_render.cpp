@@ -1,5 +1,10 @@
 // render(): golden frames of every view on the handmade trace, at a fixed size.
+#include <cstdlib>
+
+#include <fmt/format.h>
+
 #include "catch.h"
+#include "gpumem/view/active_memory.h"
 #include "gpumem/view/render.h"
 #include "viewer_test_support.h"
 
@@ -89,6 +94,9 @@ TEST_CASE("golden: diff of a mark and the cursor", "[viewer][render]") {
 TEST_CASE("help screen and a screen too small", "[viewer][render]") {
   const auto help = frame(View::live, [](ViewState& s) { s.help = true; });
   CHECK(help.to_text().find("Trace cursor") != std::string::npos);
+  // At 80x24 the whole key list fits: its last line shows, and no line is cut at the edge.
+  CHECK(help.to_text().find("this help (any key closes it)") != std::string::npos);
+  for (int y = 2; y < help.height() - 1; ++y) CHECK(help.at(help.width() - 1, y).ch == U' ');
   static const ViewerModel model = ViewerModel::from(handmade_trace());
   const auto tiny = render(initial_state(model, Size{20, 5}), model, Size{20, 5});
   CHECK(tiny.row_text(0).rfind("terminal too small", 0) == 0);
@@ -134,4 +142,58 @@ TEST_CASE("golden: an expandable segment with an unmapped hole and a partly used
   CHECK(text.find(U8("▓")) != std::string::npos);
   CHECK(text.find(U8("·")) != std::string::npos);
   CHECK(text.find(U8("░")) == std::string::npos);  // nothing free is wholly unused and mapped
+}
+
+TEST_CASE("golden: active memory over time at 80 columns", "[viewer][render][active]") {
+  const auto g = frame(View::active);
+  check_golden("active", g.to_text());
+  CHECK(g.row_text(2) == " live by call site │ 3 groups │ whole trace");
+  const std::string text = g.to_text();
+  for (const char* name : {"model.py:10:forward", "optim.py:5:step", "model.py:20:backward"}) CHECK(text.find(name) != std::string::npos);
+  CHECK(text.find("at the cursor (entry 9/9") != std::string::npos);
+  // The stack's layers: the biggest group is solid and at the bottom.
+  // (the chart's 14 rows are rows 3-16 of the 24: the header, then 4 rows of axis, time, cursor and
+  // 3 of legend below)
+  CHECK(g.at(kTimelineLabelWidth + timeline_columns(kScreen) - 1, 16).ch == U'█');
+  CHECK(g.at(kTimelineLabelWidth + timeline_columns(kScreen) - 1, 17).ch == U'▲');
+}
+
+TEST_CASE("the Active view at 80 columns on the repository's ResNet-50 trace keeps header and legend whole", "[viewer][render][active]") {
+  const char* src = std::getenv("GPUMEM_SOURCE_DIR");
+  REQUIRE(src != nullptr);
+  const auto model = ViewerModel::open(std::string(src) + "/traces/resnet50.native.trace.csv.gz");
+  for (const auto& tweak : {+[](ViewState&) {}, +[](ViewState& s) {
+                              s.active_zoom = 3;
+                              s.active_moment = BucketMoment::end;
+                              s.group_by = GroupBy::function;
+                            }}) {
+    ViewState s = initial_state(model, kScreen);
+    s.view = View::active;
+    tweak(s);
+    const auto g = render(s, model, kScreen);
+    const std::string text = g.to_text();
+    INFO(text);
+    const ActiveMemory& am = model.active_memory(s.group_by);
+    REQUIRE(am.slots().size() >= 5);
+    const std::string groups = am.slots().back().other ? fmt::format("top 6 of {} groups + other", am.group_count())
+                                                       : fmt::format("{} groups", am.group_count());
+    CHECK(g.row_text(2).find(fmt::format("live by {} │ {} │ ", group_by_name(s.group_by), groups)) == 1);
+    for (const auto& slot : am.slots()) CHECK(text.find(slot.other ? "other (" : "  " + slot.name) != std::string::npos);
+    CHECK(text.find("1 column = ") != std::string::npos);
+    CHECK(text.find("at the cursor (entry ") != std::string::npos);
+    // The legend's last row sits above the help line.
+    const std::string last = am.slots().back().other ? "other (" : am.slots().back().name;
+    CHECK(g.row_text(kScreen.height - 2).find(last) != std::string::npos);
+  }
+}
+
+TEST_CASE("the Active view on the smallest screen stays inside its area", "[viewer][render][active]") {
+  static const ViewerModel model = ViewerModel::from(handmade_trace());
+  ViewState s = initial_state(model, kMinScreen);
+  s.view = View::active;
+  const auto g = render(s, model, kMinScreen);
+  INFO(g.to_text());
+  // The help line (the last row) is the frame's, whole.
+  for (int x = 0; x < g.width(); ++x) CHECK(g.at(x, g.height() - 1).style == Style::help);
+  CHECK(g.to_text().find("at the cursor") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 // text with a timeout, so a slow machine makes the test slower, not flaky.
 #include <unistd.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "catch.h"
+#include "gpumem/view/cell_grid.h"
 #include "gpumem/view/view_state.h"
 #include "gpumem/view/viewer_model.h"
 #include "run_command.h"
@@ -103,6 +105,24 @@ TEST_CASE("gpumem view under tmux: keys, views, resize, quit", "[viewer][e2e]") 
   tm.keys("/ o o m Enter");
   REQUIRE_SCREEN(tm, "/oom");
   REQUIRE_SCREEN(tm, "oom_repro.py");
+
+  // The Active view: the same cursor, zoomed about it, regrouped, then one column back; the
+  // screen shows what reduce() computes for the same keys.
+  tm.keys("7");
+  REQUIRE_SCREEN(tm, "live by call site │");
+  REQUIRE_SCREEN(tm, fmt::format("at the cursor (entry {}/{}", *model.oom_cursor(), model.entry_count()));
+  tm.keys("+ g Left");
+  REQUIRE_SCREEN(tm, "zoom 2x");
+  REQUIRE_SCREEN(tm, "live by function │");
+  {
+    ViewState expected = initial_state(model, Size{100, 30});
+    expected.cursor = *model.oom_cursor();
+    for (const Key& k : {Key::chr(U'7'), Key::chr(U'+'), Key::chr(U'g'), Key::of(KeyCode::left)}) expected = reduce(expected, k, model);
+    REQUIRE(expected.cursor != *model.oom_cursor());
+    REQUIRE_SCREEN(tm, fmt::format("at the cursor (entry {}/{}", expected.cursor, model.entry_count()));
+  }
+  tm.keys("o");
+  REQUIRE_SCREEN(tm, fmt::format("at the cursor (entry {}/{}", *model.oom_cursor(), model.entry_count()));
 
   tm.keys("2");
   REQUIRE_SCREEN(tm, "1 cell =");
@@ -204,4 +224,51 @@ TEST_CASE("gpumem view --report --diff compares two files", "[viewer][e2e]") {
   CHECK(status == 0);
   CHECK(out.find("B = ") != std::string::npos);
   CHECK(out.find("count A→B") != std::string::npos);
+}
+
+TEST_CASE("gpumem view --report --at: the Active view at 80 columns on the repository's ResNet-50 trace", "[viewer][e2e]") {
+  const char* src = std::getenv("GPUMEM_SOURCE_DIR");
+  REQUIRE(src != nullptr);
+  const std::string file = std::string(src) + "/traces/resnet50.native.trace.csv.gz";
+  const auto model = ViewerModel::open(file);
+  int status = 0;
+  const std::string out = run(fmt::format("{} view --report {} --width 80 --at alloc-peak < /dev/null", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 0);
+  CHECK(out.find(" live by call site │ top 6 of 17 groups + other │ whole trace\n") != std::string::npos);
+  CHECK(out.find(fmt::format("at the cursor (entry {}/{}", model.peak_allocated_cursor(), model.entry_count())) != std::string::npos);
+  CHECK(out.find("resnet.py:154:forward") != std::string::npos);
+  CHECK(out.find("other (11 groups)") != std::string::npos);
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    INFO(line);
+    CHECK(decode_utf8(line).size() <= 80);
+  }
+  // README.md shows this screen (the code block after the command line): it must be what the
+  // command prints today.
+  std::ifstream readme(std::string(src) + "/README.md");
+  REQUIRE(readme.good());
+  std::string excerpt, line;
+  bool after_command = false, in_block = false;
+  while (std::getline(readme, line)) {
+    if (line.find("--width 80 --at alloc-peak") != std::string::npos) after_command = true;
+    if (!after_command) continue;
+    if (line.find("```") != std::string::npos) {
+      if (in_block) break;
+      in_block = true;
+      continue;
+    }
+    if (in_block) excerpt += (line.size() >= 4 ? line.substr(4) : std::string()) + "\n";
+  }
+  INFO("README excerpt:\n" << excerpt);
+  REQUIRE_FALSE(excerpt.empty());
+  CHECK(out.find(excerpt) != std::string::npos);
+  // A moment the trace does not have is one clear error; a malformed one is a usage error.
+  const std::string no_oom = run(fmt::format("{} view --report {} --at oom", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 1);
+  CHECK(no_oom.find("records no OOM") != std::string::npos);
+  const std::string past = run(fmt::format("{} view --report {} --at entry:99999999", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 1);
+  CHECK(past.find("past the trace's end") != std::string::npos);
+  run(fmt::format("{} view --report {} --at soon", GPUMEM_CLI_PATH, file), &status);
+  CHECK(status == 2);
 }

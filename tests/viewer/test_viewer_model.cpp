@@ -157,15 +157,7 @@ TEST_CASE("gpumem JSON and pickle snapshots open, with ops on blocks", "[viewer]
   fx::SnapshotBlock b{kSeg1 + 2 * kMiB, 1 * kMiB, 1 * kMiB, "active_allocated", {{"step", "optim.py", 5}}, "aten::add_"};
   fx::SnapshotBlock c{kSeg1 + 3 * kMiB, 1 * kMiB, 0, "inactive", {}, ""};
   snap.segments = {large_segment(kSeg1, 4 * kMiB, 3 * kMiB, {a, b, c})};
-  auto entry = [](TraceAction act, std::uint64_t addr, std::uint64_t size, std::int64_t t, std::string op) {
-    fx::SnapshotTraceEntry e;
-    e.action = act;
-    e.addr = addr;
-    e.size_bytes = size;
-    e.time_us = t;
-    e.op = std::move(op);
-    return e;
-  };
+  const auto entry = snapshot_entry;
   snap.device_traces = {{entry(TraceAction::segment_alloc, kSeg1, 4 * kMiB, 1, ""),
                          entry(TraceAction::alloc, kSeg1, 2 * kMiB, 2, "aten::mm"),
                          entry(TraceAction::alloc, kSeg1 + 2 * kMiB, 1 * kMiB, 3, "aten::add_")}};

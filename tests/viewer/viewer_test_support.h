@@ -33,6 +33,18 @@ inline void add(Trace& t, TraceAction a, std::uint64_t addr, std::uint64_t size,
   t.entries.push_back(e);
 }
 
+// One entry of a snapshot's device trace.
+inline forensics::SnapshotTraceEntry snapshot_entry(TraceAction action, std::uint64_t addr, std::uint64_t size,
+                                                    std::int64_t t_us, std::string op) {
+  forensics::SnapshotTraceEntry e;
+  e.action = action;
+  e.addr = addr;
+  e.size_bytes = size;
+  e.time_us = t_us;
+  e.op = std::move(op);
+  return e;
+}
+
 // Segment 1 (8 MiB): a 2 MiB | (b 1 MiB, freed) | c 3 MiB | 2 MiB free.
 // Segment 2 (2 MiB): d 2 MiB. Then an OOM asking for 2.5 MiB: 3 MiB are reserved but unallocated,
 // the largest free extent is 2 MiB: fragmentation.

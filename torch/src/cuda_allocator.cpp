@@ -7,8 +7,9 @@
 // pool it is that engine's; otherwise the pointer registry says whose (a device or a pool).
 //
 // Lock order: slots_mutex_ (engine creation only) -> engine's mutex; a device's pools mutex ->
-// engines' locks (set_capturing / set_holding only); contexts_mutex is a leaf; hooks_mutex_ is a
-// leaf. No other lock of ours is held while calling the engine, a tracker or an OOM observer.
+// engines' locks (set_capturing / set_holding only); contexts_mutex is a leaf; hooks_mutex_ ->
+// a DeviceEngine's trace_attach_mutex_ -> engine's mutex (sync_trace_observer), nothing else.
+// No other lock of ours is held while calling the engine, a tracker or an OOM observer.
 #include "gpumem/torch/cuda_allocator.h"
 
 #include <c10/core/Allocator.h>
@@ -36,6 +37,7 @@
 
 #include "c10_stats.h"
 #include "cuda_ipc.h"
+#include "current_device.h"
 #include "format_size.h"
 #include "device_engine.h"
 #include "engines.h"
@@ -161,7 +163,7 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
 
   // ---- c10::Allocator ----
   c10::DataPtr allocate(size_t n) override {
-    const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::DeviceIndex device = current_device();
     const c10::Device where(c10::DeviceType::CUDA, device);
     if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) {
       void* p = uncached_allocate(n, device);
@@ -213,14 +215,14 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   // ---- CUDAAllocator ----
   void* raw_alloc(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::DeviceIndex device = current_device();
     if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return uncached_allocate(nbytes, device);
     return malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     if (nbytes == 0) return nullptr;
-    const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::DeviceIndex device = current_device();
     if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) return uncached_allocate(nbytes, device);
     return malloc(device, nbytes, stream);
   }
@@ -356,7 +358,10 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     trace_settings_.contexts = enabled && when >= cda::RecordContext::ALLOC;
     const bool clear = !enabled || clearHistory;
     if (clear) annotations_.clear();
-    for_each_slot([&](DeviceSlot& slot) { slot.de->trace->configure(trace_settings_, clear); });
+    for_each_slot([&](DeviceSlot& slot) {
+      slot.de->trace->configure(trace_settings_, clear);
+      slot.de->sync_trace_observer();
+    });
   }
 
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
@@ -402,7 +407,10 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
   void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override {
     std::lock_guard lock(hooks_mutex_);
     trackers_.push_back(tracker);
-    for_each_slot([&](DeviceSlot& slot) { slot.de->trace->add_hook(tracker_hook(tracker)); });
+    for_each_slot([&](DeviceSlot& slot) {
+      slot.de->trace->add_hook(tracker_hook(tracker));
+      slot.de->sync_trace_observer();
+    });
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -441,11 +449,24 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
 
   // ---- gpumem ----
   void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream);
+  // malloc's other calls: a stack context to record, a capture underway, a refused request (the
+  // main engine's result in `failed`), all of which the common call leaves to it.
+  void* malloc_attached(DeviceSlot& slot, c10::DeviceIndex device, size_t size, cudaStream_t stream,
+                        std::optional<alloc::AllocResult> failed);
+  // Whether an allocation of `size` on slot's device gathers a stack context first.
+  bool records_context(const DeviceSlot& slot, size_t size) const noexcept {
+    return record_context_.load(std::memory_order_relaxed) >= static_cast<int>(cda::RecordContext::STATE) ||
+           slot.de->wants_python_stack(size);
+  }
+  static void report_alloc_to_profiler(DeviceSlot& slot, const alloc::AllocResult& result, c10::DeviceIndex device);
   alloc::AllocResult allocate_during_capture(DeviceSlot& slot, size_t size, cudaStream_t stream,
                                              std::shared_ptr<detail::PrivatePool>& pool);
   // The device's allocated and reserved bytes, its private pools included (for the profiler).
   static std::pair<std::size_t, std::size_t> device_totals(DeviceSlot& slot);
   void free(void* ptr);
+  // free's other calls: several devices, private pools, stack contexts, the profiler.
+  void free_attached(void* ptr);
+  [[noreturn]] static void raise_bad_free(void* ptr, alloc::FreeStatus status);
   void record_stream(void* ptr, cudaStream_t stream);
   DeviceSlot* find_slot(int device) const noexcept {
     return device >= 0 && device < kMaxDevices ? slots_[device].load(std::memory_order_acquire) : nullptr;
@@ -457,6 +478,14 @@ class GpumemCudaAllocator final : public cca::CUDAAllocator {
     std::uint64_t t_ns = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
   };
+
+  // The calling thread's current CUDA device, as c10::cuda::current_device() answers, without
+  // asking when one device is visible (current_device.h: the question costs microseconds when
+  // threads ask at once).
+  c10::DeviceIndex current_device() const {
+    return detail::current_device_of(device_count_.load(std::memory_order_relaxed),
+                                     [] { return c10::cuda::current_device(); });
+  }
 
   void check_device(c10::DeviceIndex device) const {
     const int count = device_count_.load();
@@ -617,6 +646,7 @@ DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
     slot->de->trace->set_user_metadata(user_metadata_);
     for (const auto& context : compile_contexts_) slot->de->trace->push_compile_context(context);
     for (const auto& tracker : trackers_) slot->de->trace->add_hook(tracker_hook(tracker));
+    slot->de->sync_trace_observer();
   }
   int existing = 0;
   for (int d = 0; d < kMaxDevices; ++d) existing += find_slot(d) != nullptr;
@@ -628,44 +658,61 @@ DeviceSlot& GpumemCudaAllocator::create_slot(c10::DeviceIndex device) {
 void* GpumemCudaAllocator::malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
   TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte, "CUDA out of memory. Tried to allocate more than 1EB memory.");
   DeviceSlot& slot = slot_for(device);
+  // The common call: nothing records stacks, no capture, the engine serves it, no profiler.
+  // Everything else goes to malloc_attached; a refused request goes there with the engine's
+  // answer (the retry and the OOM), so the engine is not asked twice.
+  if (C10_LIKELY(!records_context(slot, size) && !slot.pools->capturing())) {
+    alloc::AllocResult result = slot.de->engine->allocate(size, stream_id(stream));
+    if (C10_LIKELY(result.ok())) {
+      if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_alloc_to_profiler(slot, result, device);
+      return result.ptr;
+    }
+    return malloc_attached(slot, device, size, stream, std::move(result));
+  }
+  return malloc_attached(slot, device, size, stream, std::nullopt);
+}
+
+void* GpumemCudaAllocator::malloc_attached(DeviceSlot& slot, c10::DeviceIndex device, size_t size, cudaStream_t stream,
+                                           std::optional<alloc::AllocResult> failed) {
   // With _record_memory_history(context=...), or python_stacks for an allocation of at least
   // python_stacks_min_kb, the stack is gathered before the engine call (no lock is held) and
   // handed to the trace ring and gpumem's forensics through the thread (the OOM record too); blocks
   // keep it while live.
   std::shared_ptr<c10::GatheredContext> context;
   std::optional<forensics::AllocContext::Scope> context_scope;
-  const bool recording =
-      record_context_.load(std::memory_order_relaxed) >= static_cast<int>(cda::RecordContext::STATE) ||
-      slot.de->wants_python_stack(size);
-  if (C10_UNLIKELY(recording)) {
+  const bool recording = !failed.has_value() && records_context(slot, size);
+  if (recording) {
     if (auto recorder = context_recorder_.load()) context = recorder();
     if (context == nullptr && slot.de->wants_python_stack(size)) context = forensics::gather_python_stack();
     context_scope.emplace(context);
   }
   alloc::AllocResult result;
   std::shared_ptr<detail::PrivatePool> pool;
-  if (C10_UNLIKELY(slot.pools->capturing())) {
+  const bool during_capture = !failed.has_value() && slot.pools->capturing();
+  if (during_capture) {
     result = allocate_during_capture(slot, size, stream, pool);
   } else {
-    result = slot.de->engine->allocate(size, stream_id(stream));
+    // The main engine; malloc's common call already asked it once.
+    result = failed.has_value() ? std::move(*failed) : slot.de->engine->allocate(size, stream_id(stream));
     // PyTorch's last retry also gives back the free memory of released private pools.
     if (C10_UNLIKELY(!result.ok()) && slot.pools->empty_cache({0, 0}) > 0)
       result = slot.de->engine->allocate(size, stream_id(stream));
   }
-  if (C10_UNLIKELY(recording)) {
-    if (context != nullptr && result.ok()) {
-      std::lock_guard lock(slot.contexts_mutex);
-      slot.contexts[reinterpret_cast<std::uintptr_t>(result.ptr)] = std::move(context);
-      slot.any_contexts.store(true, std::memory_order_relaxed);
-    }
+  if (recording && context != nullptr && result.ok()) {
+    std::lock_guard lock(slot.contexts_mutex);
+    slot.contexts[reinterpret_cast<std::uintptr_t>(result.ptr)] = std::move(context);
+    slot.any_contexts.store(true, std::memory_order_relaxed);
   }
   if (C10_UNLIKELY(!result.ok())) raise_oom(slot, size, *result.oom, stream, pool.get());
-  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
-    const auto [allocated, reserved] = device_totals(slot);
-    c10::reportMemoryUsageToProfiler(result.ptr, static_cast<int64_t>(result.size_bytes), allocated, reserved,
-                                     c10::Device(c10::DeviceType::CUDA, device));
-  }
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) report_alloc_to_profiler(slot, result, device);
   return result.ptr;
+}
+
+void GpumemCudaAllocator::report_alloc_to_profiler(DeviceSlot& slot, const alloc::AllocResult& result,
+                                                   c10::DeviceIndex device) {
+  const auto [allocated, reserved] = device_totals(slot);
+  c10::reportMemoryUsageToProfiler(result.ptr, static_cast<int64_t>(result.size_bytes), allocated, reserved,
+                                   c10::Device(c10::DeviceType::CUDA, device));
 }
 
 alloc::AllocResult GpumemCudaAllocator::allocate_during_capture(DeviceSlot& slot, size_t size, cudaStream_t stream,
@@ -695,6 +742,22 @@ std::pair<std::size_t, std::size_t> GpumemCudaAllocator::device_totals(DeviceSlo
 
 void GpumemCudaAllocator::free(void* ptr) {
   if (ptr == nullptr) return;
+  // The common call: one device, no private pool, no stack contexts, no profiler.
+  DeviceSlot* only = only_slot_.load(std::memory_order_acquire);
+  if (C10_LIKELY(only != nullptr && detail::pool_count() == 0 && !only->any_contexts.load(std::memory_order_relaxed) &&
+                 !c10::memoryProfilingEnabled())) {
+    const alloc::FreeStatus status = only->de->engine->free(ptr);
+    if (C10_LIKELY(status == alloc::FreeStatus::ok)) return;
+    raise_bad_free(ptr, status);
+  }
+  free_attached(ptr);
+}
+
+void GpumemCudaAllocator::raise_bad_free(void* ptr, alloc::FreeStatus status) {
+  TORCH_CHECK(false, "gpumem: cannot free ", ptr, ": ", alloc::describe(status));
+}
+
+void GpumemCudaAllocator::free_attached(void* ptr) {
   const Owner owner = owner_of(ptr);  // a device's engine or one of its private pools
   DeviceSlot* slot = owner.slot;
   TORCH_CHECK(slot != nullptr, "gpumem: free of ", ptr,
@@ -718,7 +781,7 @@ void GpumemCudaAllocator::free(void* ptr) {
   } else {
     status = engine.free(ptr);
   }
-  TORCH_CHECK(status == alloc::FreeStatus::ok, "gpumem: cannot free ", ptr, ": ", alloc::describe(status));
+  if (C10_UNLIKELY(status != alloc::FreeStatus::ok)) raise_bad_free(ptr, status);
   if (C10_UNLIKELY(profiling)) {
     const auto [allocated, reserved] = device_totals(*slot);
     c10::reportMemoryUsageToProfiler(ptr, -static_cast<int64_t>(block_bytes), allocated, reserved,
@@ -1012,6 +1075,12 @@ GpumemCudaAllocator& instance(const Config* config) {
   return *created;
 }
 
+// The allocator the C functions serve: one load once it exists (instance() makes it on first use).
+inline GpumemCudaAllocator& c_api_instance() {
+  GpumemCudaAllocator* existing = g_allocator.load(std::memory_order_acquire);
+  return C10_LIKELY(existing != nullptr) ? *existing : instance(nullptr);
+}
+
 void install_instance(GpumemCudaAllocator& ours) {
   std::lock_guard lock(install_mutex());
   cca::CUDAAllocator* current = cca::allocator.load();
@@ -1068,15 +1137,15 @@ extern "C" {
 
 void* gpumem_malloc(size_t size, int device, cudaStream_t stream) {
   if (size == 0) return nullptr;
-  return gpumem::torch::instance(nullptr).malloc(static_cast<c10::DeviceIndex>(device), size, stream);
+  return gpumem::torch::c_api_instance().malloc(static_cast<c10::DeviceIndex>(device), size, stream);
 }
 
 void gpumem_free(void* ptr, size_t /*size*/, int /*device*/, cudaStream_t /*stream*/) {
-  gpumem::torch::instance(nullptr).free(ptr);
+  gpumem::torch::c_api_instance().free(ptr);
 }
 
 void gpumem_record_stream(void* ptr, cudaStream_t stream) {
-  if (ptr) gpumem::torch::instance(nullptr).record_stream(ptr, stream);
+  if (ptr) gpumem::torch::c_api_instance().record_stream(ptr, stream);
 }
 
 void gpumem_empty_cache(void) { gpumem::torch::instance(nullptr).emptyCache({0, 0}); }

@@ -28,7 +28,6 @@ std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::uniq
   de->trace->configure(trace_settings_from(de->config), /*clear=*/true);
   de->trace->leave_oom_to_caller(true);  // the allocators record OOMs with the provider's free bytes
   de->engine->attach_observer(de->stats);
-  de->engine->attach_observer(de->trace);
   const forensics::Config& wanted = de->config.forensics;
   const bool stacks = wanted.python_stacks_on();
   if (!wanted.oom_report_dir.empty() || wanted.record_ops || stacks) {
@@ -38,10 +37,23 @@ std::unique_ptr<DeviceEngine> finish(std::unique_ptr<DeviceEngine> de, std::uniq
     if (wanted.record_ops) forensics::install_record_function_attribution();
     de->python_stacks_min_bytes = stacks ? std::max<std::size_t>(wanted.python_stacks_min_bytes, 1) : DeviceEngine::kNoStacks;
   }
+  de->sync_trace_observer();
   return de;
 }
 
 }  // namespace
+
+void DeviceEngine::sync_trace_observer() {
+  std::lock_guard lock(trace_attach_mutex_);
+  const bool wanted = trace->active();
+  if (wanted == trace_attached_) return;
+  if (wanted) {
+    engine->attach_observer(trace);
+  } else {
+    engine->detach_observer(trace.get());
+  }
+  trace_attached_ = wanted;
+}
 
 PointerRegistry& pointer_registry() {
   static auto* registry = new PointerRegistry();  // never destroyed: deleters may run during exit

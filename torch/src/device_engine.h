@@ -7,12 +7,14 @@
 // deleters that point at them in every tensor, including tensors destroyed during exit.
 //
 // Thread-safety: the members are the engine's and observers' own (all thread-safe); the struct
-// itself is immutable once shared (make_*, then pool_engines set by the adapter before publishing).
+// itself is immutable once shared (make_*, then pool_engines set by the adapter before publishing),
+// but for whether the trace ring is attached (sync_trace_observer, under its own mutex).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "gpumem/alloc/caching_allocator.h"
@@ -42,7 +44,7 @@ struct DeviceEngine {
   std::shared_ptr<alloc::StatsObserver> stats;
   // The engine's trace: PyTorch's history (_record_memory_history, trace_entries) and the
   // forensics' records, one ring. OOM records come from the adapter (record_oom, with the
-  // provider's free bytes).
+  // provider's free bytes). Attached to `engine` only while it records (sync_trace_observer).
   std::shared_ptr<forensics::TraceRing> trace;
   // gpumem's forensics (OOM postmortem, per-op table), when the config asks for them
   // (oom_report_dir, record_ops); null otherwise. Uses `trace`.
@@ -56,6 +58,19 @@ struct DeviceEngine {
   std::size_t python_stacks_min_bytes = kNoStacks;
 
   bool wants_python_stack(std::size_t bytes) const noexcept { return bytes >= python_stacks_min_bytes; }
+
+  // Attaches `trace` to `engine` while the ring records anything (TraceRing::active: a capacity,
+  // a tracker hook, the forensics' floor) and detaches it otherwise, so that an idle ring costs an
+  // engine call nothing (no needs() and no on_events per call). Call after anything that may
+  // change trace->active(): configure, add_hook, making `forensics`. Events of calls that run
+  // while it is called may reach the ring or not; every call that starts after it returns does.
+  // The private pools' engines keep the ring attached (graph_pools.cpp). Thread-safe; takes
+  // trace_attach_mutex, then the engine's lock.
+  void sync_trace_observer();
+
+ private:
+  std::mutex trace_attach_mutex_;
+  bool trace_attached_ = false;  // under trace_attach_mutex_
 };
 
 // The engine for CUDA device `device` on CudaVmmSource (config.adapter.source == cuda_vmm) or

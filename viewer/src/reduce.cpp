@@ -13,6 +13,7 @@ const char* view_title(View v) noexcept {
     case View::live: return "Live";
     case View::pins: return "Pins";
     case View::diff: return "Diff";
+    case View::active: return "Active";
   }
   return "?";
 }
@@ -22,6 +23,10 @@ int timeline_columns(Size screen) noexcept { return std::max(1, screen.width - k
 std::size_t timeline_step(const ViewerModel& model, Size screen) noexcept {
   const auto cols = static_cast<std::size_t>(timeline_columns(screen));
   return std::max<std::size_t>(1, (model.entry_count() + cols) / cols);
+}
+
+TimeWindow active_window(const ViewState& state, const ViewerModel& model) noexcept {
+  return make_window(model.span_us(), timeline_columns(state.screen), state.active_zoom, state.active_start_us);
 }
 
 ViewState initial_state(const ViewerModel& model, Size screen) {
@@ -79,6 +84,79 @@ std::size_t neighbour_segment_extent(const MemoryState& state, std::size_t index
   const std::size_t cur = static_cast<std::size_t>(it - starts.begin()) - 1;
   if (forward) return cur + 1 < starts.size() ? starts[cur + 1] : starts[cur];
   return cur > 0 ? starts[cur - 1] : starts[0];
+}
+
+// Scrolls the Active view's window to show the cursor, centred on it when it was outside.
+void follow_cursor(ViewState& s, const ViewerModel& model) {
+  const TimeWindow w = active_window(s, model);
+  const std::int64_t t = model.cursor_elapsed_us(s.cursor);
+  s.active_start_us = w.contains(t) ? w.start_us : t - w.span_us / 2;
+  s.active_start_us = active_window(s, model).start_us;
+}
+
+// The Active view's own keys: time zoom and pan, the cursor bucket by bucket, the grouping.
+bool reduce_active(ViewState& s, const Key& key, const ViewerModel& model) {
+  const std::size_t n = model.entry_count();
+  const TimeWindow w = active_window(s, model);
+  const std::int64_t t = model.cursor_elapsed_us(s.cursor);
+  const bool chr = key.code == KeyCode::character;
+  if (chr && (key.ch == U'+' || key.ch == U'=' || key.ch == U'-')) {
+    const int z = std::clamp(s.active_zoom + (key.ch == U'-' ? -1 : 1), 0, max_zoom(model.span_us(), w.columns));
+    if (z == s.active_zoom) {
+      s.message = key.ch == U'-' ? "the whole trace is shown" : "zoomed in to the limit: one microsecond per column";
+      return true;
+    }
+    // Zoom about the cursor: its moment keeps its place on the screen (or is centred when it was
+    // outside the window); the cursor itself does not move.
+    const std::int64_t span = zoomed_span_us(model.span_us(), w.columns, z);
+    const auto offset = static_cast<std::int64_t>(static_cast<long double>(t - w.start_us) * static_cast<long double>(span) /
+                                                  static_cast<long double>(w.span_us));
+    s.active_zoom = z;
+    s.active_start_us = w.contains(t) ? t - offset : t - span / 2;
+    s.active_start_us = active_window(s, model).start_us;
+    return true;
+  }
+  if (chr && key.ch == U'0') {
+    s.active_zoom = 0;
+    s.active_start_us = 0;
+    return true;
+  }
+  if (chr && key.ch == U'g') {
+    s.group_by = next_grouping(s.group_by, model);
+    return true;
+  }
+  if (chr && key.ch == U'e') {
+    s.active_moment = s.active_moment == BucketMoment::peak ? BucketMoment::end : BucketMoment::peak;
+    s.message = s.active_moment == BucketMoment::peak ? "each column shows its bucket's peak (e: its end)"
+                                                      : "each column shows its bucket's end (e: its peak)";
+    return true;
+  }
+  if (key.code == KeyCode::left || (chr && key.ch == U'[')) {
+    s.cursor = step_bucket(model, w, s.cursor, false, s.active_moment);
+  } else if (key.code == KeyCode::right || (chr && key.ch == U']')) {
+    s.cursor = step_bucket(model, w, s.cursor, true, s.active_moment);
+  } else if (key.code == KeyCode::page_up || key.code == KeyCode::page_down) {
+    // Pan half a window; the cursor keeps its column (the end of that column's bucket).
+    const std::int64_t half = std::max<std::int64_t>(1, w.span_us / 2);
+    const TimeWindow moved =
+        make_window(model.span_us(), w.columns, s.active_zoom, w.start_us + (key.code == KeyCode::page_up ? -half : half));
+    if (moved.start_us == w.start_us) {
+      s.message = key.code == KeyCode::page_up ? "the window is at the start of the trace" : "the window is at the end of the trace";
+      return true;
+    }
+    const std::int64_t column = std::clamp<std::int64_t>(w.column_of(t), 0, w.columns - 1);
+    s.active_start_us = moved.start_us;
+    s.cursor = bucket_at(model, moved, column, s.active_moment).shown;
+    return true;
+  } else if (key.code == KeyCode::home) {
+    s.cursor = 0;
+  } else if (key.code == KeyCode::end) {
+    s.cursor = n;
+  } else {
+    return false;
+  }
+  follow_cursor(s, model);
+  return true;
 }
 
 bool move_cursor(ViewState& s, const Key& key, const ViewerModel& model) {
@@ -174,7 +252,11 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
       return s;
     }
   }
-  if (move_cursor(s, key, model)) return s;
+  if (s.view == View::active && reduce_active(s, key, model)) return s;
+  if (move_cursor(s, key, model)) {
+    follow_cursor(s, model);
+    return s;
+  }
 
   const std::size_t n = model.entry_count();
   switch (s.view) {
@@ -187,6 +269,7 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
       if (key.code == KeyCode::page_down) s.cursor = std::min(n, s.cursor + step * 10);
       if (key.code == KeyCode::home) s.cursor = 0;
       if (key.code == KeyCode::end) s.cursor = n;
+      follow_cursor(s, model);
       break;
     }
     case View::segments: {
@@ -296,6 +379,7 @@ ViewState reduce(ViewState s, const Key& key, const ViewerModel& model) {
         }
       }
       break;
+    case View::active: break;  // reduce_active
   }
   return s;
 }

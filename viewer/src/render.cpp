@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
+#include "gpumem/view/active_memory.h"
 #include "gpumem/view/live_groups.h"
 #include "gpumem/view/pinned_segments.h"
 #include "gpumem/view/summary.h"
@@ -15,26 +17,25 @@ namespace gpumem::view {
 namespace {
 
 constexpr std::string_view kHelpKeys =
-    "Views:  1 Summary  2 Segments  3 Timeline  4 Live  5 Pins  6 Diff   (Tab: next view)\n"
-    "\n"
+    "Views: 1 Summary 2 Segments 3 Timeline 4 Live 5 Pins 6 Diff 7 Active (Tab)\n"
     "Trace cursor (every view shows the memory after the cursor's entry):\n"
-    "  , .        one entry back / forward\n"
-    "  [ ]        one timeline column back / forward (Timeline: Left / Right, PgUp / PgDn)\n"
-    "  p          jump to the peak of reserved bytes\n"
-    "  a          jump to the peak of allocated bytes\n"
-    "  o          jump to the OOM\n"
-    "  m          mark the cursor (Diff compares the mark with the cursor)\n"
+    "  , .     one entry back / forward\n"
+    "  [ ]     one timeline column back / forward (Timeline: Left / Right,\n"
+    "          PgUp / PgDn; Active: one of its columns)\n"
+    "  p a o   jump to the peak of reserved / the peak of allocated / the OOM\n"
+    "  m       mark the cursor (Diff compares the mark with the cursor)\n"
     "\n"
-    "Segments:  Left / Right block by block   Up / Down segment   + - zoom   0 fit\n"
-    "           Enter: what pins the selected block's segment (the Pins view)\n"
-    "  █ allocated  ▓ free in a partly used 2 MiB granule  ▒ inactive split  ░ cached free\n"
-    "  · reserved address space of an expandable segment, unmapped\n"
-    "Live:      Up / Down select   s sort by bytes / count   g group by call site / function\n"
-    "           / search (Enter keeps, Esc clears)\n"
-    "Pins:      Up / Down select a segment; its live blocks are what keeps it reserved\n"
-    "Diff:      g group by call site / function   b: with two files (--diff), the stepping keys\n"
-    "           move B's cursor instead of A's (each file is compared at its own cursor)\n"
-    "\n"
+    "Segments: Left / Right block  Up / Down segment  + - zoom  0 fit\n"
+    "          Enter: what pins the selected block's segment (the Pins view)\n"
+    "  █ allocated  ▓ free in a partly used 2 MiB granule  ▒ inactive split\n"
+    "  ░ cached free  · reserved address space of an expandable segment, unmapped\n"
+    "Live:     Up / Down select  s sort by bytes / count  / search (Enter keeps,\n"
+    "          Esc clears)  g group by call site / function / op\n"
+    "Pins:     Up / Down select a segment; its live blocks keep it reserved\n"
+    "Diff:     g group  b: with two files (--diff), the stepping keys move B's\n"
+    "          cursor instead of A's (each file is compared at its own cursor)\n"
+    "Active:   live bytes over time by group (g)  + - zoom in time  0 whole trace\n"
+    "          PgUp / PgDn pan  Left / Right one column  e: columns at peak / end\n"
     "?  this help (any key closes it)     q  quit";
 
 const char* help_line(const ViewState& s) {
@@ -45,6 +46,7 @@ const char* help_line(const ViewState& s) {
     case View::live: return "↑↓ select  s sort  g group  / search  , . step  p a o jump";
     case View::pins: return "↑↓ segment  , . step  p a o jump";
     case View::diff: return "m mark  g group  b A/B cursor  , . step  p a o jump";
+    case View::active: return "←→ column  + - zoom  0 all  PgUp PgDn pan  g group  e peak/end  p a o";
   }
   return "? help  q quit";
 }
@@ -652,6 +654,192 @@ void draw_diff(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel
   if (rows.empty()) g.put(2, y, "no differences in live allocations", Style::dim);
 }
 
+// ---- active memory over time ----
+
+// The layers' glyphs and styles, biggest group first; "other" is dotted. Each glyph differs, so a
+// monochrome screen tells the groups apart too.
+constexpr char32_t kStackGlyph[kActiveTopGroups] = {U'█', U'▓', U'▒', U'░', U'▚', U'▞'};
+constexpr Style kStackStyle[kActiveTopGroups] = {Style::stack_1, Style::stack_2, Style::stack_3,
+                                                 Style::stack_4, Style::stack_5, Style::stack_6};
+constexpr char32_t kOtherGlyph = U'·';
+
+Cell slot_cell(const std::vector<ActiveSlot>& slots, std::size_t i) {
+  if (slots[i].other || i >= kActiveTopGroups) return Cell{kOtherGlyph, Style::stack_other};
+  return Cell{kStackGlyph[i], kStackStyle[i]};
+}
+
+// A duration at the precision a window of span_us needs: "+12.345 ms" below 10 ms, else as the
+// title bar prints times ("+40.7 ms", "+2.345 s").
+std::string format_window_us(std::int64_t us, std::int64_t span_us) {
+  if (span_us < 10'000) return fmt::format("+{:.3f} ms", static_cast<double>(us) / 1e3);
+  return "+" + format_us(us);
+}
+
+std::string format_column_width(double us) {
+  if (us >= 1e6) return fmt::format("{:.3f} s", us / 1e6);
+  if (us >= 1e3) return fmt::format("{:.1f} ms", us / 1e3);
+  return fmt::format("{:.1f} us", us);
+}
+
+// The name cut from the left to `width` columns ("…" + its end: the line and function stay).
+std::string fit_left(const std::string& name, int width) {
+  const std::u32string u = decode_utf8(name);
+  if (static_cast<int>(u.size()) <= width || width < 2) return name;
+  std::string out = "…";
+  for (std::size_t i = u.size() - static_cast<std::size_t>(width - 1); i < u.size(); ++i) append_utf8(out, u[i]);
+  return out;
+}
+
+// Writes the first of `candidates` that fits in the row's width (else the last, clipped).
+void put_longest_fitting(CellGrid& g, int x, int y, std::initializer_list<std::string> candidates, Style style) {
+  const std::string* chosen = nullptr;
+  for (const auto& c : candidates) {
+    chosen = &c;
+    if (x + static_cast<int>(decode_utf8(c).size()) <= g.width()) break;
+  }
+  if (chosen) g.put(x, y, *chosen, style);
+}
+
+void draw_active(CellGrid& g, const Area& a, const ViewState& s, const ViewerModel& model) {
+  if (model.entry_count() == 0) {
+    g.put(2, a.top, "no entries in this trace: nothing to draw over time", Style::dim);
+    return;
+  }
+  const ActiveMemory& am = model.active_memory(s.group_by);
+  const auto& slots = am.slots();
+  const TimeWindow w = active_window(s, model);
+  const char* by = group_by_name(s.group_by);
+
+  // Header: the grouping, how many groups, the time per column, the zoom.
+  const std::string groups =
+      slots.empty()              ? std::string("no allocations")
+      : am.nothing_recorded()    ? fmt::format("one group: the file records no {}", s.group_by == GroupBy::op ? "ops" : "call sites")
+      : slots.back().other       ? fmt::format("top {} of {} groups + other", slots.size() - 1, am.group_count())
+                                 : fmt::format("{} group{}", slots.size(), slots.size() == 1 ? "" : "s");
+  const std::string column = format_column_width(static_cast<double>(w.span_us) / w.columns);
+  const std::string zoom = s.active_zoom == 0 ? std::string("whole trace") : fmt::format("zoom {}x", std::uint64_t{1} << std::min(s.active_zoom, 62));
+  put_longest_fitting(g, 1, a.top,
+                      {fmt::format("live by {} │ {} │ {}", by, groups, zoom), fmt::format("by {} │ {} │ {}", by, groups, zoom),
+                       fmt::format("by {} │ {}", by, groups)},
+                      Style::title);
+
+  const int legend_rows = std::max<int>(1, static_cast<int>(slots.size()));
+  // The heading, axis, time and cursor rows always fit (the smallest screen leaves 5 rows); the
+  // chart takes what the legend leaves, at least one row; legend rows that do not fit are cut.
+  const int chart_rows = std::max(1, a.rows - 4 - legend_rows);
+  const int chart_top = a.top + 1;
+  const int x0 = kTimelineLabelWidth;
+
+  // The columns: each bucket's moment (its peak or its end) and its peak bytes.
+  const std::vector<Bucket> buckets = window_buckets(model, w, s.active_moment);
+  std::vector<std::size_t> moments;
+  moments.reserve(buckets.size());
+  std::uint64_t top = 1;
+  for (const auto& b : buckets) {
+    moments.push_back(b.shown);
+    top = std::max(top, b.peak_bytes);
+  }
+  const std::vector<ActiveSample> samples = am.sample(moments);
+  g.put(0, chart_top, fmt::format("{:>10}", format_bytes(top)), Style::dim);
+  if (chart_rows > 1) g.put(0, chart_top + chart_rows - 1, fmt::format("{:>10}", "0"), Style::dim);
+
+  const std::int64_t t_cursor = model.cursor_elapsed_us(s.cursor);
+  const std::int64_t cursor_col = w.column_of(t_cursor);
+  const auto rows_u = static_cast<std::uint64_t>(chart_rows);
+  for (int c = 0; c < w.columns && static_cast<std::size_t>(c) < samples.size(); ++c) {
+    const ActiveSample& smp = samples[static_cast<std::size_t>(c)];
+    const std::uint64_t bucket_peak = buckets[static_cast<std::size_t>(c)].peak_bytes;
+    // Row r (0 at the bottom) shows the slot whose stacked range holds the row's middle:
+    // cumulative * rows > (r + 1/2) * top.
+    int filled = 0;
+    std::size_t k = 0;
+    std::uint64_t cumulative = 0;
+    for (int r = 0; r < chart_rows; ++r) {
+      const std::uint64_t middle2 = (2 * static_cast<std::uint64_t>(r) + 1) * top;  // twice the row's middle * rows
+      while (k < slots.size() && 2 * (cumulative + smp.slot_bytes[k]) * rows_u <= middle2) cumulative += smp.slot_bytes[k++];
+      if (k >= slots.size()) break;
+      g.set(x0 + c, chart_top + chart_rows - 1 - r, slot_cell(slots, k));
+      ++filled;
+    }
+    if (filled == 0 && smp.total_bytes > 0) {
+      // Less than half a row: a sliver of the biggest slot, so that the column is not empty.
+      const auto big = static_cast<std::size_t>(std::max_element(smp.slot_bytes.begin(), smp.slot_bytes.end()) - smp.slot_bytes.begin());
+      g.set(x0 + c, chart_top + chart_rows - 1, Cell{U'▁', slot_cell(slots, big).style});
+      filled = 1;
+    }
+    // The bucket's peak, where it rose above the moment shown (bucket ends only).
+    const auto peak_row = static_cast<int>((bucket_peak * rows_u + top - 1) / top) - 1;
+    if (bucket_peak > smp.total_bytes && peak_row >= filled && peak_row < chart_rows) g.set(x0 + c, chart_top + chart_rows - 1 - peak_row, Cell{U'▔', Style::dim});
+    if (c == cursor_col) {
+      for (int r = filled; r < chart_rows; ++r) {
+        const int y = chart_top + chart_rows - 1 - r;
+        if (g.at(x0 + c, y).ch == U' ') g.set(x0 + c, y, Cell{U'│', Style::cursor});
+      }
+    }
+  }
+
+  // Axis: the cursor (or where it lies when outside the window), the OOM, the mark.
+  const int axis_y = chart_top + chart_rows;
+  const auto col_of_cursor = [&](std::size_t applied) { return w.column_of(model.cursor_elapsed_us(applied)); };
+  if (model.oom_cursor()) {
+    const std::int64_t oc = col_of_cursor(*model.oom_cursor());
+    if (oc >= 0 && oc < w.columns && oc != cursor_col) g.set(x0 + static_cast<int>(oc), axis_y, Cell{U'✗', Style::warn});
+  }
+  if (s.mark) {
+    const std::int64_t mc = col_of_cursor(*s.mark);
+    if (mc >= 0 && mc < w.columns && mc != cursor_col) g.set(x0 + static_cast<int>(mc), axis_y, Cell{U'M', Style::emphasis});
+  }
+  if (cursor_col < 0) {
+    g.put(x0, axis_y, "◀ cursor", Style::cursor);
+  } else if (cursor_col >= w.columns) {
+    g.put(x0 + w.columns - 8, axis_y, "cursor ▶", Style::cursor);
+  } else {
+    g.set(x0 + static_cast<int>(cursor_col), axis_y, Cell{U'▲', Style::cursor});
+  }
+  // Time: the window's ends, and between them what one column is and which moment it shows.
+  const std::string from = format_window_us(w.start_us, w.span_us);
+  const std::string to = format_window_us(w.end_us(), w.span_us);
+  const int from_end = g.put(x0, axis_y + 1, from, Style::dim);
+  const int to_x = std::max(from_end + 1, a.width - static_cast<int>(to.size()));
+  g.put(to_x, axis_y + 1, to, Style::dim);
+  const char* other_moment = bucket_moment_name(s.active_moment == BucketMoment::peak ? BucketMoment::end : BucketMoment::peak);
+  for (const std::string& mid : {fmt::format("1 column = {}, shown at its {} (e: {})", column, bucket_moment_name(s.active_moment), other_moment),
+                                 fmt::format("column {}, its {}", column, bucket_moment_name(s.active_moment))}) {
+    const int len = static_cast<int>(decode_utf8(mid).size());
+    if (len + 2 <= to_x - from_end) {
+      g.put(from_end + (to_x - from_end - len) / 2, axis_y + 1, mid, Style::dim);
+      break;
+    }
+  }
+
+  // The cursor's moment, then the legend: each slot at the cursor, its share and its own peak.
+  const std::vector<std::uint64_t> at_cursor = am.live_at(s.cursor);
+  std::uint64_t total = 0;
+  for (auto b : at_cursor) total += b;
+  const std::string when = fmt::format("entry {}/{}, t +{}", s.cursor, model.entry_count(), format_us(t_cursor));
+  put_longest_fitting(g, 1, axis_y + 2,
+                      {fmt::format("at the cursor ({}): allocated {}{}", when, format_bytes(total),
+                                   s.mark ? fmt::format("  │ M = mark at entry {}", *s.mark) : std::string()),
+                       fmt::format("at the cursor ({}): allocated {}", when, format_bytes(total))},
+                      Style::emphasis);
+  if (slots.empty()) {
+    g.put(2, axis_y + 3, "no allocation in this trace", Style::dim);
+    return;
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const int y = axis_y + 3 + static_cast<int>(i);
+    if (y >= a.top + a.rows) break;
+    const Cell glyph = slot_cell(slots, i);
+    g.set(1, y, glyph);
+    g.set(2, y, glyph);
+    const std::string numbers = fmt::format(" {:>10} {:>4}  peak {:>10}  ", format_bytes(at_cursor[i]),
+                                            forensics::format_share(at_cursor[i], total), format_bytes(slots[i].peak_bytes));
+    const int x = g.put(3, y, numbers);
+    const std::string name = slots[i].other ? fmt::format("other ({} groups)", slots[i].group_count) : slots[i].name;
+    g.put(x, y, fit_left(name, a.width - x), slots[i].other ? Style::dim : Style::normal);
+  }
+}
+
 void draw_help(CellGrid& g, const Area& a) {
   int y = a.top;
   std::string_view text = kHelpKeys;
@@ -685,6 +873,10 @@ CellGrid render(const ViewState& s, const ViewerModel& model, Size size) {
     draw_timeline(g, a, s, model);
     return g;
   }
+  if (s.view == View::active) {
+    draw_active(g, a, s, model);
+    return g;
+  }
   const MemoryState state = model.state_at(cursor);
   switch (s.view) {
     case View::summary: draw_summary(g, a, s, model, state); break;
@@ -692,7 +884,8 @@ CellGrid render(const ViewState& s, const ViewerModel& model, Size size) {
     case View::live: draw_live(g, a, s, model, state); break;
     case View::pins: draw_pins(g, a, s, model, state); break;
     case View::diff: draw_diff(g, a, s, model, state); break;
-    case View::timeline: break;
+    case View::timeline:
+    case View::active: break;
   }
   return g;
 }

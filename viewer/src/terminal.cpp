@@ -45,6 +45,14 @@ Look look_for(Style s, ColorMode mode) {
     case Style::chart_reserved: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(75) : short(COLOR_CYAN), -1, A_NORMAL};
     case Style::chart_allocated: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(114) : short(COLOR_GREEN), -1, A_NORMAL};
     case Style::cursor: return mode == ColorMode::mono ? Look{-1, -1, A_BOLD | A_REVERSE} : Look{c256 ? short(226) : short(COLOR_YELLOW), -1, A_BOLD};
+    // The Active view's layers take the colors the other views already use, one per group.
+    case Style::stack_1: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(203) : short(COLOR_RED), -1, A_NORMAL};
+    case Style::stack_2: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(114) : short(COLOR_GREEN), -1, A_NORMAL};
+    case Style::stack_3: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(75) : short(COLOR_BLUE), -1, A_NORMAL};
+    case Style::stack_4: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(214) : short(COLOR_YELLOW), -1, A_NORMAL};
+    case Style::stack_5: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(177) : short(COLOR_MAGENTA), -1, A_NORMAL};
+    case Style::stack_6: return mode == ColorMode::mono ? Look{} : Look{c256 ? short(117) : short(COLOR_CYAN), -1, A_NORMAL};
+    case Style::stack_other: return mode == ColorMode::mono ? Look{-1, -1, A_DIM} : Look{c256 ? short(244) : short(COLOR_WHITE), -1, c256 ? A_NORMAL : A_DIM};
     case Style::count_: break;
   }
   return {};

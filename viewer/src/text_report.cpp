@@ -7,7 +7,7 @@
 
 namespace gpumem::view {
 
-std::string text_report(const ViewerModel& model, int width) {
+std::string text_report(const ViewerModel& model, int width, std::optional<std::size_t> cursor) {
   width = std::max(width, kMinScreen.width);
   model.wait_for_oom_report();
   std::string out;
@@ -15,10 +15,12 @@ std::string text_report(const ViewerModel& model, int width) {
     View view;
     int height;
   } screens[] = {{View::summary, 70}, {View::timeline, 22}, {View::live, 24},
-                 {View::pins, 24},    {View::segments, 20}, {View::diff, 20}};
+                 {View::pins, 24},    {View::segments, 20}, {View::active, 24},
+                 {View::diff, 20}};
   for (const auto& sc : screens) {
     if (sc.view == View::diff && !model.compare) continue;
     ViewState s = initial_state(model, Size{width, sc.height});
+    if (cursor) s.cursor = std::min(*cursor, model.entry_count());
     s.view = sc.view;
     const CellGrid g = render(s, model, s.screen);
     // Drop the tab row and the help line: they are for interactive use.

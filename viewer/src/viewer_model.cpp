@@ -13,6 +13,8 @@
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_reader.h"
+#include "gpumem/view/active_memory.h"
+#include "gpumem/view/summary.h"
 
 namespace gpumem::view {
 namespace {
@@ -225,6 +227,8 @@ ViewerModel ViewerModel::build(forensics::Trace trace, const forensics::Snapshot
   }
   m.allocated_.resize(n + 1);
   m.reserved_.resize(n + 1);
+  m.elapsed_us_.resize(n);
+  m.active_cache_ = std::make_shared<ActiveMemoryCache>();
   m.checkpoints_.reserve(n / kCheckpointEvery + 1);
   m.allocated_[0] = state.allocated_bytes;
   m.reserved_[0] = state.reserved_bytes;
@@ -234,12 +238,18 @@ ViewerModel ViewerModel::build(forensics::Trace trace, const forensics::Snapshot
     state.apply(e, i, m.block_bytes_of(i), m.op_of(i));
     if (e.action == TraceAction::oom) m.oom_ = i + 1;
     if (e.action == TraceAction::segment_map) m.expandable_ = true;
+    m.elapsed_us_[i] = i == 0 ? 0 : std::max(m.elapsed_us_[i - 1], e.time_us - entries.front().time_us);
     m.allocated_[i + 1] = state.allocated_bytes;
     m.reserved_[i + 1] = state.reserved_bytes;
     if (state.reserved_bytes > m.reserved_[m.peak_reserved_]) m.peak_reserved_ = i + 1;
     if (state.allocated_bytes > m.allocated_[m.peak_allocated_]) m.peak_allocated_ = i + 1;
   }
   if (n % kCheckpointEvery == 0) m.checkpoints_.push_back(std::move(state));
+  m.block_peak_.assign(n / kPeakBlock + 1, 0);
+  for (std::size_t i = 0; i <= n; ++i) {
+    std::size_t& best = m.block_peak_[i / kPeakBlock];
+    if (i % kPeakBlock == 0 || m.allocated_[i] > m.allocated_[best]) best = i;
+  }
   return m;
 }
 
@@ -256,6 +266,50 @@ std::int64_t ViewerModel::time_us_at(std::size_t applied) const {
   if (trace_.entries.empty()) return 0;
   if (applied == 0) return trace_.entries.front().time_us;
   return trace_.entries[std::min(applied, entry_count()) - 1].time_us;
+}
+
+std::size_t ViewerModel::cursor_at(const forensics::MomentSpec& spec) const {
+  using Kind = forensics::MomentSpec::Kind;
+  switch (spec.kind) {
+    case Kind::automatic: return initial_cursor();
+    case Kind::oom:
+      if (!oom_) throw forensics::ForensicsError(source() + ": the trace records no OOM; use --at peak, alloc-peak, entry:N or time:T");
+      return *oom_;
+    case Kind::peak_reserved: return peak_reserved_;
+    case Kind::peak_allocated: return peak_allocated_;
+    case Kind::entry:
+      if (spec.entry > entry_count()) {
+        throw forensics::ForensicsError(fmt::format("{}: --at entry:{} is past the trace's end (it has {} entries)", source(),
+                                                    spec.entry, entry_count()));
+      }
+      return spec.entry;
+    case Kind::time:
+      if (spec.time_us >= span_us()) {
+        throw forensics::ForensicsError(fmt::format("{}: --at time: +{} is past the trace's end (+{})", source(),
+                                                    format_us(spec.time_us), format_us(span_us() - 1)));
+      }
+      return applied_before_us(spec.time_us + 1);
+  }
+  return initial_cursor();
+}
+
+std::size_t ViewerModel::peak_allocated_cursor_in(std::size_t lo, std::size_t hi) const {
+  hi = std::min(hi, entry_count());
+  std::size_t best = std::min(lo, hi);
+  for (std::size_t i = best; i <= hi;) {
+    if (i % kPeakBlock == 0 && i + kPeakBlock - 1 <= hi) {
+      if (allocated_[block_peak_[i / kPeakBlock]] > allocated_[best]) best = block_peak_[i / kPeakBlock];
+      i += kPeakBlock;
+    } else {
+      if (allocated_[i] > allocated_[best]) best = i;
+      ++i;
+    }
+  }
+  return best;
+}
+
+std::size_t ViewerModel::applied_before_us(std::int64_t elapsed_us) const {
+  return static_cast<std::size_t>(std::lower_bound(elapsed_us_.begin(), elapsed_us_.end(), elapsed_us) - elapsed_us_.begin());
 }
 
 MemoryState ViewerModel::state_at(std::size_t applied) const {

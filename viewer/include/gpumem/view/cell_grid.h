@@ -35,6 +35,13 @@ enum class Style : std::uint8_t {
   chart_reserved,  // timeline: reserved bytes
   chart_allocated, // timeline: allocated bytes
   cursor,          // timeline cursor column
+  stack_1,         // active view: the group with the highest peak
+  stack_2,
+  stack_3,
+  stack_4,
+  stack_5,
+  stack_6,
+  stack_other,     // active view: the groups after the top ones, together
   count_,
 };
 

@@ -16,12 +16,13 @@
 
 #include "gpumem/view/cell_grid.h"
 #include "gpumem/view/live_groups.h"
+#include "gpumem/view/time_window.h"
 #include "gpumem/view/viewer_model.h"
 
 namespace gpumem::view {
 
-enum class View : std::uint8_t { summary, segments, timeline, live, pins, diff };
-inline constexpr int kViewCount = 6;
+enum class View : std::uint8_t { summary, segments, timeline, live, pins, diff, active };
+inline constexpr int kViewCount = 7;
 const char* view_title(View v) noexcept;
 
 enum class KeyCode : std::uint8_t {
@@ -63,7 +64,7 @@ struct ViewState {
   int zoom_in = 0;              // 0: fit everything on one screen; +1 halves the bytes per cell
   std::size_t extent_index = 0; // selected extent (block or free gap), in address order
 
-  // live view
+  // live view (the grouping is shared with the Active and Diff views)
   GroupBy group_by = GroupBy::call_site;
   SortBy sort_by = SortBy::bytes;
   std::string search;
@@ -77,12 +78,22 @@ struct ViewState {
   // or its end), and whether the stepping keys move it instead of A's cursor (key b)
   std::optional<std::size_t> compare_cursor;
   bool diff_moves_b = false;
+
+  // active view: the time window (zoom level 0 = the whole trace, each level halves the span;
+  // its start in us since the first entry). Moving the cursor from any view scrolls the window
+  // to show it; panning (PgUp / PgDn) moves the window and the cursor together.
+  int active_zoom = 0;
+  std::int64_t active_start_us = 0;
+  BucketMoment active_moment = BucketMoment::peak;  // what each column shows (key e)
 };
 
 // The state a file opens in: the summary at the OOM (or the end of the trace).
 ViewState initial_state(const ViewerModel& model, Size screen);
 
 ViewState reduce(ViewState state, const Key& key, const ViewerModel& model);
+
+// The Active view's time window at this state's zoom, start and screen width (clamped to the trace).
+TimeWindow active_window(const ViewState& state, const ViewerModel& model) noexcept;
 
 // Timeline geometry, shared by render and reduce.
 inline constexpr int kTimelineLabelWidth = 11;

@@ -11,6 +11,7 @@
 // read-only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/moment.h"
 #include "gpumem/forensics/snapshot.h"
 #include "gpumem/forensics/trace.h"
 #include "gpumem/view/memory_state.h"
@@ -27,6 +29,11 @@
 namespace gpumem::view {
 
 inline constexpr std::size_t kCheckpointEvery = 8192;
+inline constexpr std::size_t kPeakBlock = 1024;
+
+enum class GroupBy : std::uint8_t;  // live_groups.h
+class ActiveMemory;                 // active_memory.h
+struct ActiveMemoryCache;           // active_memory.h
 
 // PyTorch's own numbers at the end of a snapshot, read from its segments (exact block sizes).
 struct SnapshotTotals {
@@ -59,6 +66,23 @@ class ViewerModel {
   std::uint64_t allocated_at(std::size_t applied) const { return allocated_[applied]; }
   std::uint64_t reserved_at(std::size_t applied) const { return reserved_[applied]; }
   std::int64_t time_us_at(std::size_t applied) const;  // time of the last applied entry
+  // Time of entry `entry` since the first entry, made non-decreasing (a later entry stamped
+  // earlier takes its predecessor's time), so that time buckets are contiguous runs of entries.
+  std::int64_t elapsed_us_of(std::size_t entry) const { return elapsed_us_[entry]; }
+  // The cursor's time since the first entry: that of its last applied entry (0 for cursor 0).
+  std::int64_t cursor_elapsed_us(std::size_t applied) const {
+    return applied == 0 || elapsed_us_.empty() ? 0 : elapsed_us_[std::min(applied, entry_count()) - 1];
+  }
+  // The number of entries before time t (since the first entry): the cursor at the end of a time
+  // bucket that ends at t. O(log entries).
+  std::size_t applied_before_us(std::int64_t elapsed_us) const;
+  // Time from the first entry to the last, plus one microsecond (at least 1): every entry's
+  // elapsed time lies in [0, span).
+  std::int64_t span_us() const noexcept { return elapsed_us_.empty() ? 1 : elapsed_us_.back() + 1; }
+
+  // The first cursor in [lo, hi] (lo <= hi <= entry_count()) where allocated bytes are highest.
+  // O(kPeakBlock + (hi - lo) / kPeakBlock): per-block maxima are kept.
+  std::size_t peak_allocated_cursor_in(std::size_t lo, std::size_t hi) const;
 
   std::size_t peak_reserved_cursor() const noexcept { return peak_reserved_; }
   std::size_t peak_allocated_cursor() const noexcept { return peak_allocated_; }
@@ -66,6 +90,11 @@ class ViewerModel {
   std::optional<std::size_t> oom_cursor() const noexcept { return oom_; }
   // Where the viewer opens: the OOM if there is one, else the end.
   std::size_t initial_cursor() const noexcept { return oom_.value_or(entry_count()); }
+  // The cursor of a moment (`gpumem view --at`), as the viewer's keys find it: oom as `o` (just
+  // after the oom entry), peak as `p`, alloc-peak as `a`, entry:N as N, time:T after the last
+  // entry at most T after the first; automatic is initial_cursor(). Throws ForensicsError naming
+  // the file and the fix when the trace has no such moment.
+  std::size_t cursor_at(const forensics::MomentSpec& spec) const;
 
   MemoryState state_at(std::size_t applied) const;
 
@@ -91,6 +120,15 @@ class ViewerModel {
   // held only earlier in the trace shows as the default pool's.
   std::optional<std::pair<std::int64_t, std::int64_t>> pool_of(std::uint64_t addr) const;
 
+  // Real block size of an alloc entry where a snapshot knows it (0: round the request), and the
+  // op it ran under (0: not recorded): what MemoryState::apply takes for entry `entry`.
+  std::uint64_t entry_block_bytes(std::size_t entry) const noexcept { return block_bytes_of(entry); }
+  std::uint32_t entry_op(std::size_t entry) const noexcept { return op_of(entry); }
+
+  // Live bytes over time grouped `by` (the Active view's model), built on first use and kept
+  // (thread-safe: built once per grouping). Defined in active_memory.cpp.
+  const ActiveMemory& active_memory(GroupBy by) const;
+
   // A second file to diff against (gpumem view A --diff B).
   std::shared_ptr<const ViewerModel> compare;
 
@@ -106,6 +144,10 @@ class ViewerModel {
   forensics::Trace trace_;
   std::vector<std::uint64_t> allocated_;  // entry_count() + 1 values
   std::vector<std::uint64_t> reserved_;
+  std::vector<std::int64_t> elapsed_us_;  // entry_count() values, non-decreasing
+  // block_peak_[b]: the first cursor of [b * kPeakBlock, (b + 1) * kPeakBlock) with the most allocated.
+  std::vector<std::size_t> block_peak_;
+  std::shared_ptr<ActiveMemoryCache> active_cache_;  // shared by copies (the data is immutable)
   // checkpoints_[i]: the state after i * kCheckpointEvery entries.
   std::vector<MemoryState> checkpoints_;
   // Real block sizes of alloc entries, by entry, where a snapshot knows them (empty for CSV).
