@@ -1,8 +1,8 @@
 // What gpumem's in-process forensics cost the engine per alloc+free pair, on SimSource (no GPU),
 // composed as the torch adapter composes them (torch/src/device_engine.cpp): the stats observer
-// and the device's trace ring are always attached (the ring inactive unless trace_entries or a
-// postmortem asks), EngineForensics when record_ops or oom_report_dir is set. Cases:
-//   plain          stats observer + inactive ring: gpumem alone
+// always, the device's trace ring while it records (trace_entries, or the postmortem's floor),
+// EngineForensics when record_ops or oom_report_dir is set. Cases:
+//   plain          stats observer: gpumem alone
 //   trace          trace_entries:100000 (the live measurement's gpumem_trace mode)
 //   ops            record_ops:True (gpumem_ops; the RecordFunction callbacks are libtorch's and
 //                  not part of this bench: ops are pushed with OpStack as the callbacks do)
@@ -77,9 +77,9 @@ struct Engine {
     engine->attach_observer(std::make_shared<alloc::StatsObserver>());
     ring->configure(forensics::TraceSettings{config.trace_entries, 0, false}, /*clear=*/true);
     ring->leave_oom_to_caller(true);
-    engine->attach_observer(ring);
     if (!config.oom_report_dir.empty() || config.record_ops)
       fx = std::make_unique<forensics::EngineForensics>(*engine, config, ring, "bench");
+    if (ring->active()) engine->attach_observer(ring);  // as DeviceEngine::sync_trace_observer
   }
   ~Engine() { fx.reset(); }
   static alloc::SimSourceOptions options() {
