@@ -57,7 +57,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.forensics.oom_report_dir.empty());
     CHECK_FALSE(c.forensics.record_ops);
     CHECK(c.forensics.python_stacks == gpumem::forensics::StackMode::automatic);
-    CHECK(c.forensics.python_stacks_min_bytes == 0);
+    CHECK(c.forensics.python_stacks_min_bytes == 1024 * 1024);  // large-pool requests only
     CHECK_FALSE(c.forensics.python_stacks_on());
     CHECK(c.source_string == text);
   }
