@@ -4,7 +4,9 @@
 // cuMemUnmap 20-24 (19-23), cuMemRelease 10-14 (26)).
 //
 // Each round creates N pieces, maps each into one half of a reservation, unmaps them, maps the
-// same handles into the other half (what physical page recycling does), unmaps and destroys them.
+// same handles into the other half (what physical page recycling does), unmaps them; then maps
+// each into the first half and a second time into the other half while the first mapping stays
+// (a kept mapping, the engine's default), unmaps both and destroys them.
 //
 //   cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N]
 #include <cuda_runtime_api.h>
@@ -74,6 +76,7 @@ bool run_size(const Args& args, std::size_t piece_bytes, int pieces) {
   if (!check(range.status, source, "reserve")) return false;
   std::vector<PhysHandle> handles(n);
   std::uint64_t map_wall_ns = 0, map_calls = 0;
+  std::uint64_t alias_map_ns = 0, first_map_ns = 0, alias_maps = 0;  // kept-mapping round
   const auto t_start = std::chrono::steady_clock::now();
 
   for (int round = 0; round < args.rounds; ++round) {
@@ -93,6 +96,24 @@ bool run_size(const Args& args, std::size_t piece_bytes, int pieces) {
       }
       for (std::size_t i = 0; i < n; ++i)
         if (!check(source.unmap(base + i * piece_bytes, piece_bytes), source, "unmap")) return false;
+    }
+    // Kept mappings (the engine's default): every piece mapped a second time, in the other half,
+    // while its first mapping stays; then both unmapped.
+    {
+      const CudaVmmCallTimes t0 = source.call_times();
+      for (std::size_t i = 0; i < n; ++i)
+        if (!check(source.map(range.value.base + i * piece_bytes, piece_bytes, handles[i]), source, "map")) return false;
+      const CudaVmmCallTimes t1 = source.call_times();
+      for (std::size_t i = 0; i < n; ++i)
+        if (!check(source.map(range.value.base + (n + i) * piece_bytes, piece_bytes, handles[i]), source,
+                   "map (a second mapping of a mapped piece)"))
+          return false;
+      const CudaVmmCallTimes t2 = source.call_times();
+      alias_map_ns += (t2.map.total_ns - t1.map.total_ns) + (t2.set_access.total_ns - t1.set_access.total_ns);
+      first_map_ns += (t1.map.total_ns - t0.map.total_ns) + (t1.set_access.total_ns - t0.set_access.total_ns);
+      alias_maps += n;
+      for (std::size_t i = 0; i < 2 * n; ++i)
+        if (!check(source.unmap(range.value.base + i * piece_bytes, piece_bytes), source, "unmap")) return false;
     }
     for (std::size_t i = 0; i < n; ++i)
       if (!check(source.destroy(handles[i]), source, "destroy")) return false;
@@ -117,6 +138,10 @@ bool run_size(const Args& args, std::size_t piece_bytes, int pieces) {
   const double remap_us = (t.unmap.mean_ns() + t.map.mean_ns() + t.set_access.mean_ns()) / 1000.0;
   std::printf("  one recycled mapping (unmap + map + set access): %.1f us = %.2f us per MiB\n", remap_us,
               remap_us / static_cast<double>(piece_bytes / kMiB));
+  std::printf("  kept mappings: map + set access of a piece mapped nowhere else %.1f us, of a piece already mapped "
+              "elsewhere (a second mapping) %.1f us\n",
+              alias_maps ? static_cast<double>(first_map_ns) / static_cast<double>(alias_maps) / 1000.0 : 0.0,
+              alias_maps ? static_cast<double>(alias_map_ns) / static_cast<double>(alias_maps) / 1000.0 : 0.0);
   std::printf("  wall time %.1f ms\n", total_ms);
   return true;
 }

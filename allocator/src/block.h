@@ -12,6 +12,11 @@
 //            differ in length (growth_policy.h says how long each is).
 //   block    A contiguous address range inside a region with one state. The blocks of a region tile
 //            it exactly, in address order, through prev/next.
+//   ghost    A kept mapping (Config::recycle_keep_mappings): unmapped slots (in the engine's view:
+//            never handed out, free for growth to map) over which the source still maps a piece
+//            that has moved elsewhere. A ghost spans exactly one piece's length; a piece may have
+//            several. Moving a piece onto its own ghost costs no driver call; any other use of the
+//            slots unmaps the ghost first (Note [Physical page recycling], "Kept mappings").
 //   claim    A block in state `claimed`: taken out of every container by a growth or a release in
 //            progress, which owns it while the engine's lock is dropped around driver calls (see
 //            Note [Engine locking] in docs/notes/engine-locking.md). Nobody else reads or changes a
@@ -30,7 +35,10 @@
 //     those; a cached block is in exactly one ThreadCache bin; a claimed block is in none of them;
 //   * a claimed block of an expandable region covers only mapped or only unmapped slots, and
 //     region.claims counts the claimed blocks of the region;
-//   * region.mapped_bytes == (mapped slots) x slot_bytes, or size_bytes for a classic segment.
+//   * region.mapped_bytes == (mapped slots) x slot_bytes, or size_bytes for a classic segment;
+//   * a ghost covers only unmapped slots, tiled like pieces (ghost_first, ghost_count, ghost); its
+//     piece is mapped somewhere in the engine; region.ghosts counts the region's ghosts and
+//     RegionMap::ghosts lists every ghost under its piece's handle.
 #pragma once
 
 #include <boost/intrusive/set.hpp>
@@ -122,7 +130,13 @@ struct PieceSlot {
   PhysHandle handle = 0;    // the piece's handle (mapped slots)
   std::uint32_t first = 0;  // the piece's first slot
   std::uint32_t count = 0;  // the piece's length in slots; 0: the slot is unmapped
+  // An unmapped slot under a ghost (a kept mapping of a piece that lives elsewhere now): the
+  // piece's handle, the ghost's first slot and length; ghost_count == 0: no ghost.
+  PhysHandle ghost = 0;
+  std::uint32_t ghost_first = 0;
+  std::uint32_t ghost_count = 0;
   bool mapped() const noexcept { return count != 0; }
+  bool has_ghost() const noexcept { return ghost_count != 0; }
 };
 
 // Unmapped blocks of one region, by address.
@@ -147,6 +161,7 @@ struct Region {
   std::size_t mapped_bytes = 0;
   std::uint64_t created_seq = 0;
   std::size_t claims = 0;               // claimed blocks: while > 0 the region is never dropped
+  std::size_t ghosts = 0;               // kept mappings in it: while > 0 the region is never dropped
   Block* first = nullptr;
   UnmappedSet unmapped;
 
@@ -154,6 +169,7 @@ struct Region {
   std::uintptr_t slot_addr(std::size_t slot) const noexcept { return va.base + slot * slot_bytes; }
   std::size_t slot_count() const noexcept { return va.size_bytes / slot_bytes; }
   bool slot_mapped(std::size_t slot) const noexcept { return slot < slots.size() && slots[slot].mapped(); }
+  bool slot_ghost(std::size_t slot) const noexcept { return slot < slots.size() && slots[slot].has_ghost(); }
   // The piece holding mapped slot `slot`: its first slot and length.
   std::size_t piece_first(std::size_t slot) const noexcept { return slots[slot].first; }
   std::size_t piece_slots(std::size_t slot) const noexcept { return slots[slot].count; }

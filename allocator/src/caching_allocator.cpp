@@ -438,8 +438,11 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
   t.va_reserved_bytes = m.map.va_bytes;
   t.cap_bytes = m.cap;
   t.segments = m.map.regions.size();
-  for (const auto& [base, r] : m.map.regions)
+  for (const auto& [base, r] : m.map.regions) {
     t.pieces_mapped += r->expandable ? r->pieces : 1;
+    t.kept_mappings += r->ghosts;
+  }
+  t.kept_mapping_bytes = m.map.ghost_bytes;
   return t;
 }
 

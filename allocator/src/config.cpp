@@ -197,6 +197,10 @@ void apply_recycle_slack(const Entry& e, const KeyInfo& k, Config& c) {
   c.recycle_slack = v;
 }
 
+void apply_recycle_keep_mappings(const Entry& e, const KeyInfo& k, Config& c) {
+  c.recycle_keep_mappings = want_bool(e, k);
+}
+
 void apply_thread_cache(const Entry& e, const KeyInfo& k, Config& c) { c.thread_cache = want_bool(e, k); }
 
 void apply_va_reserve(const Entry& e, const KeyInfo& k, Config& c) {
@@ -249,8 +253,9 @@ constexpr Key<Config> kKeys[] = {
     {{"recycle_burst_ms", "", "a whole number of milliseconds (at most 3600000)", "recycle_burst_ms:10"},
      apply_recycle_burst},
     {{"recycle_slack", "", "a number in [0, 1]: memory the recycle budget may add, as a share of the footprint",
-      "recycle_slack:0.02"},
+      "recycle_slack:0.05"},
      apply_recycle_slack},
+    {{"recycle_keep_mappings", "", "True or False", "recycle_keep_mappings:True"}, apply_recycle_keep_mappings},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
     {{"va_reserve_mb", "",
       "0 (1.125 x device memory) or a whole number of MiB >= large_segment_size_mb and "
@@ -304,6 +309,7 @@ std::string to_string(const Config& c) {
   put("recycle_budget", c.recycle_budget);
   put("recycle_burst_ms", c.recycle_burst_ms);
   put("recycle_slack", c.recycle_slack);
+  put("recycle_keep_mappings", bool_text(c.recycle_keep_mappings));
   put("thread_cache", bool_text(c.thread_cache));
   put("va_reserve_mb", mib(c.va_reserve_bytes));
   put("check_invariants", bool_text(c.check_invariants));

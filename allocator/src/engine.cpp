@@ -179,7 +179,17 @@ BlockState CachingAllocator::Impl::view_state_locked(const Block& b) const {
 }
 
 void CachingAllocator::Impl::release_all_locked() {
+  // Kept mappings first: a piece is destroyed only once no mapping of it is left.
+  for (const auto& [handle, list] : map.ghosts)
+    for (const auto& g : list) source.unmap(g.region->slot_addr(g.first), g.count * g.region->slot_bytes);
+  map.ghosts.clear();
+  map.ghost_bytes = 0;
+  map.ghost_ages.clear();
+  map.ghost_count = 0;
+  for (const auto& [marker, refs] : map.marker_refs) events.release(marker);
+  map.marker_refs.clear();
   for (auto& [base, rp] : map.regions) {
+    rp->ghosts = 0;
     Region& r = *rp;
     if (r.unmapped.size()) r.unmapped.clear();
     for (std::size_t s = 0; s < r.slots.size(); ++s) {

@@ -115,6 +115,9 @@ struct CachingAllocator::Impl {
   // Driver time recycling may still spend (recycle_budget_policy.h); charged at growth's commit.
   policy::RecycleBudget recycle_budget{rules.recycle_budget};
   std::size_t recycle_budget_bought_bytes = 0;  // created by growth the budget kept from recycling
+  // The most memory in use at once (allocated + pending, with the request being grown for), seen at
+  // growths: what recycling alone would have reserved at least (policy::bought_estimate).
+  std::size_t in_use_high_bytes = 0;
   std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
   // Note [Engine during graph capture] (caching_allocator.h). Written with growth_mutex and the
   // engine lock held, so a reader holding either sees the current value.

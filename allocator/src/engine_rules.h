@@ -24,6 +24,7 @@ struct EngineRules {
   bool expandable = true;                  // expandable_segments and a virtual-memory source
   bool recycle = true;
   policy::RecycleBudgetRules recycle_budget;  // how much time recycling may spend
+  bool keep_mappings = true;               // a recycled piece keeps its old mapping (a ghost)
   bool thread_cache = true;
   bool check_invariants = false;
   std::size_t slot_bytes = 0;              // slot of every expandable region (the smallest piece)

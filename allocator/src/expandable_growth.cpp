@@ -29,6 +29,7 @@ namespace gpumem::alloc {
 using detail::Block;
 using detail::EventBatch;
 using detail::GrowFailure;
+using detail::PieceSlot;
 using detail::Region;
 using detail::RegionMap;
 
@@ -118,15 +119,23 @@ struct GrowthWork {
     std::uintptr_t from = 0;
     PhysHandle handle = 0;      // recycled: its handle; created: set once created
     std::uintptr_t to = 0;      // where it is mapped
+    bool keep_old = false;      // recycled: its mapping at `from` stays (a ghost), no unmap
+    bool onto_ghost = false;    // recycled: `to` is one of its ghosts, still mapped: no call at all
     // Results.
     bool have = false;          // created, or unmapped from `from`
     bool mapped = false;        // mapped at `to`
     bool destroyed = false;     // had, but not mapped: destroyed
   };
-  std::vector<StreamId> sync_streams;  // streams whose pieces move (synchronized first)
+  struct Ghost {
+    std::uintptr_t va = 0;      // a kept mapping in the way of the growth: unmapped first
+    std::size_t bytes = 0;
+    bool unmapped = false;      // result
+  };
+  std::vector<StreamId> sync_streams;  // streams whose memory is unmapped or changes stream (synchronized first)
+  std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
-  std::int64_t recycle_ns = 0;         // source time the recycled pieces' unmap and map calls took
+  std::int64_t recycle_ns = 0;         // source time recycling's unmap and map calls took
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -149,11 +158,20 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
-  // The recycled pieces' calls are timed (the recycle budget); with none, the clock is not read.
-  const bool any_recycled = std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
+  // Recycling's calls are timed (the recycle budget); with none, the clock is not read.
+  const bool any_recycled =
+      !w.ghosts.empty() || std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
+  for (auto& g : w.ghosts) {
+    const SourceStatus st = source.unmap(g.va, g.bytes);
+    if (st != SourceStatus::ok) {
+      w.recycle_ns += source.now_ns() - t0;
+      return fail_and_clean_up(st);
+    }
+    g.unmapped = true;
+  }
   for (auto& p : w.pieces) {
-    if (p.created) continue;
+    if (p.created || p.keep_old) continue;
     const SourceStatus st = source.unmap(p.from, p.bytes);
     if (st != SourceStatus::ok) {
       w.recycle_ns += source.now_ns() - t0;
@@ -163,6 +181,10 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   }
   if (any_recycled) w.recycle_ns += source.now_ns() - t0;
   for (auto& p : w.pieces) {
+    if (p.onto_ghost) {  // still mapped there
+      p.mapped = true;
+      continue;
+    }
     if (!p.created) t0 = source.now_ns();
     const SourceStatus st = source.map(p.to, p.bytes, p.handle);
     if (!p.created) w.recycle_ns += source.now_ns() - t0;
@@ -187,6 +209,23 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Placement> places;
   std::vector<policy::PlacementCandidate> candidates;
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
+  if (!may_wait() && !map.ghosts.empty()) {
+    // Capturing: a kept mapping in the way would have to be unmapped, which waits for its stream
+    // (not allowed now): only places whose slots hold none (a new region if there is no such place).
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      const Region& pr = *places[i].region;
+      const policy::SlotRange u = unit_range(pr, places[i].addr, rounded, unit);
+      bool clear = true;
+      for (std::size_t s = u.lo; s < u.hi && clear; ++s) clear = !pr.slot_ghost(s);
+      if (!clear) continue;
+      places[kept] = places[i];
+      candidates[kept] = candidates[i];
+      ++kept;
+    }
+    places.resize(kept);
+    candidates.resize(kept);
+  }
   if (places.empty()) {
     if (rounded > rules.region_va_bytes[p]) {
       fail.status = SourceStatus::out_of_memory;
@@ -297,9 +336,12 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   };
   std::size_t chosen = plan_all(recycle_now);
   const bool budget_denied = may_recycle && !recycle_now;
+  in_use_high_bytes = std::max(in_use_high_bytes, allocated_bytes + pending_bytes + rounded);
   // Growth past the budget creates what it could have recycled: the memory the budget buys (the
   // slots created beyond what the same growth with recycling would create).
   std::size_t buying_bytes = 0;
+  const std::size_t bought_bytes =
+      policy::bought_estimate(recycle_budget_bought_bytes, map.reserved_bytes, in_use_high_bytes);
   if (budget_denied && !refs.empty()) {
     const std::size_t without = planned[chosen].layout.created_slots();
     const std::size_t chosen_without = chosen;
@@ -308,11 +350,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     const std::size_t chosen_with = plan_all(true);
     const std::size_t with = planned[chosen_with].layout.created_slots();
     buying_bytes = (without - std::min(without, with)) * slot;
-    // Memory comes first: past the cap, or past the memory the budget may add (its slack), growth
-    // recycles whatever it costs; that recycling is not charged (the budget counts what it chose).
+    // Memory comes first: past the cap, or past the memory the budget may add (its slack, against
+    // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
+    // not charged (the budget counts what it chose).
     if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
-        !policy::within_slack(recycle_budget_bought_bytes, buying_bytes, map.reserved_bytes,
-                              rules.recycle_budget.slack))) {
+        !policy::within_slack(bought_bytes, buying_bytes, map.reserved_bytes, rules.recycle_budget.slack))) {
       recycle_now = true;
       chosen = chosen_with;
       buying_bytes = 0;
@@ -348,16 +390,43 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.created = true;
     w.pieces.push_back(piece);
   }
+  // Kept mappings (block.h): among the pieces this growth moves, those of one length are
+  // interchangeable, so each goes, where it can, to a target slot that holds its own kept mapping
+  // (a move there makes no driver call). Only which handle goes where changes: the slots mapped,
+  // the pieces freed and every later decision are those of the plan.
+  std::vector<policy::RecycleChoice> choices = layout.recycled;
+  if (rules.keep_mappings && r.ghosts > 0) {
+    auto handle_of = [&](std::size_t piece) {
+      const PieceRef& ref = candidates_refs[piece];
+      return ref.block->region->slots[ref.first_slot].handle;
+    };
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      const std::size_t t = choices[i].target_slot, n = free_pieces[choices[i].piece].slots;
+      if (!r.slot_ghost(t) || r.slots[t].ghost_first != t || r.slots[t].ghost_count != n) continue;
+      if (handle_of(choices[i].piece) == r.slots[t].ghost) continue;  // already its own
+      for (std::size_t j = 0; j < choices.size(); ++j) {
+        if (j == i || handle_of(choices[j].piece) != r.slots[t].ghost) continue;
+        // Piece j has its kept mapping at t: swap unless j already sits on its own kept mapping.
+        const std::size_t tj = choices[j].target_slot;
+        const bool j_home = r.slot_ghost(tj) && r.slots[tj].ghost_first == tj && r.slots[tj].ghost == handle_of(choices[j].piece);
+        if (!j_home) std::swap(choices[i].piece, choices[j].piece);
+        break;
+      }
+    }
+  }
   // Claim the pieces to recycle, the highest first: claim_piece keeps the part of the block below
   // the piece in the same Block, so a lower piece of the same free block is still found through it.
-  std::vector<std::size_t> order(layout.recycled.size());
+  std::vector<std::size_t> order(choices.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return free_pieces[layout.recycled[a].piece].addr > free_pieces[layout.recycled[b].piece].addr;
+    return free_pieces[choices[a].piece].addr > free_pieces[choices[b].piece].addr;
   });
   std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
+  auto note_sync = [&](StreamId s) {
+    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
+  };
   for (std::size_t i : order) {
-    const policy::RecycleChoice& c = layout.recycled[i];
+    const policy::RecycleChoice& c = choices[i];
     const PieceRef& cand = candidates_refs[c.piece];
     Region& from = *cand.block->region;
     GrowthWork::Piece piece;
@@ -365,10 +434,70 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     piece.from = free_pieces[c.piece].addr;
     piece.handle = from.slots[cand.first_slot].handle;
     piece.to = r.slot_addr(c.target_slot);
+    const std::size_t n = free_pieces[c.piece].slots;
+    piece.onto_ghost = rules.keep_mappings && r.slot_ghost(c.target_slot) && r.slots[c.target_slot].ghost == piece.handle &&
+                       r.slots[c.target_slot].ghost_first == c.target_slot && r.slots[c.target_slot].ghost_count == n;
     w.pieces.push_back(piece);
     recycled.push_back(map.claim_piece(cand.block, cand.first_slot));
-    if (std::find(w.sync_streams.begin(), w.sync_streams.end(), from.stream) == w.sync_streams.end())
-      w.sync_streams.push_back(from.stream);
+  }
+  // Kept mappings to unmap: those where pieces land (other than a piece's own), and old ones evicted
+  // below. Unmapping one waits for its region's stream (kernels may still use it from before its
+  // piece moved) unless the marker recorded when it was made has completed.
+  std::vector<RegionMap::GhostRef> ghost_at;  // parallel to w.ghosts (region, first slot)
+  auto unmap_ghost = [&](Region& gr, std::size_t g) {
+    for (const RegionMap::GhostRef& x : ghost_at)
+      if (x.region == &gr && x.first == g) return std::size_t{0};
+    const std::size_t bytes = gr.slots[g].ghost_count * gr.slot_bytes;
+    const EventToken m = map.ghost_marker(gr, g);
+    ghost_at.push_back({&gr, g, 0, m});
+    w.ghosts.push_back({gr.slot_addr(g), bytes, false});
+    if (m == 0 || !events.query(m)) note_sync(gr.stream);
+    return bytes;
+  };
+  std::size_t unmapping_bytes = 0;
+  for (const GrowthWork::Piece& piece : w.pieces) {
+    if (piece.onto_ghost) continue;
+    const std::size_t first = r.slot_of(piece.to), n = piece.bytes / slot;
+    for (std::size_t s2 = first; s2 < first + n; ++s2)
+      if (r.slot_ghost(s2)) unmapping_bytes += unmap_ghost(r, r.slots[s2].ghost_first);
+  }
+  // A move keeps its old mapping while kept mappings stay within the physical footprint (so their
+  // number stays bounded however long recycling goes on); to make room, the oldest kept mappings
+  // whose markers have completed are unmapped (no wait); past that, a move unmaps its old place as
+  // before. A move onto its own kept mapping trades one kept mapping for another.
+  std::size_t keep_room = map.reserved_bytes + unmapping_bytes > map.ghost_bytes
+                              ? map.reserved_bytes + unmapping_bytes - map.ghost_bytes
+                              : 0;
+  map.trim_ghost_ages();
+  std::size_t age = 0;
+  constexpr std::size_t kEvictionScan = 256;  // kept mappings looked at per growth, oldest first
+  auto lands_on_own = [&](const Region& gr, std::size_t g) {
+    if (&gr != &r) return false;
+    for (const GrowthWork::Piece& piece : w.pieces)
+      if (piece.onto_ghost && r.slot_of(piece.to) == g) return true;
+    return false;
+  };
+  const std::size_t created_pieces = layout.created.size();
+  for (std::size_t k = 0; k < recycled.size(); ++k) {
+    GrowthWork::Piece& piece = w.pieces[created_pieces + k];
+    const Region& from = *recycled[k]->region;
+    if (rules.keep_mappings && !piece.onto_ghost)
+      while (piece.bytes > keep_room && age < map.ghost_ages.size() && age < kEvictionScan) {
+        const RegionMap::GhostAge a = map.ghost_ages[age++];
+        Region& gr = *a.region;
+        if (!gr.slot_ghost(a.first) || gr.slots[a.first].ghost_first != a.first || gr.slots[a.first].ghost != a.handle ||
+            lands_on_own(gr, a.first))
+          continue;
+        const EventToken m = map.ghost_marker(gr, a.first);
+        if (m == 0 || !events.query(m)) break;  // the rest are younger
+        keep_room += unmap_ghost(gr, a.first);
+      }
+    piece.keep_old = piece.onto_ghost || (rules.keep_mappings && piece.bytes <= keep_room);
+    if (piece.keep_old && !piece.onto_ghost) keep_room -= piece.bytes;
+    // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
+    // stays mapped needs it only when it changes stream (as any cached block would: a free block's
+    // last uses are ordered on its own stream).
+    if (!piece.keep_old || from.stream != r.stream) note_sync(from.stream);
   }
   // ... and the target.
   std::vector<Block*> target;
@@ -382,21 +511,39 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // ---- commit
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
+  for (std::size_t i = 0; i < w.ghosts.size(); ++i)
+    if (w.ghosts[i].unmapped)
+      if (const EventToken m = map.remove_ghost(*ghost_at[i].region, ghost_at[i].first)) events.release(m);
+  // One marker per stream that pieces moved away from keeping their old mappings: it completes once
+  // the work queued there so far (all uses of the old places) is done.
+  std::vector<std::pair<StreamId, EventToken>> markers;
+  auto marker_for = [&](StreamId st) {
+    for (const auto& [ms, m] : markers)
+      if (ms == st) return m;
+    markers.emplace_back(st, events.record(st));
+    return markers.back().second;
+  };
   const std::size_t created = layout.created.size();
   for (std::size_t i = 0; i < recycled.size(); ++i) {
     const GrowthWork::Piece& piece = w.pieces[created + i];
     Block* b = recycled[i];
-    if (!piece.have) {
-      map.unclaim(b);  // never unmapped: still free memory
+    const bool moved = piece.keep_old ? piece.mapped : piece.have;
+    if (!moved) {
+      map.unclaim(b);  // never unmapped (or, kept, never mapped elsewhere): still free memory here
       continue;
     }
-    const Region& from = *b->region;
+    Region& from = *b->region;
+    const std::size_t from_first = from.slot_of(piece.from);
     map.record_piece_unmapped(b);
+    if (piece.keep_old)  // still mapped there
+      map.add_ghost(from, from_first, piece.bytes / slot, piece.handle, marker_for(from.stream));
     if (piece.destroyed) map.reserved_bytes -= piece.bytes;
     emit(batch, EventKind::segment_unmap, from.pool, piece.from, piece.bytes, 0, from.stream, piece.destroyed ? 1 : 0);
   }
   for (const GrowthWork::Piece& piece : w.pieces) {
     if (!piece.mapped) continue;
+    if (piece.onto_ghost)  // its kept mapping is the piece's again
+      if (const EventToken m = map.remove_ghost(r, r.slot_of(piece.to))) events.release(m);
     map.record_piece_mapped(r, r.slot_of(piece.to), piece.bytes / slot, piece.handle);
     if (piece.created) map.reserved_bytes += piece.bytes;
     emit(batch, EventKind::segment_map, r.pool, piece.to, piece.bytes, 0, r.stream, piece.created ? 1 : 0);

@@ -4,6 +4,8 @@
 // engine lock dropped: claimed blocks, pieces in `waiting` and the counters are consistent then.
 #include <fmt/format.h>
 
+#include <unordered_map>
+
 #include "engine.h"
 #include "size_policy.h"
 
@@ -36,21 +38,39 @@ void CachingAllocator::Impl::check_locked() const {
     std::size_t mapped_slots = 0, pieces = 0;
     if (r.expandable) {
       if (r.slots.size() > r.slot_count()) broken(fmt::format("region {:#x}: more slots than its range holds", base));
+      std::size_t ghosts = 0;
+      // Slot s lies in a run of slots that all name it the same way: a piece, or a kept mapping.
+      const std::uintptr_t at_base = base;  // a structured binding: lambdas may not capture it (clang)
+      auto check_in_run = [&](std::size_t s, std::uint32_t PieceSlot::*first, std::uint32_t PieceSlot::*count,
+                              PhysHandle PieceSlot::*handle, const char* what) {
+        const PieceSlot& x = r.slots[s];
+        if (x.*first > s || s >= std::size_t{x.*first} + x.*count || std::size_t{x.*first} + x.*count > r.slots.size())
+          broken(fmt::format("region {:#x}: slot {} lies outside its {}", at_base, s, what));
+        const PieceSlot& head = r.slots[x.*first];
+        if (head.*first != x.*first || head.*count != x.*count || head.*handle != x.*handle)
+          broken(fmt::format("region {:#x}: slot {} disagrees with its {}'s first slot", at_base, s, what));
+      };
       for (std::size_t s = 0; s < r.slots.size(); ++s) {
         const PieceSlot& x = r.slots[s];
+        if (x.has_ghost()) {
+          if (x.mapped()) broken(fmt::format("region {:#x}: slot {} is mapped and holds a kept mapping", base, s));
+          check_in_run(s, &PieceSlot::ghost_first, &PieceSlot::ghost_count, &PieceSlot::ghost, "kept mapping");
+          if (x.ghost_first == s) {
+            ++ghosts;
+            auto g = map.ghosts.find(x.ghost);
+            bool listed = false;
+            if (g != map.ghosts.end())
+              for (const auto& ref : g->second) listed |= ref.region == &r && ref.first == s && ref.count == x.ghost_count;
+            if (!listed) broken(fmt::format("region {:#x}: the kept mapping at slot {} is not listed", base, s));
+          }
+        }
         if (!x.mapped()) continue;
         ++mapped_slots;
-        if (x.first > s || s >= std::size_t{x.first} + x.count)
-          broken(fmt::format("region {:#x}: slot {} lies outside its piece", base, s));
-        const PieceSlot& head = r.slots[x.first];
-        if (head.first != x.first || head.count != x.count || head.handle != x.handle)
-          broken(fmt::format("region {:#x}: slot {} disagrees with its piece's first slot", base, s));
-        if (x.first == s) {
-          ++pieces;
-          if (s + x.count > r.slots.size()) broken(fmt::format("region {:#x}: piece at slot {} runs past the slots", base, s));
-        }
+        check_in_run(s, &PieceSlot::first, &PieceSlot::count, &PieceSlot::handle, "piece");
+        if (x.first == s) ++pieces;
       }
       if (pieces != r.pieces) broken(fmt::format("region {:#x}: {} pieces, pieces says {}", base, pieces, r.pieces));
+      if (ghosts != r.ghosts) broken(fmt::format("region {:#x}: {} kept mappings, ghosts says {}", base, ghosts, r.ghosts));
     }
     const std::size_t mapped = r.expandable ? mapped_slots * r.slot_bytes : r.va.size_bytes;
     if (mapped != r.mapped_bytes) broken(fmt::format("region {:#x}: mapped_bytes {} != {}", base, r.mapped_bytes, mapped));
@@ -199,6 +219,36 @@ void CachingAllocator::Impl::check_locked() const {
       pend += b->size_bytes;
     }
   if (pend != pending_bytes) broken("pending_bytes out of step");
+  // Kept mappings: every listed one is in its region's slots (checked per region above from the
+  // slots' side), their bytes add up, and each one's piece is mapped somewhere.
+  std::size_t listed = 0, listed_bytes = 0, region_ghosts = 0;
+  for (const auto& [base, rp] : map.regions) region_ghosts += rp->ghosts;
+  for (const auto& [handle, list] : map.ghosts) {
+    if (list.empty()) broken("a piece lists an empty set of kept mappings");
+    bool found = false;
+    for (const auto& [base, rp] : map.regions) {
+      for (const PieceSlot& x : rp->slots)
+        if (x.mapped() && x.handle == handle) {
+          found = true;
+          break;
+        }
+      if (found) break;
+    }
+    if (!found) broken(fmt::format("piece {:#x} has kept mappings but is mapped nowhere", handle));
+    for (const auto& g : list) {
+      ++listed;
+      listed_bytes += g.count * g.region->slot_bytes;
+      if (!g.region->slot_ghost(g.first) || g.region->slots[g.first].ghost != handle)
+        broken(fmt::format("piece {:#x}: a listed kept mapping is not in its region's slots", handle));
+    }
+  }
+  if (listed != region_ghosts || listed != map.ghost_count) broken("kept mappings listed and counted disagree");
+  std::unordered_map<EventToken, std::size_t> markers;
+  for (const auto& [handle, list] : map.ghosts)
+    for (const auto& g : list)
+      if (g.marker != 0) ++markers[g.marker];
+  if (markers != map.marker_refs) broken("kept mappings' markers and their counts disagree");
+  if (listed_bytes != map.ghost_bytes) broken("ghost_bytes out of step");
 }
 
 }  // namespace gpumem::alloc

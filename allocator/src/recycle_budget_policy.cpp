@@ -11,6 +11,12 @@ bool within_slack(std::size_t bought_bytes, std::size_t adding_bytes, std::size_
   return static_cast<double>(bought) + static_cast<double>(adding_bytes) <= slack * rest;
 }
 
+std::size_t bought_estimate(std::size_t counted_bytes, std::size_t reserved_bytes,
+                            std::size_t in_use_high_bytes) noexcept {
+  const std::size_t beyond_in_use = reserved_bytes - std::min(reserved_bytes, in_use_high_bytes);
+  return std::min(counted_bytes, beyond_in_use);
+}
+
 RecycleBudget::RecycleBudget(const RecycleBudgetRules& rules) noexcept
     : rules_(rules), tokens_ns_(static_cast<double>(std::max<std::int64_t>(rules.burst_ns, 0))) {}
 

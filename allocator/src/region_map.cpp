@@ -56,6 +56,8 @@ void RegionMap::drop_region(Region& r) {
       invariant_failed("dropping a region that holds a live block");
   }
   if (r.claims != 0) invariant_failed("dropping a region with a claim in progress");
+  if (r.ghosts != 0) invariant_failed("dropping a region that still holds kept mappings");
+  purge_ghost_ages(r);
   arena.dispose(b);
   va_bytes -= r.va.size_bytes;
   regions.erase(r.va.base);
@@ -193,6 +195,7 @@ void RegionMap::record_piece_mapped(Region& r, std::size_t first, std::size_t co
   if (r.slots.size() < first + count) r.slots.resize(first + count);
   for (std::size_t s = first; s < first + count; ++s) {
     if (r.slots[s].mapped()) invariant_failed("record_piece_mapped: a slot is mapped already");
+    if (r.slots[s].has_ghost()) invariant_failed("record_piece_mapped: a slot still holds a kept mapping");
     r.slots[s] = PieceSlot{handle, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count)};
   }
   r.mapped_bytes += count * r.slot_bytes;
@@ -213,6 +216,78 @@ void RegionMap::record_piece_unmapped(Block* b) {
   --claimed_blocks;
   b->state = BlockState::unmapped;
   insert_unmapped_merged(b);
+}
+
+void RegionMap::add_ghost(Region& r, std::size_t first, std::size_t count, PhysHandle handle, EventToken marker) {
+  if (count == 0 || first + count > r.slots.size()) invariant_failed("add_ghost: slots outside the region's slot table");
+  for (std::size_t s = first; s < first + count; ++s) {
+    PieceSlot& slot = r.slots[s];
+    if (slot.mapped() || slot.has_ghost()) invariant_failed("add_ghost: a slot is mapped or holds a kept mapping");
+    slot.ghost = handle;
+    slot.ghost_first = static_cast<std::uint32_t>(first);
+    slot.ghost_count = static_cast<std::uint32_t>(count);
+  }
+  ++r.ghosts;
+  ghosts[handle].push_back({&r, first, count, marker});
+  ghost_bytes += count * r.slot_bytes;
+  ghost_ages.push_back({handle, &r, first});
+  ++ghost_count;
+  if (marker != 0) ++marker_refs[marker];
+}
+
+EventToken RegionMap::remove_ghost(Region& r, std::size_t first) {
+  if (!r.slot_ghost(first) || r.slots[first].ghost_first != first) invariant_failed("remove_ghost: no kept mapping starts there");
+  const PhysHandle handle = r.slots[first].ghost;
+  const std::size_t count = r.slots[first].ghost_count;
+  for (std::size_t s = first; s < first + count; ++s) {
+    r.slots[s].ghost = 0;
+    r.slots[s].ghost_first = 0;
+    r.slots[s].ghost_count = 0;
+  }
+  --r.ghosts;
+  --ghost_count;
+  ghost_bytes -= count * r.slot_bytes;
+  auto it = ghosts.find(handle);
+  if (it == ghosts.end()) invariant_failed("remove_ghost: the piece lists no kept mapping");
+  auto& list = it->second;
+  EventToken marker = 0;
+  for (std::size_t i = 0; i < list.size(); ++i)
+    if (list[i].region == &r && list[i].first == first) {
+      marker = list[i].marker;
+      list[i] = list.back();
+      list.pop_back();
+      break;
+    }
+  if (list.empty()) ghosts.erase(it);
+  if (marker == 0) return 0;
+  auto ref = marker_refs.find(marker);
+  if (ref == marker_refs.end()) invariant_failed("remove_ghost: a marker nobody counts");
+  if (--ref->second > 0) return 0;
+  marker_refs.erase(ref);
+  return marker;
+}
+
+EventToken RegionMap::ghost_marker(const Region& r, std::size_t first) const {
+  if (!r.slot_ghost(first) || r.slots[first].ghost_first != first) return 0;
+  auto it = ghosts.find(r.slots[first].ghost);
+  if (it == ghosts.end()) return 0;
+  for (const GhostRef& g : it->second)
+    if (g.region == &r && g.first == first) return g.marker;
+  return 0;
+}
+
+void RegionMap::trim_ghost_ages() {
+  auto gone = [](const GhostAge& a) {
+    return !(a.region->slot_ghost(a.first) && a.region->slots[a.first].ghost_first == a.first &&
+             a.region->slots[a.first].ghost == a.handle);
+  };
+  while (!ghost_ages.empty() && gone(ghost_ages.front())) ghost_ages.pop_front();
+  // Entries of ghosts gone behind a long-lived one: compacted once they outnumber the ghosts.
+  if (ghost_ages.size() > 2 * ghost_count + 64) std::erase_if(ghost_ages, gone);
+}
+
+void RegionMap::purge_ghost_ages(const Region& r) {
+  std::erase_if(ghost_ages, [&](const GhostAge& a) { return a.region == &r; });
 }
 
 }  // namespace gpumem::alloc::detail

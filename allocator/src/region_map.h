@@ -22,8 +22,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "block.h"
@@ -52,6 +54,25 @@ class RegionMap {
   std::size_t va_bytes = 0;        // address space of all regions
   std::size_t claimed_blocks = 0;
   std::uint64_t tick = 0;          // engine order of changes (advanced by the engine per event)
+  // Kept mappings (block.h, "ghost"), by the handle of the piece they map.
+  struct GhostRef {
+    Region* region = nullptr;
+    std::size_t first = 0;  // its first slot
+    std::size_t count = 0;
+    EventToken marker = 0;  // recorded on its stream when the piece moved away (0: none)
+  };
+  std::unordered_map<PhysHandle, std::vector<GhostRef>> ghosts;
+  std::size_t ghost_bytes = 0;     // address space under ghosts (no physical memory of its own)
+  // Ghosts in the order they were made (oldest first), for eviction; entries whose ghost is gone
+  // are skipped (a region is dropped only without ghosts, and then its entries are purged).
+  struct GhostAge {
+    PhysHandle handle = 0;
+    Region* region = nullptr;
+    std::size_t first = 0;
+  };
+  std::deque<GhostAge> ghost_ages;
+  std::size_t ghost_count = 0;     // ghosts in all regions
+  std::unordered_map<EventToken, std::size_t> marker_refs;  // ghosts sharing each marker
 
   FreeIndex& index_of(const Region& r) noexcept { return free_index[static_cast<int>(r.pool)]; }
 
@@ -135,6 +156,22 @@ class RegionMap {
   // Commit: b is a claimed block of exactly one piece, which has been unmapped: its slots are
   // cleared and b becomes unmapped, merged into the region's unmapped set.
   void record_piece_unmapped(Block* b);
+
+  // ---- ghosts (kept mappings; the slots' blocks keep their state and container)
+
+  // Slots [first, first + count) of r, unmapped and without a ghost, still map piece `handle`;
+  // marker (shared by the ghosts of one growth and stream; 0: none) completes once the work that
+  // used them is done.
+  void add_ghost(Region& r, std::size_t first, std::size_t count, PhysHandle handle, EventToken marker);
+  // The ghost starting at slot `first` of r is gone (unmapped, or its piece mapped there again).
+  // Returns its marker when no other ghost shares it (the caller releases it), else 0.
+  EventToken remove_ghost(Region& r, std::size_t first);
+  // The ghost's marker (0 if none), or 0 if no ghost starts there.
+  EventToken ghost_marker(const Region& r, std::size_t first) const;
+  // Drops ghost_ages entries whose ghost is gone from its front, and every entry of a region about
+  // to be dropped.
+  void trim_ghost_ages();
+  void purge_ghost_ages(const Region& r);
 
  private:
   void note_claimed(Block* b) noexcept;

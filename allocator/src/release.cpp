@@ -47,16 +47,33 @@ struct ReleaseWork {
     std::size_t group = 0;  // pieces of one free block: the group stops at its first failed unmap
     bool released = false;  // result: unmapped and destroyed
   };
+  struct Ghost {
+    std::uintptr_t va = 0;    // a kept mapping (block.h): unmapped before any piece is destroyed
+    std::size_t bytes = 0;
+    PhysHandle handle = 0;
+    bool unmapped = false;    // result
+  };
   std::vector<StreamId> sync_streams;  // streams whose memory goes back (synchronized first)
+  std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;
   std::vector<SegmentMemory> segments;  // freed whole
 };
 
 void run_release_unlocked(MemorySource& source, StreamEvents& events, ReleaseWork& w) {
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
+  // Every kept mapping first: a piece is destroyed only once no mapping of it is left.
+  std::vector<PhysHandle> still_aliased;
+  for (auto& g : w.ghosts) {
+    g.unmapped = source.unmap(g.va, g.bytes) == SourceStatus::ok;
+    if (!g.unmapped) still_aliased.push_back(g.handle);
+  }
   std::size_t failed_group = static_cast<std::size_t>(-1);
   for (auto& p : w.pieces) {
     if (p.group == failed_group) continue;
+    if (std::find(still_aliased.begin(), still_aliased.end(), p.handle) != still_aliased.end()) {
+      failed_group = p.group;  // a kept mapping of it could not be unmapped: it stays
+      continue;
+    }
     if (source.unmap(p.addr, p.size_bytes) != SourceStatus::ok) {
       failed_group = p.group;
       continue;
@@ -124,6 +141,15 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
   };
   std::vector<Claim> claims;
   std::vector<Block*> candidates;
+  // Every kept mapping goes (they hold no memory, but a piece is destroyed and a region's address
+  // space freed only once none is left in the way).
+  std::vector<std::pair<Region*, std::size_t>> ghost_slots;  // parallel to w.ghosts
+  for (const auto& [handle, list] : map.ghosts)
+    for (const auto& g : list) {
+      w.ghosts.push_back({g.region->slot_addr(g.first), g.count * g.region->slot_bytes, handle, false});
+      ghost_slots.emplace_back(g.region, g.first);
+      note_stream(w.sync_streams, g.region->stream);
+    }
   std::size_t group = 0;
   for (int pool = 0; pool < 2; ++pool) {
     candidates.clear();
@@ -156,13 +182,16 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
   }
 
   // ---- act
-  if (!claims.empty()) {
+  if (!claims.empty() || !w.ghosts.empty()) {
     lock.unlock();
     run_release_unlocked(source, events, w);
     lock.lock();
   }
 
   // ---- commit
+  for (std::size_t i = 0; i < w.ghosts.size(); ++i)
+    if (w.ghosts[i].unmapped)
+      if (const EventToken m = map.remove_ghost(*ghost_slots[i].first, ghost_slots[i].second)) events.release(m);
   std::size_t piece_i = 0, segment_i = 0;
   for (const Claim& c : claims) {
     Region& r = *c.block->region;
@@ -188,7 +217,8 @@ std::size_t CachingAllocator::Impl::release_cached_dropping_lock(Lock& lock, Eve
   std::vector<VaRange> ranges;
   std::vector<Region*> empty;
   for (auto& [base, r] : map.regions)
-    if (r->expandable && r->mapped_bytes == 0 && r->first->next == nullptr && r->claims == 0) empty.push_back(r.get());
+    if (r->expandable && r->mapped_bytes == 0 && r->first->next == nullptr && r->claims == 0 && r->ghosts == 0)
+      empty.push_back(r.get());
   for (Region* r : empty) {
     ranges.push_back(r->va);
     map.drop_region(*r);

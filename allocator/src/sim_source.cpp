@@ -113,7 +113,7 @@ SourceStatus SimSource::destroy(PhysHandle handle) {
   auto it = pieces_.find(handle);
   if (it == pieces_.end())
     return fail_locked(SourceStatus::invalid_argument, fmt::format("destroy: unknown handle {}", handle));
-  if (piece_mapped_at_.count(handle))
+  if (piece_mappings_.count(handle))
     return fail_locked(SourceStatus::invalid_argument, fmt::format("destroy: handle {} is still mapped", handle));
   if (inject_locked(Op::destroy)) return fail_locked(SourceStatus::fault_injected, "destroy: injected fault");
   physical_bytes_ -= it->second;
@@ -131,8 +131,6 @@ SourceStatus SimSource::map(std::uintptr_t va, std::size_t size_bytes, PhysHandl
   if (piece->second != size_bytes)
     return fail_locked(SourceStatus::invalid_argument,
                        fmt::format("map: size {} differs from the piece's {}", size_bytes, piece->second));
-  if (piece_mapped_at_.count(handle))
-    return fail_locked(SourceStatus::invalid_argument, fmt::format("map: handle {} is already mapped", handle));
   auto r = reserved_.upper_bound(va);
   if (r == reserved_.begin() || (--r, va + size_bytes > r->first + r->second) || va % options_.granularity_bytes)
     return fail_locked(SourceStatus::invalid_argument,
@@ -147,7 +145,7 @@ SourceStatus SimSource::map(std::uintptr_t va, std::size_t size_bytes, PhysHandl
   }
   if (inject_locked(Op::map)) return fail_locked(SourceStatus::fault_injected, "map: injected fault");
   mappings_.emplace(va, handle);
-  piece_mapped_at_.emplace(handle, va);
+  ++piece_mappings_[handle];  // a piece may be mapped at several addresses (aliases)
   mapped_bytes_ += size_bytes;
   ++counters_.maps;
   return SourceStatus::ok;
@@ -162,7 +160,8 @@ SourceStatus SimSource::unmap(std::uintptr_t va, std::size_t size_bytes) {
     return fail_locked(SourceStatus::invalid_argument,
                        fmt::format("unmap: size {} differs from the mapping's {}", size_bytes, pieces_.at(it->second)));
   if (inject_locked(Op::unmap)) return fail_locked(SourceStatus::fault_injected, "unmap: injected fault");
-  piece_mapped_at_.erase(it->second);
+  auto count = piece_mappings_.find(it->second);
+  if (--count->second == 0) piece_mappings_.erase(count);
   mappings_.erase(it);
   mapped_bytes_ -= size_bytes;
   ++counters_.unmaps;

@@ -31,9 +31,9 @@ std::string SourceLedger::check_release(VaRange range) const {
 std::string SourceLedger::check_destroy(PhysHandle handle) const {
   auto it = pieces_.find(handle);
   if (it == pieces_.end()) return fmt::format("destroy: unknown handle {:#x}", handle);
-  if (it->second.mapped_va != 0)
-    return fmt::format("destroy: handle {:#x} is still mapped at {:#x}; unmap it first", handle,
-                       it->second.mapped_va);
+  if (it->second.mappings != 0)
+    return fmt::format("destroy: handle {:#x} is still mapped ({} mapping{}); unmap it first", handle,
+                       it->second.mappings, it->second.mappings == 1 ? "" : "s");
   return {};
 }
 
@@ -43,9 +43,6 @@ std::string SourceLedger::check_map(std::uintptr_t va, std::size_t size_bytes, P
   if (piece->second.size_bytes != size_bytes)
     return fmt::format("map: size {} differs from the size of piece {:#x} ({}); map maps whole pieces",
                        size_bytes, handle, piece->second.size_bytes);
-  if (piece->second.mapped_va != 0)
-    return fmt::format("map: handle {:#x} is already mapped at {:#x}; unmap it first", handle,
-                       piece->second.mapped_va);
   if (va % granularity_bytes_ != 0)
     return fmt::format("map: address {:#x} is not a multiple of the granularity ({} bytes)", va,
                        granularity_bytes_);
@@ -90,7 +87,7 @@ void SourceLedger::remove_piece(PhysHandle handle) {
 
 void SourceLedger::add_mapping(std::uintptr_t va, PhysHandle handle) {
   Piece& p = pieces_.at(handle);
-  p.mapped_va = va;
+  ++p.mappings;
   mappings_.emplace(va, handle);
   mapped_bytes_ += p.size_bytes;
 }
@@ -99,7 +96,7 @@ PhysHandle SourceLedger::remove_mapping(std::uintptr_t va) {
   auto it = mappings_.find(va);
   const PhysHandle handle = it->second;
   Piece& p = pieces_.at(handle);
-  p.mapped_va = 0;
+  --p.mappings;
   mapped_bytes_ -= p.size_bytes;
   mappings_.erase(it);
   return handle;
@@ -111,22 +108,23 @@ void SourceLedger::check_invariants() const {
     std::abort();
   };
   std::size_t physical = 0, mapped = 0;
+  std::unordered_map<PhysHandle, std::uint32_t> counted;  // mappings per handle
+  for (const auto& [va, handle] : mappings_) ++counted[handle];
   for (const auto& [handle, piece] : pieces_) {
     physical += piece.size_bytes;
-    if (piece.mapped_va != 0) {
-      auto m = mappings_.find(piece.mapped_va);
-      if (m == mappings_.end() || m->second != handle)
-        fail(fmt::format("piece {:#x} says it is mapped at {:#x}, the mappings disagree", handle, piece.mapped_va));
-      mapped += piece.size_bytes;
-    }
+    auto c = counted.find(handle);
+    const std::uint32_t n = c == counted.end() ? 0 : c->second;
+    if (n != piece.mappings)
+      fail(fmt::format("piece {:#x} says it has {} mappings, the mappings name it {} times", handle, piece.mappings, n));
+    mapped += piece.size_bytes * n;
   }
   if (physical != physical_bytes_) fail(fmt::format("physical_bytes {} != sum {}", physical_bytes_, physical));
   if (mapped != mapped_bytes_) fail(fmt::format("mapped_bytes {} != sum {}", mapped_bytes_, mapped));
   std::uintptr_t prev_end = 0;
   for (const auto& [va, handle] : mappings_) {
     auto p = pieces_.find(handle);
-    if (p == pieces_.end() || p->second.mapped_va != va)
-      fail(fmt::format("mapping at {:#x} names handle {:#x}, which disagrees", va, handle));
+    if (p == pieces_.end())
+      fail(fmt::format("mapping at {:#x} names handle {:#x}, which is not a piece", va, handle));
     if (va < prev_end) fail(fmt::format("mapping at {:#x} overlaps its predecessor", va));
     prev_end = va + p->second.size_bytes;
     auto r = ranges_.upper_bound(va);

@@ -4,11 +4,16 @@
 //
 // It knows three things:
 //   ranges:   reserved address ranges, base -> size
-//   pieces:   physical pieces, handle -> {size, native id (fd, CUmemGenericAllocationHandle), mapped va}
-//   mappings: va -> handle, for every mapped piece
+//   pieces:   physical pieces, handle -> {size, native id (fd, CUmemGenericAllocationHandle), how many
+//             mappings it has}
+//   mappings: va -> handle, for every mapping
+// A piece may be mapped at several addresses at once (aliases: the engine keeps a moved piece's old
+// mapping, Note [Physical page recycling], "Kept mappings"); each mapping is one map() and is
+// unmapped by its own unmap().
 // Invariants (check_invariants): every mapping lies inside one range and does not overlap another
-// mapping; a piece is mapped at va exactly when mappings[va] == handle; physical_bytes is the sum of
-// piece sizes and mapped_bytes the sum of mapped piece sizes.
+// mapping; a piece's mapping count is the number of mappings naming it; physical_bytes is the sum
+// of piece sizes and mapped_bytes the sum of the sizes of all mappings (a piece mapped twice counts
+// twice).
 //
 // The check_* functions validate a call against the contract in memory_source.h and return the
 // words for invalid_argument, or an empty string when the call may proceed. The mutators assume the
@@ -32,7 +37,7 @@ class SourceLedger {
   struct Piece {
     std::size_t size_bytes = 0;
     std::uint64_t native = 0;       // what the provider calls it (fd, driver handle)
-    std::uintptr_t mapped_va = 0;   // 0 while unmapped
+    std::uint32_t mappings = 0;     // how many addresses it is mapped at (0: unmapped)
   };
 
   explicit SourceLedger(std::size_t granularity_bytes) : granularity_bytes_(granularity_bytes) {}

@@ -6,16 +6,20 @@
 #   OUT=/some/dir scripts/gpu/forensics.sh        (run_all.sh: "forensics 55 .../forensics.sh")
 #
 # Needs in $BUILD (.gpu/build): cli/gpumem, bench/bench_snapshot_write,
-# bench/bench_op_attribution_overhead, tests/forensics/forensics_test_{oom_report,report_cli,
+# bench/bench_op_attribution_overhead, bench/bench_forensics_observers,
+# tests/forensics/forensics_test_{oom_report,report_cli,
 # engine_forensics,observers}, torch/libgpumem_torch.so (python stacks; $PY with torch).
 # 1. gpumem report / diff / replay on PyTorch's OOM snapshot (the shared traces): verdict, the
 #    replay under the recorded cap, the number format
 # 2. the quick forensics tests (CPU)
 # 3. bench_snapshot_write: a snapshot with 100,000 trace entries written as pickle; target <= 50 ms
-# 4. python stacks on CUDA (tests/forensics/python_stacks_check.py --device cuda --quick --bench):
+# 4. bench_forensics_observers: what the trace ring, the tracker and the postmortem add to an
+#    engine alloc+free pair (SimSource; the host's CPU), against plain gpumem
+# 5. python stacks on CUDA (tests/forensics/python_stacks_check.py --device cuda --quick --bench):
 #    an OOM under memory_limit_mb:64 with oom_report_dir alone, whose report names the Python
-#    line; alloc+free pairs from Python with python_stacks off and auto (ns per pair)
-# 5. bench_op_attribution_overhead on CUDA: a GPT-style step with attribution (RecordFunction
+#    line; alloc+free pairs from Python with python_stacks off, auto (default bound: >= 1 MiB)
+#    and python_stacks_min_kb:0 (ns per pair)
+# 6. bench_op_attribution_overhead on CUDA: a GPT-style step with attribution (RecordFunction
 #    callbacks + trace ring + record_ops) off and on, alternating phases; target <= 3% slower.
 #    ATTRIBUTION_BREAKDOWN=1 also runs it with only the callbacks and only the observers on (when
 #    the time left allows; each run takes about 8 s there)
@@ -89,6 +93,13 @@ if run_for 15 "$LOGS/snapshot_write.log" "$BUILD/bench/bench_snapshot_write"; th
   note "snapshot_write: $(grep '^pickle:' "$LOGS/snapshot_write.log")"
 else
   note "bench_snapshot_write: FAILED or cut (rc $?; see logs/snapshot_write.log)"; status=1
+fi
+
+step "bench_forensics_observers (the ring's and the tracker's cost per alloc+free pair, host CPU)"
+if run_for 8 "$LOGS/forensics_observers.log" "$BUILD/bench/bench_forensics_observers" --ops 100000 --rounds 3; then
+  grep -E '^(plain|trace|ops|postmortem)' "$LOGS/forensics_observers.log" | sed 's/^/  observers: /' | tee -a "$summary"
+else
+  note "bench_forensics_observers: FAILED or cut (rc $?; see logs/forensics_observers.log)"; status=1
 fi
 
 step "python stacks on CUDA (oom_report_dir alone names the Python line; cost per allocation)"

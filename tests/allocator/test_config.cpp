@@ -38,7 +38,8 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle);
     CHECK(c.recycle_budget == 0.005);
     CHECK(c.recycle_burst_ms == 10);
-    CHECK(c.recycle_slack == 0.02);
+    CHECK(c.recycle_slack == 0.005);
+    CHECK(c.recycle_keep_mappings);
     CHECK(c.thread_cache);
   }
 }
@@ -337,7 +338,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 17);  // 7 PyTorch 2.11 keys + 10 of gpumem's engine
+  CHECK(keys.size() == 18);  // 7 PyTorch 2.11 keys + 11 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -6,7 +6,8 @@
 // OOM) while every other call goes to the driver. Two kinds of fault: once (a transient failure:
 // the engine's retry after releasing its cache may then succeed) and from the nth call on (the
 // device stays out of memory: every later call of that entry point fails too). For every such
-// fault across one 20 MiB growth, expandable and classic, with a live block before:
+// fault across one 20 MiB growth, expandable and classic, with a live block before and wholly free
+// pieces that the growth moves (mapped where they land, their old mappings kept):
 //   - the request succeeds (a fault once, or one past the growth) or ends in an OOM value whose
 //     cause matches the fault and whose detail names the call that failed; a fault from the nth
 //     call on that was reached always fails the request;
@@ -214,6 +215,13 @@ std::pair<bool, bool> growth_with_fault(bool expandable, Call call, std::uint64_
     auto before = engine.allocate(3 * MiB, 0);
     REQUIRE(before.ok());
     fill(before.ptr, 3 * MiB, 0x3c);
+    // Wholly free pieces behind a pinned block: the growth below moves them (expandable), mapping
+    // each a second time where it lands while its old mapping is kept (recycle_keep_mappings).
+    auto spare = engine.allocate(8 * MiB, 0);
+    auto pin = engine.allocate(2 * MiB, 0);
+    REQUIRE(spare.ok());
+    REQUIRE(pin.ok());
+    REQUIRE(engine.free(spare.ptr) == FreeStatus::ok);
 
     g_driver.arm(call, nth, from_nth_on, result);
     auto r = engine.allocate(20 * MiB, 0);  // ten 2 MiB pieces (expandable) or one segment
@@ -243,6 +251,7 @@ std::pair<bool, bool> growth_with_fault(bool expandable, Call call, std::uint64_
     fill(again.ptr, 20 * MiB, 0xa5);
     CHECK(holds(again.ptr, 20 * MiB, 0xa5));
     CHECK(holds(before.ptr, 3 * MiB, 0x3c));
+    REQUIRE(engine.free(pin.ptr) == FreeStatus::ok);
     check_everything_returns(engine, source, before, r, again);
     {
       std::lock_guard lock(g_driver.mutex);

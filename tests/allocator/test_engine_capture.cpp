@@ -5,6 +5,7 @@
 // allocation at a recorded address.
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <thread>
 #include <vector>
 
@@ -134,12 +135,14 @@ TEST_CASE("capturing: growth creates pieces instead of recycling; the OOM retry 
   CHECK(f.events.violations == 0);
   CHECK(f.events.stream_syncs == 0);
 
-  // After the capture the same request succeeds: the free pieces move where it lands.
+  // After the capture the same request succeeds: the free pieces move where it lands (on their
+  // own stream, keeping their old mappings: nothing is unmapped, so nothing is synchronized).
   f.events.forbidden = false;
   f.engine.set_capturing(false);
   auto later = f.engine.allocate(40 * MiB, 0);
   CHECK(later.ok());
-  CHECK(f.events.stream_syncs > 0);
+  CHECK(f.engine.totals().kept_mappings > 0);
+  CHECK(f.events.stream_syncs == 0);
   for (void* p : {big, later.ptr, blocks[1], blocks[3]})
     if (p) REQUIRE(f.engine.free(p) == FreeStatus::ok);
   f.engine.check_invariants();
@@ -257,4 +260,112 @@ TEST_CASE("allocate_at finds memory a thread cache holds", "[engine][restore]") 
   CHECK(f.engine.totals().allocated_bytes == 24 * KiB);
   REQUIRE(f.engine.free(p) == FreeStatus::ok);
   f.engine.check_invariants();
+}
+
+namespace {
+
+Config fixed_pieces() {
+  Config c = test_config();
+  c.pieces = PieceSizing::fixed;  // 20 MiB pieces
+  return c;
+}
+
+// A (60 MiB, pieces at slots 0-2) freed behind a live block; X (80 MiB) fits no free block, grows
+// at the region's end and moves A's three pieces, which stay mapped where they were.
+struct KeptThree {
+  void* a = nullptr;
+  void* live = nullptr;
+  void* x = nullptr;
+};
+
+KeptThree kept_three(Fixture& f) {
+  KeptThree k;
+  k.a = f.alloc(60 * MiB);
+  k.live = f.alloc(20 * MiB);
+  REQUIRE(f.engine.free(k.a) == FreeStatus::ok);
+  k.x = f.alloc(80 * MiB);
+  REQUIRE(f.engine.totals().kept_mappings == 3);
+  return k;
+}
+
+// Frees the blocks, empties the cache: nothing stays mapped.
+void give_back(Fixture& f, std::initializer_list<void*> blocks) {
+  for (void* p : blocks) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  f.engine.empty_cache();
+  CHECK(f.source.mapped_bytes() == 0);
+  f.engine.check_invariants();
+}
+
+}  // namespace
+
+TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmapping and changing stream do",
+          "[engine][recycle][kept_mappings]") {
+  Fixture f(fixed_pieces());
+  // X's moves kept their old mappings: nothing to wait for on their stream.
+  const KeptThree k = kept_three(f);
+  void* const a = k.a;
+  CHECK(f.source.counters().unmaps == 0);
+  CHECK(f.events.stream_syncs == 0);
+  // 60 MiB more lands where A was: its kept mappings are unmapped first, after the stream's work.
+  void* y = f.alloc(60 * MiB);
+  CHECK(y == a);
+  CHECK(f.source.counters().unmaps == 3);
+  CHECK(f.events.stream_syncs == 1);
+  // A request on stream 1 takes stream 0's free pieces: their last uses must be done first.
+  REQUIRE(f.engine.free(y) == FreeStatus::ok);
+  const int syncs = f.events.stream_syncs.load();
+  void* z = f.alloc(60 * MiB, 1);
+  CHECK(f.engine.totals().kept_mappings > 0);  // some of them moved (and kept their mappings)
+  CHECK(f.events.stream_syncs == syncs + 1);
+  give_back(f, {k.x, z, k.live});
+}
+
+TEST_CASE("capturing: growth lands where no kept mapping is in the way (unmapping one would wait)",
+          "[engine][capture][kept_mappings]") {
+  Fixture f(fixed_pieces());
+  const KeptThree k = kept_three(f);
+  f.engine.set_capturing(true);
+  f.events.forbidden = true;
+  const int syncs = f.events.stream_syncs.load();
+  // Outside a capture 60 MiB would land where A was, over its kept mappings (the case above).
+  void* y = f.alloc(60 * MiB);
+  CHECK(y != k.a);
+  CHECK(f.events.violations == 0);
+  CHECK(f.events.stream_syncs == syncs);
+  CHECK(f.engine.totals().kept_mappings == 3);
+  f.events.forbidden = false;
+  f.engine.set_capturing(false);
+  give_back(f, {k.x, y, k.live});
+}
+
+TEST_CASE("kept mappings: unmapping one waits for its stream only while its marker is outstanding",
+          "[engine][recycle][kept_mappings]") {
+  Fixture f(fixed_pieces());
+  // Rounds of ever longer blocks, each followed by a live block and then freed: growth moves the
+  // freed pieces, keeps their old mappings, lands on kept mappings and passes the footprint.
+  std::vector<void*> pins;
+  auto round = [&](int k) {
+    void* b = f.alloc((40 + 20 * static_cast<std::size_t>(k % 6)) * MiB);
+    pins.push_back(f.alloc(20 * MiB));
+    REQUIRE(f.engine.free(b) == FreeStatus::ok);
+    const EngineTotals t = f.engine.totals();
+    CHECK(t.kept_mapping_bytes <= t.reserved_bytes);
+    CHECK(f.source.mapped_bytes() == f.source.physical_bytes() + t.kept_mapping_bytes);
+  };
+  // Markers outstanding (ManualStreamEvents): every kept mapping unmapped waits for the stream.
+  for (int k = 0; k < 6; ++k) round(k);
+  CHECK(f.source.counters().unmaps > 0);
+  CHECK(f.events.stream_syncs > 0);
+  // Every marker complete before each growth: kept mappings go without any wait.
+  const auto unmaps = f.source.counters().unmaps;
+  const int syncs = f.events.stream_syncs.load();
+  for (int k = 6; k < 14; ++k) {
+    f.events.inner.complete_all();
+    round(k);
+  }
+  CHECK(f.source.counters().unmaps > unmaps);
+  CHECK(f.events.stream_syncs == syncs);
+  for (void* p : pins) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+  give_back(f, {});
+  CHECK(f.events.inner.outstanding() == 0);  // every marker released
 }

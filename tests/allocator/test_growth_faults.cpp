@@ -66,6 +66,8 @@ TEST_CASE("faults at every growth call of a busy engine never leak", "[engine][f
     // Every 7th create and every 11th map fails, over and over.
     if (i % 7 == 0) source.fail_nth(SimSource::Op::create, 1 + i % 3);
     if (i % 11 == 0) source.fail_nth(SimSource::Op::map, 1 + i % 4);
+    // Unmaps fail too: of kept mappings in a growth's way, and of pieces empty_cache gives back.
+    if (i % 13 == 0) source.fail_nth(SimSource::Op::unmap, 1 + i % 2);
     auto r = engine.allocate((1 + i % 9) * MiB + 4096 * (i % 5), i % 3);
     if (r.ok()) {
       live.push_back(r.ptr);
@@ -79,11 +81,13 @@ TEST_CASE("faults at every growth call of a busy engine never leak", "[engine][f
     }
     if (i % 50 == 0) engine.empty_cache();
     CHECK(source.physical_bytes() == engine.totals().reserved_bytes);
+    CHECK(source.mapped_bytes() == source.physical_bytes() + engine.totals().kept_mapping_bytes);
   }
   engine.check_invariants();
   CHECK(ooms > 0);  // the faults were reached
   source.fail_nth(SimSource::Op::create, 0);
   source.fail_nth(SimSource::Op::map, 0);
+  source.fail_nth(SimSource::Op::unmap, 0);
   for (void* p : live) CHECK(engine.free(p) == FreeStatus::ok);
   engine.empty_cache();
   CHECK(source.physical_bytes() == 0);

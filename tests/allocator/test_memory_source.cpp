@@ -202,8 +202,16 @@ void check_piece_lifecycle(MemorySource& source) {
   REQUIRE(h.ok());
 
   REQUIRE(source.map(base, g, h.value) == SourceStatus::ok);
-  CHECK(source.map(base + g, g, h.value) == SourceStatus::invalid_argument);  // already mapped
-  CHECK(source.destroy(h.value) == SourceStatus::invalid_argument);           // still mapped
+  // An alias: the same piece at a second address (the engine's kept mappings), the same memory.
+  REQUIRE(source.map(base + g, g, h.value) == SourceStatus::ok);
+  if (source.caps().host_accessible) {
+    *reinterpret_cast<volatile unsigned char*>(base + 17) = 0xa7;
+    CHECK(*reinterpret_cast<volatile unsigned char*>(base + g + 17) == 0xa7);
+  }
+  CHECK(source.map(base + g, g, h.value) == SourceStatus::invalid_argument);  // that address is taken
+  CHECK(source.destroy(h.value) == SourceStatus::invalid_argument);           // still mapped (twice)
+  REQUIRE(source.unmap(base + g, g) == SourceStatus::ok);                     // one mapping goes
+  CHECK(source.destroy(h.value) == SourceStatus::invalid_argument);           // still mapped (once)
   CHECK(source.release(r.value) == SourceStatus::invalid_argument);           // a piece is mapped inside
   CHECK(source.unmap(base + g, g) == SourceStatus::invalid_argument);         // nothing mapped there
   CHECK(source.unmap(base, 2 * g) == SourceStatus::invalid_argument);         // not what map() mapped

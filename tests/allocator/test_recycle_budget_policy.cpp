@@ -1,5 +1,6 @@
 // recycle_budget_policy.h: the token bucket of driver time that bounds how much time physical page
 // recycling may spend.
+#include <cstddef>
 #include <cstdint>
 
 #include "catch.h"
@@ -73,4 +74,38 @@ TEST_CASE("recycle budget: over a long steady run, spending stays within the fra
   CHECK(spent >= 0.9 * fraction * static_cast<double>(now));  // and it does spend what it may
   CHECK(recycled_steps > 900);
   CHECK(recycled_steps < 1100);
+}
+
+TEST_CASE("memory guard: bought memory may grow to slack x the rest of the footprint", "[policy][recycle_budget]") {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  // 1000 MiB reserved, none bought: 2% of it may be bought.
+  CHECK(within_slack(0, 20 * kMiB, 1000 * kMiB, 0.02));
+  CHECK_FALSE(within_slack(0, 21 * kMiB, 1000 * kMiB, 0.02));
+  // 10 MiB bought already: 10 + 9 <= 0.02 x 990, 10 + 10 is not.
+  CHECK(within_slack(10 * kMiB, 9 * kMiB, 1000 * kMiB, 0.02));
+  CHECK_FALSE(within_slack(10 * kMiB, 10 * kMiB, 1000 * kMiB, 0.02));
+  // Slack 0 buys nothing; slack 1 buys up to the rest of the footprint.
+  CHECK_FALSE(within_slack(0, 2 * kMiB, 1000 * kMiB, 0.0));
+  CHECK(within_slack(0, 1000 * kMiB, 1000 * kMiB, 1.0));
+  // More counted than reserved (a release gave memory back): counted as all of it, nothing left.
+  CHECK_FALSE(within_slack(2000 * kMiB, 2 * kMiB, 1000 * kMiB, 0.5));
+}
+
+TEST_CASE("bought estimate: the counted purchases, at most the footprint beyond the most ever in use",
+          "[policy][recycle_budget]") {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  // Warm-up: growth past the budget counted 464 MiB created beyond its recycling plans, but the
+  // footprint is only 12 MiB above the most memory in use so far: recycling alone would have
+  // reserved at least that much too, so at most 12 MiB was bought.
+  CHECK(bought_estimate(464 * kMiB, 24'924 * kMiB, 24'912 * kMiB) == 12 * kMiB);
+  // Steady state with memory cached beyond the peak: the count is the tighter bound.
+  CHECK(bought_estimate(100 * kMiB, 25'000 * kMiB, 24'000 * kMiB) == 100 * kMiB);
+  // Nothing counted: nothing bought, however much is cached.
+  CHECK(bought_estimate(0, 25'000 * kMiB, 20'000 * kMiB) == 0);
+  // Reserved below the high mark (a release emptied the cache after the peak): nothing bought.
+  CHECK(bought_estimate(50 * kMiB, 10'000 * kMiB, 24'000 * kMiB) == 0);
+  // The guard against the estimate lets the budget buy what the raw count would have refused.
+  const std::size_t counted = 464 * kMiB, reserved = 24'924 * kMiB, high = 24'912 * kMiB;
+  CHECK_FALSE(within_slack(counted, 54 * kMiB, reserved, 0.02));
+  CHECK(within_slack(bought_estimate(counted, reserved, high), 54 * kMiB, reserved, 0.02));
 }

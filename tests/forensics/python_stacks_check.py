@@ -12,12 +12,12 @@ Each case runs in a fresh interpreter (an allocator is installed once per proces
   min_kb    python_stacks_min_kb above the tensors' size: no frames; the request itself, larger,
             has one
   bench     (--bench) alloc+free pairs of torch.empty from Python under oom_report_dir with
-            python_stacks False, auto, and auto with python_stacks_min_kb:1024, for 4 KiB, 256 KiB and
-            4 MiB tensors, 30 Python frames deep: the calling thread's CPU ns per pair, median of 5
+            python_stacks False, auto (default bound: allocations of at least 1 MiB) and auto with
+            python_stacks_min_kb:0 (every allocation), for 4 KiB, 256 KiB and 4 MiB tensors, 30 Python frames deep: the calling thread's CPU ns per pair, median of 5
             rounds of 20000
 
 --device cuda runs the same on the GPU (gpumem as torch's CUDA allocator through load_library,
-memory_limit_mb caps it); --quick keeps the auto case and a two-mode bench (scripts/gpu/forensics.sh).
+memory_limit_mb caps it); --quick keeps the auto case and the bench (scripts/gpu/forensics.sh).
 --device sim: gpumem's CUDA allocator on a simulated device (GPUMEM_ALLOW_SIM=1, no GPU), allocating
 through its C API from a Python function: gpumem's snapshot file and torch.cuda.memory._snapshot()
 both name that function's line on the live blocks. Exit status 0 only if every check passed.
@@ -240,13 +240,13 @@ def case_min_kb(lib, device, limit_mb, line):
         check(not any(names_site(f, line) for f in frames), "min_kb: blocks below python_stacks_min_kb have no stack")
 
 
-def bench(lib, device, quick):
-    """ns per alloc+free pair: oom_report_dir with python_stacks False, auto (every allocation) and
-    (unless quick) auto with python_stacks_min_kb:1024; each in its own interpreter."""
+def bench(lib, device):
+    """ns per alloc+free pair: oom_report_dir with python_stacks False, auto (its default bound:
+    allocations of at least 1 MiB) and auto with python_stacks_min_kb:0 (every allocation); each in
+    its own interpreter."""
     with tempfile.TemporaryDirectory() as d:
-        modes = [("off", f"oom_report_dir:{d},python_stacks:False"), ("auto", f"oom_report_dir:{d}")]
-        if not quick:
-            modes.append(("min_kb:1024", f"oom_report_dir:{d},python_stacks_min_kb:1024"))
+        modes = [("off", f"oom_report_dir:{d},python_stacks:False"), ("auto", f"oom_report_dir:{d}"),
+                 ("min_kb:0", f"oom_report_dir:{d},python_stacks_min_kb:0")]
         got = {name: run_child(lib, device, conf, bench=True) for name, conf in modes}
     print(f"alloc+free pairs from Python on {device} (torch.empty, {STACK_DEPTH} frames deep, median of 5 rounds "
           "of 20000), thread CPU ns per pair:")
@@ -267,7 +267,7 @@ def main():
     p.add_argument("--limit-mb", type=int, default=64)
     p.add_argument("--bench", action="store_true")
     p.add_argument("--quick", action="store_true",
-                   help="the auto case only, and the bench without the min_kb mode (3 interpreters: the GPU run)")
+                   help="the auto case only, then the bench if asked (4 interpreters: the GPU run)")
     p.add_argument("--conf", default="", help=argparse.SUPPRESS)
     p.add_argument("--tensor-kb", type=int, default=1024, help=argparse.SUPPRESS)
     p.add_argument("--request-kb", type=int, default=1024, help=argparse.SUPPRESS)
@@ -294,7 +294,7 @@ def main():
         case_off(lib, args.device, args.limit_mb, line)
         case_min_kb(lib, args.device, args.limit_mb, line)
     if args.bench:
-        bench(lib, args.device, args.quick)
+        bench(lib, args.device)
     print(f"python_stacks ({args.device}): {'FAILED: ' + '; '.join(failures) if failures else 'all checks passed'}")
     return 1 if failures else 0
 

@@ -387,3 +387,43 @@ TEST_CASE("a private pool's engine: snapshots hold its segments tagged with its 
   main_engine.engine.detach_observer(ring.get());
   pool_engine.engine.detach_observer(ring.get());
 }
+
+TEST_CASE("a snapshot's trace holds the allocation of every live block after the ring evicted it", "[engine][ring]") {
+  alloc::Config ec;
+  ec.va_reserve_bytes = 1024 * kMiB;
+  ec.thread_cache = false;
+  Engine e(ec);
+  forensics::Config fc;
+  fc.trace_entries = 64;  // far fewer records than the program makes
+  fc.record_ops = true;
+  EngineForensics fx(e.engine, fc);
+  std::vector<void*> kept;
+  {
+    ScopedOp op("test::kept");
+    for (std::size_t i = 0; i < 10; ++i) kept.push_back(e.engine.allocate((i + 1) * 4096 + 7, 0).ptr);
+  }
+  {
+    ScopedOp op("test::churn");
+    for (int i = 0; i < 500; ++i) e.engine.free(e.engine.allocate(8192, 0).ptr);
+  }
+  REQUIRE(fx.trace_ring()->dropped() > 0);
+  const Snapshot snap = fx.snapshot();
+  REQUIRE(!snap.device_traces.empty());
+  const auto& trace = snap.device_traces.front();
+  REQUIRE(trace.size() > 10);
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    const auto it = std::find_if(trace.begin(), trace.end(), [&](const SnapshotTraceEntry& t) {
+      return t.action == TraceAction::alloc && t.addr == reinterpret_cast<std::uintptr_t>(kept[i]);
+    });
+    REQUIRE(it != trace.end());
+    CHECK(it->size_bytes == (i + 1) * 4096 + 7);
+    CHECK(it->op == "test::kept");
+  }
+  // In time order, the kept blocks first (they are older than every record the ring holds).
+  CHECK(std::is_sorted(trace.begin(), trace.end(),
+                       [](const SnapshotTraceEntry& a, const SnapshotTraceEntry& b) { return a.time_us < b.time_us; }));
+  CHECK(trace.front().addr == reinterpret_cast<std::uintptr_t>(kept.front()));
+  // Blocks freed since are not brought back: only the 10 kept ones precede the ring's window.
+  CHECK(trace.size() == 10 + fx.trace_ring()->size());
+  for (void* p : kept) e.engine.free(p);
+}

@@ -1,11 +1,14 @@
 // The observers on handmade event streams: TraceRing's bounds, order and
 // op tags (also under concurrent publishers), its history settings, hooks, attached notes and the
-// floor a postmortem keeps, FragmentationTracker's counters, OpStack depth.
+// floor a postmortem keeps, FragmentationTracker's counters and its flat live-block table, OpStack depth.
 #include <memory>
+#include <random>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "catch.h"
+#include "gpumem/forensics/detail/live_block_table.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
 #include "gpumem/forensics/op_attribution.h"
 #include "gpumem/forensics/alloc_context.h"
@@ -275,4 +278,58 @@ TEST_CASE("FragmentationTracker counts allocated, pending, reserved and the unal
   CHECK(c.reserved_bytes == 0);
   CHECK(c.peak_reserved_unallocated_bytes == 20u << 20);  // after the segment, before the allocs
   CHECK(c.peak_reserved_unallocated_seq == 1);
+}
+
+TEST_CASE("LiveBlockTable agrees with a hash map under churn, across growth and wrap-around", "[tracker]") {
+  detail::LiveBlockTable<std::uint64_t> table(16);  // small: growth and probe chains that wrap
+  std::unordered_map<std::uintptr_t, std::uint64_t> model;
+  std::mt19937_64 rng(5);
+  // Addresses of a few segments, 512-byte aligned, so that many share a home slot's neighbourhood.
+  auto random_addr = [&] { return std::uintptr_t{0x7f0000000000} + 512 * (rng() % 4096); };
+  for (int step = 0; step < 200000; ++step) {
+    const std::uintptr_t addr = random_addr();
+    const std::size_t slot = table.find(addr);
+    const auto it = model.find(addr);
+    REQUIRE((slot != table.npos) == (it != model.end()));
+    if (slot != table.npos) {
+      REQUIRE(table.at(slot) == it->second);
+      if (rng() % 3 != 0) {
+        table.erase(slot);
+        model.erase(it);
+        continue;
+      }
+    }
+    const std::uint64_t value = rng();
+    table.assign(addr, value);
+    model[addr] = value;
+    REQUIRE(table.size() == model.size());
+    REQUIRE(table.size() * 2 <= table.capacity());
+  }
+  std::size_t seen = 0;
+  table.for_each([&](std::uintptr_t addr, std::uint64_t value) {
+    ++seen;
+    REQUIRE(model.count(addr) == 1);
+    CHECK(model[addr] == value);
+  });
+  CHECK(seen == model.size());
+  CHECK(table.find(0) == table.npos);
+}
+
+TEST_CASE("FragmentationTracker keeps thousands of live blocks with their op and drops them on free", "[tracker]") {
+  FragmentationTracker t(/*record_ops=*/true);
+  ScopedOp op("aten::mm");
+  std::vector<alloc::AllocEvent> allocs;
+  for (std::uint64_t i = 0; i < 20000; ++i) allocs.push_back(ev(alloc::EventKind::alloc, 0x10000000 + i * 512, 512, i + 1));
+  t.on_events(allocs);
+  CHECK(t.counters().live_blocks == 20000);
+  CHECK(t.live_blocks().size() == 20000);
+  REQUIRE(t.live_block(0x10000000 + 19999 * 512).has_value());
+  CHECK(t.live_block(0x10000000 + 19999 * 512)->op == OpRegistry::global().intern("aten::mm"));
+  std::vector<alloc::AllocEvent> frees;
+  for (std::uint64_t i = 0; i < 20000; i += 2) frees.push_back(ev(alloc::EventKind::free_requested, 0x10000000 + i * 512, 512, 30000 + i));
+  t.on_events(frees);
+  CHECK(t.counters().live_blocks == 10000);
+  CHECK(!t.live_block(0x10000000).has_value());
+  CHECK(t.live_block(0x10000000 + 512).has_value());
+  CHECK(t.counters().allocated_bytes == 10000u * 512);
 }

@@ -220,3 +220,45 @@ TEST_CASE("one number format", "[report][vocabulary]") {
   CHECK(format_signed_bytes(-1024) == "-1.00 KiB");
   CHECK(format_signed_bytes(0) == "0 B");
 }
+
+TEST_CASE("a private pool's free memory is not counted as free for a default-pool request", "[report][pools]") {
+  // The default pool: one 20 MiB segment, 18 MiB live, 2 MiB free. A private pool (a CUDA graph's):
+  // 100 MiB, all free. The request, 10 MiB, can use only the default pool: no fragmentation there,
+  // the live memory is too large (capacity), whatever the private pool holds.
+  Snapshot snap;
+  auto segment = [](std::uint64_t addr, std::uint64_t live, std::uint64_t free, std::pair<std::int64_t, std::int64_t> pool) {
+    SnapshotSegment seg;
+    seg.address = addr;
+    seg.segment_type = "large";
+    seg.pool_id = pool;
+    if (live) seg.blocks.push_back(SnapshotBlock{addr, live, live, "active_allocated", {}, ""});
+    seg.blocks.push_back(SnapshotBlock{addr + live, free, 0, "inactive", {}, ""});
+    recompute_sizes(seg);
+    return seg;
+  };
+  snap.segments.push_back(segment(0x100000000, 18 * kMiB, 2 * kMiB, {0, 0}));
+  snap.segments.push_back(segment(0x200000000, 0, 100 * kMiB, {0, 3}));
+  SnapshotTraceEntry alloc;
+  alloc.action = TraceAction::alloc;
+  alloc.addr = 0x100000000;
+  alloc.size_bytes = 18 * kMiB;
+  alloc.time_us = 1;
+  SnapshotTraceEntry oom;
+  oom.action = TraceAction::oom;
+  oom.size_bytes = 10 * kMiB;
+  oom.time_us = 2;
+  snap.device_traces = {{alloc, oom}};
+  ReportOptions options;
+  options.replay = false;
+  const MemoryReport r = build_report(snap, options);
+  REQUIRE(r.oom.has_value());
+  CHECK(r.oom->verdict == "capacity");
+  CHECK(r.fragmentation.free_bytes == 102 * kMiB);  // the device's numbers still count every pool
+  const auto& ev = r.oom->evidence;
+  CHECK(std::any_of(ev.begin(), ev.end(), [](const std::string& e) {
+    return e.find("100.00 MiB of free and pending free memory is in private pools") != std::string::npos;
+  }));
+  // Without the private pool's segment the verdict is the same.
+  snap.segments.pop_back();
+  CHECK(build_report(snap, options).oom->verdict == "capacity");
+}

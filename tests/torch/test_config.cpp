@@ -57,7 +57,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.forensics.oom_report_dir.empty());
     CHECK_FALSE(c.forensics.record_ops);
     CHECK(c.forensics.python_stacks == gpumem::forensics::StackMode::automatic);
-    CHECK(c.forensics.python_stacks_min_bytes == 0);
+    CHECK(c.forensics.python_stacks_min_bytes == 1024 * 1024);  // large-pool requests only
     CHECK_FALSE(c.forensics.python_stacks_on());
     CHECK(c.source_string == text);
   }
@@ -373,7 +373,7 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 34);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 18 of gpumem's
+  CHECK(keys.size() == 35);  // 16 PyTorch 2.11 keys (2 of them ROCm aliases) + 19 of gpumem's
   CHECK(std::string(to_string(PinnedAllocatorKind::native)) == "native");
   CHECK(std::string(to_string(PinnedAllocatorKind::gpumem)) == "gpumem");
   for (auto k : keys) {

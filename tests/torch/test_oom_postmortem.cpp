@@ -63,6 +63,10 @@ TEST_CASE("an OOM under install_cpu writes the snapshot and report the error nam
     message = e.what_without_backtrace();
   }
   INFO(message);
+  // The request is said once, in one number format.
+  CHECK(message.find("tried to allocate 40.00 MiB (requested 41943040 bytes)") != std::string::npos);
+  CHECK(message.find("KiB") == std::string::npos);
+  CHECK(message.find("Tried to allocate") == std::string::npos);
   const auto files = list_files(dir);
   REQUIRE(files.size() == 3);  // .pickle, .txt, .json
   std::string txt;

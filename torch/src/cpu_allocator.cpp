@@ -18,7 +18,6 @@
 #include <string>
 
 #include "device_engine.h"
-#include "format_size.h"
 #include "engines.h"
 #include "gpumem/forensics/alloc_context.h"
 #include "gpumem/forensics/python_stacks.h"
@@ -95,8 +94,9 @@ class GpumemCpuAllocator final : public c10::Allocator {
     std::string postmortem;
     if (de_->forensics)
       if (auto files = de_->forensics->on_oom(oom)) postmortem = " " + files->message;
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "gpumem CPU allocator: out of memory. Tried to allocate ",
-                     detail::format_size(n), ". ", alloc::describe(oom), postmortem);
+    // describe() says the request once, in the engine's one number format (the CUDA allocator's
+    // message keeps PyTorch's wording and format_size, which tools parse).
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "gpumem CPU allocator: ", alloc::describe(oom), postmortem);
     __builtin_unreachable();
   }
 

@@ -121,23 +121,43 @@ void analyze_oom(const Snapshot& snap, MemoryReport& r, const ReportOptions& opt
                                    format_bytes(f.largest_free_extent_bytes),
                                    format_bytes(a.largest_usable_extent_bytes)));
 
-  if (a.largest_usable_extent_bytes < need && f.pending_free_bytes > 0 && f.free_bytes + f.pending_free_bytes >= need &&
-      f.free_bytes < need) {
+  // The request can use only the default pool: a private pool's free memory (a CUDA graph's, a
+  // MemPool's) serves only its own allocations, so the verdict's free totals leave it out.
+  Fragmentation default_pool;
+  const bool has_private = std::any_of(r.state.segments.begin(), r.state.segments.end(), [](const SnapshotSegment& s) {
+    return s.pool_id != std::pair<std::int64_t, std::int64_t>{0, 0};
+  });
+  if (has_private) {
+    std::vector<SnapshotSegment> shared;
+    for (const auto& seg : r.state.segments)
+      if (seg.pool_id == std::pair<std::int64_t, std::int64_t>{0, 0}) shared.push_back(seg);
+    default_pool = analyze_fragmentation(shared);
+    const std::uint64_t all_free = f.free_bytes + f.pending_free_bytes;
+    const std::uint64_t pool_free = default_pool.free_bytes + default_pool.pending_free_bytes;
+    a.evidence.push_back(fmt::format("{} of {} and {} memory is in private pools (CUDA graphs, MemPool), which "
+                                     "serve only their own allocations; the verdict leaves it out",
+                                     format_bytes(all_free > pool_free ? all_free - pool_free : 0), term::free,
+                                     term::pending_free));
+  }
+  const Fragmentation& u = has_private ? default_pool : f;
+
+  if (a.largest_usable_extent_bytes < need && u.pending_free_bytes > 0 && u.free_bytes + u.pending_free_bytes >= need &&
+      u.free_bytes < need) {
     a.verdict = "pending_frees";
     a.evidence.push_back(fmt::format("{} is {} (freed, still in use on other streams); with it, {} {} would hold "
                                      "the request",
-                                     format_bytes(f.pending_free_bytes), term::pending_free,
-                                     format_bytes(f.free_bytes + f.pending_free_bytes), term::free));
+                                     format_bytes(u.pending_free_bytes), term::pending_free,
+                                     format_bytes(u.free_bytes + u.pending_free_bytes), term::free));
     a.advice.push_back("synchronize the streams that use the freed tensors (or drop record_stream calls) before "
                        "the large allocation, so their blocks return to the cache");
-  } else if (a.largest_usable_extent_bytes < need && f.free_bytes >= need) {
+  } else if (a.largest_usable_extent_bytes < need && u.free_bytes >= need) {
     a.verdict = "fragmentation";
     a.evidence.push_back(fmt::format("{} is {}, {:.1f}x the request, but in pieces: the largest usable one is {} "
                                      "short of the request ({} {:.3f})",
-                                     format_bytes(f.free_bytes), term::free,
-                                     static_cast<double>(f.free_bytes) / static_cast<double>(need),
+                                     format_bytes(u.free_bytes), term::free,
+                                     static_cast<double>(u.free_bytes) / static_cast<double>(need),
                                      format_bytes(need - a.largest_usable_extent_bytes), term::external_fragmentation,
-                                     f.external_fragmentation));
+                                     u.external_fragmentation));
   } else if (a.outside_bytes && *a.outside_bytes >= need && (!a.cap_bytes || f.reserved_bytes + need <= *a.cap_bytes)) {
     a.verdict = "outside_memory";
     a.evidence.push_back(fmt::format("{} of the device is held outside the allocator (total {} - device free {} - "
@@ -192,7 +212,7 @@ void analyze_oom(const Snapshot& snap, MemoryReport& r, const ReportOptions& opt
     a.advice.push_back(fmt::format("with PyTorch's allocator, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
                                    "maps new memory next to old so free pages can merge; the {} {} is {} more than "
                                    "the request needs",
-                                   format_bytes(f.free_bytes), term::free, format_bytes(f.free_bytes - need)));
+                                   format_bytes(u.free_bytes), term::free, format_bytes(u.free_bytes - need)));
   }
   if ((a.verdict == "fragmentation" || a.verdict == "pending_frees") && !f.pinned.empty()) {
     a.advice.push_back(pins_advice(f));

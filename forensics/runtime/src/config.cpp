@@ -56,7 +56,7 @@ constexpr Key<Config> kKeys[] = {
     {{"record_ops", "", "True or False", "record_ops:True"}, apply_record_ops},
     {{"python_stacks", "", "auto (on when oom_report_dir is set), True or False", "python_stacks:True"},
      apply_python_stacks},
-    {{"python_stacks_min_kb", "", "a whole number of KiB (0 = every allocation)", "python_stacks_min_kb:64"},
+    {{"python_stacks_min_kb", "", "a whole number of KiB (0 = every allocation; default 1024)", "python_stacks_min_kb:64"},
      apply_python_stacks_min_kb},
 };
 

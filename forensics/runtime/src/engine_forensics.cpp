@@ -37,9 +37,11 @@ EngineForensics::EngineForensics(alloc::CachingAllocator& engine, const Config& 
       symbolize_(std::move(symbolize)) {
   std::size_t trace = config.trace_entries;
   if (!report_dir_.empty()) trace = std::max(trace, kPostmortemTrace);
-  if (trace > 0 && ring != nullptr) {
+  if (ring != nullptr) {
+    // The composer's ring: with no trace of ours it may still keep PyTorch's history
+    // (_record_memory_history, turned on later), whose records then carry the op too.
     ring_ = std::move(ring);
-    ring_->keep_at_least(trace);
+    if (trace > 0) ring_->keep_at_least(trace);
     ring_->set_record_ops(config.record_ops);
     if (stacks_) ring_->set_keep_contexts(true);
   } else if (trace > 0) {

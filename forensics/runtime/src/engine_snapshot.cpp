@@ -46,6 +46,52 @@ std::uint64_t alloc_key(std::uint64_t seq, std::uintptr_t addr) noexcept {
   return seq * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(addr);
 }
 
+// Alloc records for the engine's live blocks whose own record the ring overwrote (their seq is older
+// than its oldest record), rebuilt from the tracker's live-block table: the trace then holds the
+// allocation of every block live now, as if the ring never evicted one that is still live. Blocks
+// the trace skipped by kind (a history without allocs) are not added: only evicted ones.
+std::vector<TraceRecord> evicted_live_allocs(const alloc::EngineSnapshot& engine, std::span<const TraceRecord> trace,
+                                             const FragmentationTracker* tracker) {
+  std::vector<TraceRecord> out;
+  if (tracker == nullptr || trace.empty()) return out;
+  std::uint64_t oldest = UINT64_MAX;
+  for (const auto& r : trace) oldest = std::min(oldest, r.event.seq);
+  std::unordered_map<std::uintptr_t, LiveBlockInfo> live;
+  bool fetched = false;
+  for (const auto& view : engine.segments) {
+    for (const auto& b : view.blocks) {
+      const bool is_live = b.state == alloc::BlockState::allocated || b.state == alloc::BlockState::pending_free;
+      if (!is_live || b.alloc_seq == 0 || b.alloc_seq >= oldest) continue;
+      if (!fetched) {  // only when some block needs it
+        live = tracker->live_blocks();
+        fetched = true;
+      }
+      const auto it = live.find(b.addr);
+      if (it == live.end() || it->second.seq != b.alloc_seq) continue;
+      const LiveBlockInfo& info = it->second;
+      TraceRecord r;
+      r.event.kind = alloc::EventKind::alloc;
+      r.event.pool = view.pool;
+      r.event.device = static_cast<std::int8_t>(view.device);
+      r.event.addr = b.addr;
+      r.event.size_bytes = b.size_bytes;
+      r.event.requested_bytes = b.requested_bytes;
+      r.event.stream = view.stream;
+      r.event.seq = b.alloc_seq;
+      r.event.t_ns = info.t_ns;
+      r.op = info.op;
+      r.scope = info.scope;
+      if (info.context) {
+        auto notes = std::make_shared<TraceNotes>();
+        notes->stack_context = info.context;
+        r.notes = std::move(notes);
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<TraceAction> trace_action_of(alloc::EventKind kind) noexcept {
@@ -79,11 +125,13 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   snap.expandable_segments = std::any_of(engine.segments.begin(), engine.segments.end(),
                                          [](const alloc::SegmentView& s) { return s.expandable; });
 
-  // Trace, by seq.
-  std::vector<const TraceRecord*> order;
-  order.reserve(trace.size());
-  for (const auto& r : trace) order.push_back(&r);
+  // Trace, by seq, with the alloc records of live blocks the ring no longer holds.
   const auto by_seq = [](const TraceRecord* a, const TraceRecord* b) { return a->event.seq < b->event.seq; };
+  const std::vector<TraceRecord> evicted = evicted_live_allocs(engine, trace, extras.tracker);
+  std::vector<const TraceRecord*> order;
+  order.reserve(evicted.size() + trace.size());
+  for (const auto& r : evicted) order.push_back(&r);
+  for (const auto& r : trace) order.push_back(&r);
   if (!std::is_sorted(order.begin(), order.end(), by_seq)) std::sort(order.begin(), order.end(), by_seq);
   const auto steady_now = std::chrono::duration_cast<std::chrono::microseconds>(
                               std::chrono::steady_clock::now().time_since_epoch()).count();

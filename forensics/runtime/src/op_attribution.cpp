@@ -15,7 +15,8 @@ class NameCache {
  public:
   std::uint32_t id_of(const char* name) {
     Entry& e = entries_[(reinterpret_cast<std::uintptr_t>(name) >> 3) % kEntries];
-    if (e.pointer == name && e.text == name) return e.id;
+    // One pass over the name (a std::string == const char* would measure it first, then compare).
+    if (e.pointer == name && std::strcmp(e.text.c_str(), name) == 0) return e.id;
     e.pointer = name;
     e.text = name;
     e.id = OpRegistry::global().intern(e.text);

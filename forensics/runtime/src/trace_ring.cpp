@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+
 #include "gpumem/forensics/alloc_context.h"
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/op_attribution.h"
@@ -167,13 +168,11 @@ inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint64
     grow_locked(slot);
     return;
   }
-  // Full: overwrite the oldest record: whole-slot stores (the slot's line is cold in a large ring;
-  // field by field, the event's padding bytes would be left out and each store would wait for it).
-  Slot& slot = buffer_[head_];
-  std::memcpy(&slot.event, &event, sizeof event);
+  // Full: overwrite the oldest record: one whole, aligned line, built in registers and stored at
+  // once (whole-line stores; field by field, the event's padding bytes would be left out).
+  Slot slot{event, op, scope};
   slot.event.t_ns = ticks;
-  slot.op = op;
-  slot.scope = scope;
+  std::memcpy(static_cast<void*>(&buffer_[head_]), &slot, sizeof slot);
   if (++head_ == buffer_.size()) head_ = 0;
   ++dropped_;
   if (!notes_.empty() && notes_.front().last_ordinal < appended_ - buffer_.size()) [[unlikely]]

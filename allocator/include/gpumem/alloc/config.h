@@ -73,9 +73,16 @@ struct Config {
   // recycle_burst_ms: driver time recycling may spend before the budget applies (the warm-up), and
   // the most the budget saves up while recycling is idle. Whole milliseconds.
   std::size_t recycle_burst_ms = 10;
-  // recycle_slack: the most memory growth past the recycle budget may create, as a share of the
-  // rest of the footprint, in [0, 1]; past it, recycling goes on whatever it costs.
-  double recycle_slack = 0.02;
+  // recycle_slack: the most memory growth past the recycle budget may buy (reserve beyond what
+  // recycling alone would have, estimated), as a share of the rest of the footprint, in [0, 1];
+  // past it, recycling goes on whatever it costs.
+  double recycle_slack = 0.005;
+  // recycle_keep_mappings:True|False: a recycled piece keeps its old mapping (a "ghost": address
+  // space the engine never hands out, still mapped to the piece) instead of being unmapped, so a
+  // piece that moves back costs no driver call (Note [Physical page recycling], "Kept mappings").
+  // False: unmap at once, so a stale pointer into the old place faults instead of reading the
+  // piece's new block (a debugging setting).
+  bool recycle_keep_mappings = true;
   // thread_cache:True|False: per-thread caches (leases of free small-pool memory each thread
   // allocates in once threads contend for the engine).
   bool thread_cache = true;

@@ -67,6 +67,11 @@ struct EngineTotals {
   std::size_t cap_bytes = 0;           // cap on reserved (kNoLimit if none)
   std::size_t segments = 0;            // classic segments + expandable regions
   std::size_t pieces_mapped = 0;
+  // Kept mappings (recycle_keep_mappings): address space still mapped to pieces that moved
+  // elsewhere. No physical memory of its own (reserved_bytes counts each piece once); a source's
+  // mapped bytes are reserved_bytes' mapped part plus these.
+  std::size_t kept_mapping_bytes = 0;
+  std::size_t kept_mappings = 0;
   std::size_t thread_caches = 0;       // threads holding a cache of freed blocks (0 until the
                                        // engine's lock was first contended)
   std::size_t thread_cached_bytes = 0; // bytes in those caches (part of cached_free_bytes)

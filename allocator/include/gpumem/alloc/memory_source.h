@@ -17,6 +17,9 @@
 //     addresses passed to map/unmap lie inside a range returned by reserve().
 //   * map() maps the whole piece (size_bytes == the piece's size) and makes it read/write
 //     accessible; unmap() takes exactly what one map() mapped.
+//   * A piece may be mapped at several addresses at once (aliases of the same physical memory; the
+//     engine keeps a moved piece's old mapping instead of unmapping it). Each mapping is unmapped on
+//     its own; destroy() needs every mapping of the piece gone.
 //   * Failure is a value (SourceStatus); nothing throws. last_error() describes the most recent
 //     failure in words (driver error names and the call that failed).
 //
@@ -92,7 +95,8 @@ class MemorySource {
   // Destroys a piece that is not mapped anywhere.
   virtual SourceStatus destroy(PhysHandle handle) = 0;
 
-  // Maps the whole piece at va (inside a reserved range) and makes it read/write accessible.
+  // Maps the whole piece at va (inside a reserved range) and makes it read/write accessible. The
+  // piece may already be mapped elsewhere: this adds an alias.
   virtual SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) = 0;
   // Unmaps what one map() mapped at va. The piece stays alive and can be mapped again elsewhere.
   virtual SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) = 0;

@@ -69,7 +69,7 @@ class SimSource final : public MemorySource {
   std::size_t mapped_bytes_ = 0;
   std::map<std::uintptr_t, std::size_t> reserved_;               // base -> size
   std::unordered_map<PhysHandle, std::size_t> pieces_;           // handle -> size
-  std::unordered_map<PhysHandle, std::uintptr_t> piece_mapped_at_;  // handle -> va (mapped only)
+  std::unordered_map<PhysHandle, std::uint32_t> piece_mappings_;  // handle -> its mappings (mapped only)
   std::map<std::uintptr_t, PhysHandle> mappings_;                // va -> handle
   std::uint64_t fail_countdown_[6] = {};
   SimSourceCounters counters_;

@@ -15,13 +15,24 @@ namespace {
 
 // Whether this process runs a Python interpreter: Python's C API is in the global symbol table
 // (the python executable, or libpython loaded for embedding) and the interpreter is initialized.
-// Checked until it is true once (an embedding program may start Python after gpumem).
+// The symbol is looked up once it is found (dlsym walks every loaded library: about a microsecond);
+// while it is missing (a libtorch C++ program), the lookup is repeated only every kRecheckCalls
+// calls, since an embedding program may load and start Python after gpumem.
 bool python_running() {
-  static std::atomic<bool> seen{false};
-  if (seen.load(std::memory_order_relaxed)) return true;
   using IsInitialized = int (*)();
-  auto* is_initialized = reinterpret_cast<IsInitialized>(::dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
-  if (is_initialized == nullptr || is_initialized() == 0) return false;
+  static std::atomic<bool> seen{false};
+  static std::atomic<IsInitialized> found{nullptr};
+  static std::atomic<unsigned> calls_since_lookup{0};
+  constexpr unsigned kRecheckCalls = 4096;
+  if (seen.load(std::memory_order_relaxed)) return true;
+  IsInitialized is_initialized = found.load(std::memory_order_acquire);
+  if (is_initialized == nullptr) {
+    if (calls_since_lookup.fetch_add(1, std::memory_order_relaxed) % kRecheckCalls != 0) return false;
+    is_initialized = reinterpret_cast<IsInitialized>(::dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+    if (is_initialized == nullptr) return false;
+    found.store(is_initialized, std::memory_order_release);
+  }
+  if (is_initialized() == 0) return false;
   seen.store(true, std::memory_order_relaxed);
   return true;
 }

@@ -1,12 +1,18 @@
-// Per-call costs of memory-provider calls on an NVIDIA H200 (driver 580), as measured there (the
-// figures below; bench/cuda_vmm_calls.cpp measures them again). Used to turn a policy's call counts
-// into the time they would take, as a share of the traced run.
+// Per-call costs of memory-provider calls on an NVIDIA H200, as measured there. Used to turn a
+// policy's call counts into the time they would take, as a share of the traced run.
 //
-//   cuMemCreate 14 us (13 for 20 MiB), cuMemMap 2 us (1), cuMemSetAccess 35-40 us (31) per mapping
-//   even when one call covers many, cuMemUnmap 20-24 us (19-23), cuMemRelease 10-14 us (26).
-//   cudaMalloc + cudaFree of 1 MiB: 63-88 us per pair (split evenly below: not measured apart).
+// Mapping calls (driver 580.159.04, 2026-12-02, median of 5 rounds after a warm-up, memory touched
+// before unmapping; docs/notes/physical-page-recycling.md, "What a move costs"): cuMemMap 1.0 us,
+// cuMemSetAccess 28.3 us, cuMemUnmap 18.5 us, per mapping, for 2 and 20 MiB pieces alike. One
+// cuMemSetAccess or cuMemUnmap over a run of k back-to-back mappings costs k times as much (runs of
+// 1, 4, 16, 64: 29.2 / 28.5 / 27.9 / 28.3 us per mapping for cuMemSetAccess, 18.7 / 18.7 / 18.4 /
+// 18.5 for cuMemUnmap), so the cost is per mapping and batching calls over a range buys nothing.
+// cuMemCreate 14 us (13 for 20 MiB), cuMemRelease 10-14 us (26), from an earlier measurement
+// (driver 580). cudaMalloc + cudaFree of 1 MiB: 63-88 us per pair (split evenly below: not
+// measured apart). bench/cuda_vmm_calls.cpp measures them again.
 //
-// A map counts cuMemMap plus its share of cuMemSetAccess; the middle of each range is used.
+// A map counts cuMemMap plus its cuMemSetAccess. A move onto a kept mapping (the engine's ghosts)
+// makes no call and is not counted; a move that keeps its old mapping counts a map and no unmap.
 #pragma once
 
 #include "gpumem/forensics/replay_policy.h"
@@ -14,7 +20,7 @@
 namespace gpumem::forensics {
 
 inline constexpr CallCosts kH200VmmCosts{/*create_us=*/14.0, /*release_us=*/12.0,
-                                         /*map_us=*/2.0 + 37.5, /*unmap_us=*/22.0};
+                                         /*map_us=*/1.0 + 28.3, /*unmap_us=*/18.5};
 inline constexpr CallCosts kH200CudaMallocCosts{/*create_us=*/37.75, /*release_us=*/37.75,
                                                 /*map_us=*/0.0, /*unmap_us=*/0.0};
 

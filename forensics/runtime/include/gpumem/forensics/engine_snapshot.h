@@ -6,7 +6,10 @@
 // Layout as PyTorch's snapshot() gives it: one segment per classic segment and one per
 // contiguous mapped run of an expandable region (unmapped address space is left out), blocks in
 // address order tiling each segment, states active_allocated / active_pending_free / inactive.
-// Trace records are ordered by the engine's seq; times are converted from the steady clock to
+// Trace records are ordered by the engine's seq; with a tracker, a live block whose alloc record the
+// ring already overwrote gets its alloc record back from the tracker (time, op, stack), so the trace
+// holds the allocation of every live block whatever the ring's size (blocks the history skipped by
+// kind are not added); times are converted from the steady clock to
 // Unix microseconds at conversion time; empty_cache events (which PyTorch does not trace) are
 // left out. Blocks and entries with an op get it in `op`, entries their user scope in
 // user_metadata; op_frames is set, so the writers also give them frames naming the op and the

@@ -6,10 +6,12 @@
 // largest free extent) needs the layout: analyze_fragmentation() on a snapshot gives it.
 //
 // Cost: one tick-counter read per batch (tick_clock.h; the engine is asked for sequence numbers
-// only), one hash-table insert per allocation and one erase per free, under its own lock.
+// only), the op stack read once per batch that allocates, and one insert per allocation and one
+// erase per free in a flat, preallocated table (detail/live_block_table.h: no memory allocated per
+// event), under its own spin lock.
 //
 // Invariants: allocated_bytes == sum of live blocks' sizes; reserved_bytes >= 0 (clamped).
-// Thread-safety: all members may be called from any thread (one mutex, held per batch).
+// Thread-safety: all members may be called from any thread (one spin lock, held per batch).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,8 @@
 #include <unordered_map>
 
 #include "gpumem/alloc/events.h"
+#include "gpumem/alloc/spin_lock.h"
+#include "gpumem/forensics/detail/live_block_table.h"
 #include "gpumem/forensics/detail/tick_clock.h"
 
 namespace gpumem::forensics {
@@ -64,9 +68,9 @@ class FragmentationTracker final : public alloc::AllocObserver {
   const bool record_ops_;
   const bool keep_contexts_;
   detail::TickCalibration clock_;  // LiveBlockInfo::t_ns is kept in ticks
-  mutable std::mutex mutex_;
+  mutable alloc::detail::SpinLock mutex_;  // held per batch for a few stores (see TraceRing)
   FragmentationCounters c_;
-  std::unordered_map<std::uintptr_t, LiveBlockInfo> live_;
+  detail::LiveBlockTable<LiveBlockInfo> live_;
 };
 
 }  // namespace gpumem::forensics

@@ -6,7 +6,8 @@
 //
 // torch installs its Python unwinder when `import torch` runs; in a process without a Python
 // interpreter (a libtorch C++ program) gather_python_stack() returns null at the cost of one
-// load, so python_stacks:auto costs such programs nothing.
+// atomic increment (the interpreter's symbol is looked up again every 4096th call, for programs
+// that embed Python later), so python_stacks:auto costs such programs next to nothing.
 //
 // Cost: gathering walks the thread's Python frames and takes the GIL (torch's unwinder does, as
 // for _record_memory_history), a few microseconds per allocation; the torch adapter gathers only
