@@ -42,7 +42,6 @@
 #pragma once
 
 #include <boost/intrusive/set.hpp>
-#include <boost/intrusive/unordered_set.hpp>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -58,10 +57,17 @@ namespace gpumem::alloc::detail {
 
 namespace bi = boost::intrusive;
 using SetHook = bi::set_member_hook<bi::link_mode<bi::normal_link>>;
-using HashHook = bi::unordered_set_member_hook<bi::link_mode<bi::normal_link>>;
 
 struct Region;
+struct Block;
 struct Lease;  // thread_cache.h
+
+// A block's links in the live-block table's chain (live_table.h): the next block of its bucket,
+// and the link that points at it (null: not in the table).
+struct LiveHook {
+  Block* next = nullptr;
+  Block** pprev = nullptr;
+};
 
 // Streams a block was used on besides its own (record_stream), and the markers recorded on them
 // when the block was freed. Allocated only for blocks that were recorded on another stream.
@@ -119,7 +125,7 @@ struct Block {
   AtomicLease lease;
   AtomicState state;
   SetHook set_hook;                 // FreeIndex (free) or Region::unmapped (unmapped)
-  HashHook hash_hook;               // LiveTable (allocated, pending_free)
+  LiveHook live_hook;               // LiveTable (allocated, pending_free, cached)
 
   std::uintptr_t end() const noexcept { return addr + size_bytes; }
 };

@@ -1,12 +1,24 @@
 // LiveTable: allocated, pending_free and cached blocks by address, for free() and lookup(). An
-// intrusive hash set over Block::hash_hook with a power-of-two bucket array that doubles when the
-// load factor passes 1. Not thread-safe. ShardedLiveTable splits it in 64 shards, each behind a
-// SpinLock, so that thread-cache fast paths can find blocks without the engine's lock.
+// intrusive chained hash set over Block::live_hook: a power-of-two bucket array of singly linked
+// chains, each block also pointing at the link that points at it (`pprev`, as Linux's hlist), so
+// that unlinking a block needs no search. The array doubles when the load factor passes 1.
+// ShardedLiveTable splits it in 64 shards, each behind a SpinLock, so that thread-cache fast paths
+// can find blocks without the engine's lock.
+//
+// Why not boost::intrusive::unordered_set (what it replaced): its insert searches the chain for an
+// equal key first and its erase finds the predecessor in the chain; a block's address is unique by
+// construction (blocks tile regions), so here insert only links and erase only unlinks. The gain is
+// small: callgrind counts 735 instructions per 4 KiB pair of `bench_alloc_pairs --threads 0` against
+// 743 before, 1,261 against 1,270 per pair of window 64.
+//
+// Invariants: a block is in the table iff its hook's pprev is non-null; it then sits in the chain
+// of bucket (hash(addr) & (buckets - 1)), *pprev == the block, and no two blocks share an address.
+// Not thread-safe.
 #pragma once
 
-#include <boost/intrusive/unordered_set.hpp>
-#include <functional>
 #include <array>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "gpumem/alloc/spin_lock.h"
@@ -16,8 +28,6 @@
 namespace gpumem::alloc::detail {
 
 struct BlockAddrHash {
-  std::size_t operator()(const Block& b) const noexcept { return mix(b.addr); }
-  std::size_t operator()(std::uintptr_t addr) const noexcept { return mix(addr); }
   static std::size_t mix(std::uintptr_t a) noexcept {
     // Addresses are 512-aligned: drop the zero bits, then a multiplicative mix.
     std::uint64_t x = static_cast<std::uint64_t>(a) >> 9;
@@ -26,51 +36,73 @@ struct BlockAddrHash {
   }
 };
 
-struct BlockAddrEq {
-  bool operator()(const Block& a, const Block& b) const noexcept { return a.addr == b.addr; }
-  bool operator()(std::uintptr_t a, const Block& b) const noexcept { return a == b.addr; }
-  bool operator()(const Block& a, std::uintptr_t b) const noexcept { return a.addr == b; }
-};
-
 class LiveTable {
  public:
-  using Set = bi::unordered_set<Block, bi::member_hook<Block, HashHook, &Block::hash_hook>,
-                                bi::hash<BlockAddrHash>, bi::equal<BlockAddrEq>, bi::power_2_buckets<true>,
-                                bi::constant_time_size<true>>;
-
-  LiveTable() : buckets_(new Set::bucket_type[kInitialBuckets]), set_(Set::bucket_traits(buckets_.get(), kInitialBuckets)) {}
-  ~LiveTable() { set_.clear(); }
+  LiveTable() : buckets_(new Block*[kInitialBuckets]()), mask_(kInitialBuckets - 1) {}
+  ~LiveTable() { clear(); }
   LiveTable(const LiveTable&) = delete;
   LiveTable& operator=(const LiveTable&) = delete;
 
+  // b (not in the table; no block of its address is) goes in.
   void insert(Block& b) {
-    if (set_.size() + 1 > set_.bucket_count()) grow();
-    set_.insert(b);
+    if (size_ + 1 > mask_ + 1) grow();
+    link(b, buckets_[BlockAddrHash::mix(b.addr) & mask_]);
+    ++size_;
   }
-  void erase(Block& b) noexcept { set_.erase(set_.iterator_to(b)); }
-  Block* find(std::uintptr_t addr) noexcept {
-    auto it = set_.find(addr, BlockAddrHash{}, BlockAddrEq{});
-    return it == set_.end() ? nullptr : &*it;
+  // b (in the table) goes out.
+  void erase(Block& b) noexcept {
+    LiveHook& h = b.live_hook;
+    *h.pprev = h.next;
+    if (h.next) h.next->live_hook.pprev = h.pprev;
+    h.next = nullptr;
+    h.pprev = nullptr;
+    --size_;
   }
-  const Block* find(std::uintptr_t addr) const noexcept {
-    auto it = set_.find(addr, BlockAddrHash{}, BlockAddrEq{});
-    return it == set_.end() ? nullptr : &*it;
+  Block* find(std::uintptr_t addr) const noexcept {
+    for (Block* b = buckets_[BlockAddrHash::mix(addr) & mask_]; b != nullptr; b = b->live_hook.next)
+      if (b->addr == addr) return b;
+    return nullptr;
   }
-  std::size_t size() const noexcept { return set_.size(); }
-  Set& blocks() noexcept { return set_; }
-  const Set& blocks() const noexcept { return set_; }
+  std::size_t size() const noexcept { return size_; }
+  // Forgets every block (they are unlinked: teardown).
+  void clear() noexcept {
+    for (std::size_t i = 0; i <= mask_; ++i) {
+      for (Block* b = buckets_[i]; b != nullptr;) {
+        Block* next = b->live_hook.next;
+        b->live_hook = LiveHook{};
+        b = next;
+      }
+      buckets_[i] = nullptr;
+    }
+    size_ = 0;
+  }
 
  private:
   static constexpr std::size_t kInitialBuckets = 64;
-  void grow() {
-    const std::size_t n = set_.bucket_count() * 2;
-    std::unique_ptr<Set::bucket_type[]> next(new Set::bucket_type[n]);
-    set_.rehash(Set::bucket_traits(next.get(), n));
+
+  static void link(Block& b, Block*& head) noexcept {
+    LiveHook& h = b.live_hook;
+    h.next = head;
+    h.pprev = &head;
+    if (head) head->live_hook.pprev = &h.next;
+    head = &b;
+  }
+  [[gnu::noinline]] void grow() {
+    const std::size_t n = (mask_ + 1) * 2;
+    std::unique_ptr<Block*[]> next(new Block*[n]());
+    for (std::size_t i = 0; i <= mask_; ++i)
+      for (Block* b = buckets_[i]; b != nullptr;) {
+        Block* after = b->live_hook.next;
+        link(*b, next[BlockAddrHash::mix(b->addr) & (n - 1)]);
+        b = after;
+      }
     buckets_ = std::move(next);
+    mask_ = n - 1;
   }
 
-  std::unique_ptr<Set::bucket_type[]> buckets_;
-  Set set_;
+  std::unique_ptr<Block*[]> buckets_;
+  std::size_t mask_;  // buckets - 1
+  std::size_t size_ = 0;
 };
 
 // Every member locks the shard it touches; with_shard runs fn(table) with the shard of addr locked.
@@ -113,7 +145,7 @@ class ShardedLiveTable {
   }
   const Block* find_unlocked(std::uintptr_t addr) const noexcept { return shard_c(addr).table.find(addr); }
   void clear_unlocked() noexcept {
-    for (Shard& s : shards_) s.table.blocks().clear();
+    for (Shard& s : shards_) s.table.clear();
   }
 
  private:
