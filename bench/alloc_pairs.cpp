@@ -4,8 +4,15 @@
 // frees a random slot and allocates a new size into it).
 //
 //   bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer]
-//                     [--config TEXT] [--tsv]
+//                     [--config TEXT] [--tsv] [--interleave]
 //
+// Every one-thread measurement (all patterns, all rounds) runs before any T-thread one, so the
+// one-thread column times what a single-threaded program sees: a process in which no other thread
+// has used an engine. --interleave keeps the order of earlier versions (per pattern and round: one
+// thread, then T threads). In that order the H200 run of main 56a6249 read 120 / 161 / 109 ns for
+// the fixed-size pairs with thread caches on against 79 / 93 / 63 with thread_cache:False, while
+// a single-threaded run takes the same path either way (callgrind: 743 against 727 instructions
+// per 4 KiB pair; docs/notes/thread-caches.md, "Single-threaded programs").
 // --threads 0 measures one thread only. --rounds R runs every measurement R times on a fresh
 // engine and prints the median and the spread (min..max). --pattern keeps the patterns whose name
 // contains TEXT (repeatable). --observer attaches the stats observer, as the torch adapter does.
@@ -115,11 +122,12 @@ double measure(const AllocPattern& p, std::size_t ops, int threads, bool observe
 int main(int argc, char** argv) {
   std::size_t ops = 1'000'000;
   int threads = 4, rounds = 1;
-  bool observer = false, tsv = false;
+  bool observer = false, tsv = false, interleave = false;
   Config config;
   std::vector<std::string> wanted;
   gpumem::bench::BenchArgs args("bench_alloc_pairs",
-                                "[--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--config TEXT] [--tsv]");
+                                "[--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--config TEXT] [--tsv] "
+                                "[--interleave]");
   args.count("--ops", ops, 1)
       .number("--threads", threads, 0, 1024)
       .number("--rounds", rounds, 1, 1000)
@@ -132,7 +140,8 @@ int main(int argc, char** argv) {
                 config = std::get<Config>(parsed);
                 return std::string();
               })
-      .flag("--tsv", tsv);
+      .flag("--tsv", tsv)
+      .flag("--interleave", interleave);
   args.parse(argc, argv);
   std::vector<AllocPattern> patterns;
   for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
@@ -147,27 +156,46 @@ int main(int argc, char** argv) {
                rounds > 1 ? fmt::format(", median (min..max) of {} rounds", rounds) : "");
     fmt::print("{:<28} {:>22} {:>26}\n", "pattern", "1 thread ns", threads ? fmt::format("{} threads ns/thread", threads) : "");
   }
-  for (const AllocPattern& p : patterns) {
-    std::vector<double> single, multi;
-    SimSourceCounters c{}, cm{};
-    for (int r = 0; r < rounds; ++r) {
-      single.push_back(measure(p, ops, 0, observer, config, &c));
-      if (threads) multi.push_back(measure(p, ops, threads, observer, config, &cm));
-    }
-    const Spread s = spread_of(single);
+  // single[i] / multi[i]: pattern i's rounds; the counters of its last round.
+  const std::size_t n = patterns.size();
+  std::vector<std::vector<double>> single(n), multi(n);
+  std::vector<SimSourceCounters> c(n), cm(n);
+  auto run_single = [&](std::size_t i) { single[i].push_back(measure(patterns[i], ops, 0, observer, config, &c[i])); };
+  auto run_multi = [&](std::size_t i) {
+    if (threads) multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i]));
+  };
+  auto print_row = [&](std::size_t i) {
+    const AllocPattern& p = patterns[i];
+    const Spread s = spread_of(single[i]);
     if (tsv) {
       fmt::print("pairs\t{}\t1\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, s.median, s.min, s.max);
       if (threads) {
-        const Spread m = spread_of(multi);
+        const Spread m = spread_of(multi[i]);
         fmt::print("pairs\t{}\t{}\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, threads, m.median, m.min, m.max);
       }
     } else {
       fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}{})\n", p.name,
                  gpumem::bench::format_spread(s, rounds),
-                 threads ? gpumem::bench::format_spread(spread_of(multi), rounds) : "", c.maps, c.unmaps, c.creates,
-                 threads ? fmt::format("; {} threads: maps {}, creates {}", threads, cm.maps, cm.creates) : "");
+                 threads ? gpumem::bench::format_spread(spread_of(multi[i]), rounds) : "", c[i].maps, c[i].unmaps,
+                 c[i].creates, threads ? fmt::format("; {} threads: maps {}, creates {}", threads, cm[i].maps, cm[i].creates) : "");
     }
     std::fflush(stdout);
+  };
+  if (interleave) {
+    for (std::size_t i = 0; i < n; ++i) {
+      for (int r = 0; r < rounds; ++r) {
+        run_single(i);
+        run_multi(i);
+      }
+      print_row(i);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i)
+      for (int r = 0; r < rounds; ++r) run_single(i);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (int r = 0; r < rounds; ++r) run_multi(i);
+      print_row(i);
+    }
   }
   return 0;
 }
