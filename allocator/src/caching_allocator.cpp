@@ -148,28 +148,40 @@ bool CachingAllocator::Impl::free_cached(std::uintptr_t addr, EventBatch& batch)
   return false;
 }
 
-bool CachingAllocator::Impl::free_to_large_lease(std::uintptr_t addr, EventBatch& batch) {
-  // Note [Thread caches]: one large lease per thread, made of a block it frees, so that a thread
-  // that frees and allocates large blocks again and again (a layer's activations, step after
-  // step) does so without the engine lock. The lease goes back on the thread's next large miss
-  // and before any growth of its pool and stream, so it never makes the engine grow.
+bool CachingAllocator::Impl::free_to_own_cache(std::uintptr_t addr, EventBatch& batch) {
+  // Note [Thread caches]: the first large block a thread frees becomes its large lease, so that a
+  // thread that frees and allocates large blocks of one size again and again (a layer's
+  // activations, step after step) does so without the engine lock. Any other block of no lease
+  // becomes a returning lease: the free takes no engine lock, and the memory goes back at this
+  // thread's next engine lock (a large miss, a new small lease), so a free and the next request
+  // that misses share one acquisition instead of taking one each. Both go back before any growth
+  // of their pool and stream, so they never make the engine grow.
   ThreadCache* tc = cache_for_this_thread(true);
   if (tc == nullptr) return false;
   std::lock_guard cl(tc->lock);
-  if (tc->large_lease != nullptr || tc->stash_count == 0) return false;
+  if (tc->stash_count == 0) return false;
+  bool as_large = false;
   Block* x = live.with_shard(addr, [&](detail::LiveTable& t) -> Block* {
     Block* y = t.find(addr);
-    if (y == nullptr || y->state != BlockState::allocated || y->uses || y->lease || y->region->pool != PoolKind::large)
-      return nullptr;
+    if (y == nullptr || y->state != BlockState::allocated || y->uses || y->lease) return nullptr;
+    as_large = y->region->pool == PoolKind::large && tc->large_lease == nullptr;
+    if (!as_large && tc->returning_count >= ThreadCache::kMaxReturning) return nullptr;
     t.erase(*y);
     return y;
   });
   if (x == nullptr) return false;
   tc->allocated_delta -= static_cast<std::int64_t>(x->size_bytes);
   tc->requested_delta -= static_cast<std::int64_t>(x->requested_bytes);
-  record(batch, EventKind::free_requested, PoolKind::large, addr, x->size_bytes, x->requested_bytes, x->stream);
-  record(batch, EventKind::free_completed, PoolKind::large, addr, x->size_bytes, x->requested_bytes, x->stream);
-  tc->large_lease = tc->adopt(x);
+  const PoolKind pool = x->region->pool;
+  record(batch, EventKind::free_requested, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
+  record(batch, EventKind::free_completed, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
+  detail::Lease* l = tc->adopt(x);
+  if (as_large) {
+    tc->large_lease = l;
+  } else {
+    l->returning = true;
+    ++tc->returning_count;
+  }
   return true;
 }
 
@@ -207,10 +219,10 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       Block* b = nullptr;
       {
         std::lock_guard cl(tc->lock);
-        // The large lease serves its exact size only (it is never split: splitting freed large
-        // blocks inside leases cut the engine's free memory and made it map twice as often with 4
-        // threads and mixed sizes on the H200).
-        if (pool == PoolKind::small || tc->index[static_cast<int>(PoolKind::large)].bytes() == rounded)
+        // Large blocks in a cache serve their exact size only (they are never split: splitting
+        // freed large blocks inside leases cut the engine's free memory and made it map twice as
+        // often with 4 threads and mixed sizes on the H200).
+        if (pool == PoolKind::small || tc->holds_exactly(pool, stream, rounded))
           b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
       }
       if (b) {
@@ -233,8 +245,10 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       fail.detail = "requests of 1 EiB or more are refused";
     } else {
       if (tc != nullptr && pool == PoolKind::small) {
-        // The cache missed: a new lease of free memory, and the request from it.
+        // The cache missed: its returning leases go back, then a new lease of free memory, and the
+        // request from it.
         std::lock_guard cl(tc->lock);
+        m.return_leases_locked(*tc);
         m.refill_stash_locked(*tc);
         b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
         if (b == nullptr && m.lease_locked(*tc, pool, stream, rounded))
@@ -245,6 +259,7 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
         // memory goes back first, so the engine's best fit sees it. Its stash is topped up for
         // the next large lease.
         std::lock_guard cl(tc->lock);
+        m.return_leases_locked(*tc);
         if (tc->large_lease != nullptr && tc->index[static_cast<int>(PoolKind::large)].bytes() > 0)
           m.splice_lease_locked(*tc, tc->large_lease);
         m.refill_stash_locked(*tc);
@@ -287,9 +302,9 @@ FreeStatus CachingAllocator::free(void* ptr) {
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
 
-  // Fast path: back into the lease the block came from (whichever thread's it is), or a large
-  // block into this thread's large lease if it has none.
-  if (m.use_caches() && (m.free_cached(addr, batch) || m.free_to_large_lease(addr, batch))) {
+  // Fast path: back into the lease the block came from (whichever thread's it is), or into a lease
+  // of this thread's own (its large lease, or a returning lease).
+  if (m.use_caches() && (m.free_cached(addr, batch) || m.free_to_own_cache(addr, batch))) {
     Impl::publish(m.observers_for(batch), batch);
     return FreeStatus::ok;
   }
@@ -312,6 +327,15 @@ FreeStatus CachingAllocator::free(void* ptr) {
         m.pending_bytes += b->size_bytes;
       } else {
         m.complete_free_locked(b, batch);
+      }
+    }
+    if (m.use_caches()) {
+      // This thread's own cache was full (or out of Block objects): its returning leases go back
+      // and its stash is topped up, so its next frees take no lock again.
+      if (ThreadCache* tc = m.cache_for_this_thread(false)) {
+        std::lock_guard cl(tc->lock);
+        m.return_leases_locked(*tc);
+        m.refill_stash_locked(*tc);
       }
     }
     m.maybe_check_locked();

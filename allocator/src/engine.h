@@ -287,9 +287,12 @@ struct CachingAllocator::Impl {
   Block* allocate_cached(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t size,
                          std::size_t rounded, detail::EventBatch& batch);
   bool free_cached(std::uintptr_t addr, detail::EventBatch& batch);
-  // A large-pool block of no lease, freed by a thread whose cache holds no large lease, becomes
-  // that lease (no engine lock); false if the engine must free it.
-  bool free_to_large_lease(std::uintptr_t addr, detail::EventBatch& batch);
+  // A block of no lease freed by this thread becomes a lease of its cache (no engine lock): its
+  // large lease if it is a large-pool block and the cache holds none, else a returning lease (while
+  // the cache holds fewer than ThreadCache::kMaxReturning); false if the engine must free it.
+  bool free_to_own_cache(std::uintptr_t addr, detail::EventBatch& batch);
+  // Gives every returning lease of tc back to the engine. Engine lock and tc's lock held.
+  void return_leases_locked(detail::ThreadCache& tc);
   // b (allocated, in the live table) is a sub-block of a lease: gives it back to its cache (takes
   // that cache's lock). Engine lock held.
   void free_leased_locked(Block* b, detail::EventBatch& batch);

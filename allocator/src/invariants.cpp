@@ -152,14 +152,17 @@ void CachingAllocator::Impl::check_locked() const {
   std::size_t leases = 0;
   std::int64_t alloc_delta = 0;
   for (const auto& tc : thread_caches.caches) {
-    std::size_t free_subs[2] = {0, 0}, leased = 0, count = 0, large = 0;
+    std::size_t free_subs[2] = {0, 0}, leased = 0, count = 0, large = 0, returning = 0;
     bool large_listed = tc->large_lease == nullptr;
     for (const detail::Lease* l = tc->leases; l; l = l->next) {
       ++count;
       const Block* lb = l->block;
       if (l->cache != tc.get() || lb == nullptr || lb->state != BlockState::cached || lb->lease != l)
         broken("thread cache lists a lease that is not its own");
-      if (lb->region->pool == PoolKind::large) {
+      if (l->returning) {
+        ++returning;
+        if (l == tc->large_lease) broken("thread cache: its large_lease is a returning lease");
+      } else if (lb->region->pool == PoolKind::large) {
         ++large;
         if (l != tc->large_lease) broken("thread cache holds a large lease that is not its large_lease");
         large_listed = true;
@@ -193,6 +196,8 @@ void CachingAllocator::Impl::check_locked() const {
     }
     if (count != tc->lease_count || leased != tc->leased_bytes) broken("thread cache lease count or bytes out of step");
     if (large > 1 || !large_listed) broken("thread cache: more than one large lease, or large_lease not among its leases");
+    if (returning != tc->returning_count || returning > detail::ThreadCache::kMaxReturning)
+      broken("thread cache: returning leases out of step with returning_count, or more than kMaxReturning");
     for (int pool = 0; pool < 2; ++pool) {
       if (free_subs[pool] != tc->index[pool].size()) broken("thread cache index holds blocks that are not its free sub-blocks");
       if (!tc->index[pool].check_order()) broken("thread cache index out of order or its byte count out of step");

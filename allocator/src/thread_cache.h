@@ -14,6 +14,11 @@
 //     by the same code as the engine's regions (block_surgery.h). Allocated sub-blocks are in the
 //     engine's live-block table like every allocated block; free sub-blocks are in no engine
 //     structure.
+//   * A block of no lease that the thread frees while it already holds a large lease (or a small
+//     block) becomes a *returning* lease (Lease::returning): the free takes no engine lock, and the
+//     lease goes back to the engine the next time this thread takes the engine's lock (at most
+//     kMaxReturning of them at once). Its memory serves this thread meanwhile: small requests by
+//     best fit, large ones of exactly its size.
 //   * Block objects come from the engine's arena through a stash refilled under the engine's lock.
 //
 // Invariants (checked by the engine's check_invariants): each lease's sub-blocks tile its block's
@@ -47,6 +52,7 @@ struct Lease {
   explicit Lease(ThreadCache* c) noexcept : cache(c) {}
   ThreadCache* const cache;  // never changes: a Lease object serves one cache
   Block* block = nullptr;    // in the region's chain, state cached; null while unused
+  bool returning = false;    // a freed block, back to the engine at the thread's next engine lock
   Block* first = nullptr;    // the lowest sub-block
   Lease* prev = nullptr;     // the cache's leases (or its unused Lease objects, through next)
   Lease* next = nullptr;
@@ -60,6 +66,11 @@ struct ThreadCache {
   // How much free memory a new lease takes from the engine (a request larger than this takes
   // what it needs). Leases serve the small pool only (Note [Thread caches] says why).
   static constexpr std::size_t kLeaseSmallBytes = std::size_t{2} << 20;
+  // Returning leases a cache holds at most; a free beyond them takes the engine's lock (and
+  // returns them). Each takes a Block object from the stash: kept below kStashLow, so the stash
+  // refilled at the thread's last engine lock covers them and the large lease.
+  static constexpr std::size_t kMaxReturning = 4;
+  static_assert(kMaxReturning + 1 < kStashLow);
 
   ThreadCache() = default;
   ThreadCache(const ThreadCache&) = delete;
@@ -68,8 +79,9 @@ struct ThreadCache {
   SpinLock lock;
   FreeIndex index[2];  // free sub-blocks, by PoolKind
   Lease* leases = nullptr;        // in use, a doubly linked list
-  Lease* large_lease = nullptr;   // the one large-pool lease among them, or null
+  Lease* large_lease = nullptr;   // the one large-pool lease among them that is not returning, or null
   std::size_t lease_count = 0;
+  std::size_t returning_count = 0;  // leases with `returning` set
   std::size_t leased_bytes = 0;   // sum of the leases' sizes
   Block* stash = nullptr;         // spare Block objects, through next
   std::size_t stash_count = 0;
@@ -107,6 +119,12 @@ struct ThreadCache {
     if (stash_count == 0) return nullptr;
     return surgery::take_best_fit(*this, index[static_cast<int>(pool)], pool, stream, rounded, limits);
   }
+  // Whether a free sub-block of exactly `rounded` bytes on `stream` is at hand: how large requests
+  // are served from a cache (a large block in a cache is handed out whole, never split).
+  bool holds_exactly(PoolKind pool, StreamId stream, std::size_t rounded) noexcept {
+    const Block* b = index[static_cast<int>(pool)].best_fit(stream, rounded);
+    return b != nullptr && b->size_bytes == rounded;
+  }
   // x, an allocated sub-block of one of this cache's leases (out of the live table), is free:
   // merged with its free neighbours in the lease.
   void give_back(Block* x) {
@@ -139,6 +157,10 @@ struct ThreadCache {
   // Unlinks l (its block and sub-blocks are the caller's to put back) and keeps the object.
   void retire(Lease* l) noexcept {
     if (l == large_lease) large_lease = nullptr;
+    if (l->returning) {
+      l->returning = false;
+      --returning_count;
+    }
     if (l->prev) l->prev->next = l->next;
     else leases = l->next;
     if (l->next) l->next->prev = l->prev;

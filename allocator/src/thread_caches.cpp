@@ -147,6 +147,15 @@ void CachingAllocator::Impl::splice_lease_locked(ThreadCache& tc, Lease* l) {
   for (Block* x : free_subs) map.insert_free_merged(x);
 }
 
+void CachingAllocator::Impl::return_leases_locked(ThreadCache& tc) {
+  mutex.assert_held();
+  for (Lease* l = tc.leases; l != nullptr && tc.returning_count > 0;) {
+    Lease* next = l->next;
+    if (l->returning) splice_lease_locked(tc, l);
+    l = next;
+  }
+}
+
 void CachingAllocator::Impl::drain_cache_locked(ThreadCache& tc) {
   mutex.assert_held();
   allocated_bytes += static_cast<std::size_t>(tc.allocated_delta);

@@ -252,7 +252,7 @@ TEST_CASE("small leases come from free memory; a thread's one large lease is a b
 
   // Another size is not served from the lease (it is never split): the lease goes back to the
   // engine first, whose best fit then uses its memory. A second large block freed while the thread
-  // holds a large lease goes back to the engine (one large lease per thread).
+  // holds a large lease becomes a returning lease (one large lease per thread).
   auto other = engine.allocate(kLarge / 2, 0);  // the lease goes back; the engine serves it
   CHECK(engine.totals().thread_cached_bytes == leased);
   CHECK(other.ptr == big.ptr);                  // best fit: the lease's memory, lowest address
@@ -263,14 +263,15 @@ TEST_CASE("small leases come from free memory; a thread's one large lease is a b
   t = engine.totals();
   CHECK(t.allocated_bytes == other.size_bytes + third.size_bytes);
   REQUIRE(engine.free(third.ptr) == FreeStatus::ok);  // no large lease now: it becomes one
-  REQUIRE(engine.free(other.ptr) == FreeStatus::ok);  // a block of the spliced lease: the engine's
+  REQUIRE(engine.free(other.ptr) == FreeStatus::ok);  // a block of no lease: a returning lease
   engine.check_invariants();
   t = engine.totals();
   CHECK(t.allocated_bytes == 0);
-  CHECK(t.thread_cached_bytes == leased + third.size_bytes);
+  CHECK(t.thread_cached_bytes == leased + third.size_bytes + other.size_bytes);
 
-  // A request larger than everything cached: the lease goes back before the engine grows, so the
-  // growth uses its memory (reserved grows by at most the shortfall).
+  // A request larger than everything cached: the returning lease goes back when the thread takes
+  // the engine's lock, the large lease before the engine grows, so the growth uses their memory
+  // (reserved grows by at most the shortfall).
   const std::size_t reserved_now = t.reserved_bytes, cached_now = t.cached_free_bytes;
   auto huge = engine.allocate(4 * kLarge, 0);
   REQUIRE(huge.ok());
@@ -285,5 +286,59 @@ TEST_CASE("small leases come from free memory; a thread's one large lease is a b
   // pointer hands every lease back first).
   CHECK(engine.free(huge.ptr) == FreeStatus::double_free);
   CHECK(engine.totals().thread_cached_bytes == 0);
+  engine.check_invariants();
+}
+
+TEST_CASE("blocks of no lease a thread frees go back to the engine at its next engine lock", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  const std::size_t leased = engine.totals().thread_cached_bytes;
+  constexpr std::size_t kMaxReturning = 4;  // ThreadCache::kMaxReturning
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+  // Large blocks of distinct sizes, all allocated before any is freed (no lease serves them).
+  std::vector<AllocResult> blocks;
+  for (std::size_t i = 0; i < kMaxReturning + 2; ++i) {
+    blocks.push_back(engine.allocate((4 + 2 * i) * kMiB, 0));
+    REQUIRE(blocks.back().ok());
+  }
+  engine.check_invariants();
+  // The first free makes the large lease, the next kMaxReturning returning leases: no engine lock,
+  // the memory counted as freed and as cached by this thread.
+  std::size_t cached = leased;
+  for (std::size_t i = 0; i < kMaxReturning + 1; ++i) {
+    REQUIRE(engine.free(blocks[i].ptr) == FreeStatus::ok);
+    cached += blocks[i].size_bytes;
+    const EngineTotals t = engine.totals();
+    CHECK(t.thread_cached_bytes == cached);
+    engine.check_invariants();
+  }
+  // A returning lease serves a request of exactly its size (handed out whole); a double free of
+  // that block is still caught.
+  auto again = engine.allocate(blocks[3].size_bytes, 0);
+  REQUIRE(again.ok());
+  CHECK(again.ptr == blocks[3].ptr);
+  CHECK(engine.totals().thread_cached_bytes == cached - blocks[3].size_bytes);
+  engine.check_invariants();
+  REQUIRE(engine.free(again.ptr) == FreeStatus::ok);
+  CHECK(engine.totals().thread_cached_bytes == cached);
+  engine.check_invariants();
+
+  // The cache is full: the next free takes the engine's lock, which gives the returning leases back
+  // (the large lease stays).
+  REQUIRE(engine.free(blocks[kMaxReturning + 1].ptr) == FreeStatus::ok);
+  EngineTotals t = engine.totals();
+  CHECK(t.thread_cached_bytes == leased + blocks[0].size_bytes);
+  CHECK(t.allocated_bytes == 0);
+  engine.check_invariants();
+  // Every block went back as free memory: a second free of any is refused (double_free where the
+  // pointer still starts a free block, foreign_pointer where that block merged into a neighbour).
+  for (const auto& b : blocks) {
+    const FreeStatus st = engine.free(b.ptr);
+    CHECK((st == FreeStatus::double_free || st == FreeStatus::foreign_pointer));
+  }
+  CHECK(engine.totals().allocated_bytes == 0);
   engine.check_invariants();
 }
