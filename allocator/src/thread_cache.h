@@ -5,9 +5,9 @@
 //   * A cache holds leases. A lease is one range of a region, held by one block of the region's
 //     chain in state `cached` (Lease::block), which the engine never changes, merges with or hands
 //     out while it is leased. Small-pool leases are taken from the engine's free memory; a cache
-//     has at most one large-pool lease (large_lease): a large block the thread freed while it had
+//     has at most one large lease (large_lease): a large block the thread freed while it had
 //     none, which serves requests of exactly its size only (never split), handed back on the
-//     thread's next large request that it cannot serve.
+//     thread's next large request that it cannot serve. Returning leases (below) come on top.
 //   * Inside the range the cache keeps its own chain of sub-blocks (Lease::first, linked through
 //     prev/next, null at the lease's ends, so nothing merges across it) and its own FreeIndex of the
 //     free ones: requests are served by best fit with splitting, frees merge with free neighbours,
@@ -24,7 +24,8 @@
 // Invariants (checked by the engine's check_invariants): each lease's sub-blocks tile its block's
 // range in address order, have its region and stream, no two free ones are neighbours, free ones
 // are in this cache's index and allocated ones in the live table; every block in the index is a
-// free sub-block of one of this cache's leases; Lease::cache never changes.
+// free sub-block of one of this cache's leases; Lease::cache never changes; returning_count
+// counts the leases with `returning` (at most kMaxReturning), and large_lease is not one of them.
 //
 // Thread-safety: `lock` guards everything here. The owning thread takes it for its fast paths; a
 // thread freeing a sub-block of this cache's leases takes it (and only it) to give the block back;
