@@ -7,12 +7,12 @@
 //                     [--config TEXT] [--tsv] [--interleave]
 //
 // Every one-thread measurement (all patterns, all rounds) runs before any T-thread one, so the
-// one-thread column times what a single-threaded program sees: a process in which no other thread
-// has used an engine. --interleave keeps the order of earlier versions (per pattern and round: one
-// thread, then T threads). In that order the H200 run of main 56a6249 read 120 / 161 / 109 ns for
-// the fixed-size pairs with thread caches on against 79 / 93 / 63 with thread_cache:False, while
-// a single-threaded run takes the same path either way (callgrind: 743 against 727 instructions
-// per 4 KiB pair; docs/notes/thread-caches.md, "Single-threaded programs").
+// one-thread column times a process in which no other thread has used an engine, as in a
+// single-threaded program. --interleave keeps the order of earlier versions (per pattern and
+// round: one thread, then T threads). The order is not what spreads the one-thread column on the
+// H200 host: one run there (commit 2ecaa8d) read 4 KiB pairs at 129 (83..132) ns in this order and
+// at 114 (95..124) ns interleaved with thread_cache:False, against 79 (79..81) in this order with
+// thread_cache:False (docs/notes/thread-caches.md, "Single-threaded programs").
 // --threads 0 measures one thread only. --rounds R runs every measurement R times on a fresh
 // engine and prints the median and the spread (min..max). --pattern keeps the patterns whose name
 // contains TEXT (repeatable). --observer attaches the stats observer, as the torch adapter does.
