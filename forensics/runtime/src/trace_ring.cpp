@@ -20,6 +20,9 @@ thread_local HeldOom t_held_oom;
 
 // The buffer is reserved up to this many records at once; beyond, it grows as records arrive.
 constexpr std::size_t kReserveRecords = 65536;
+// How many records ahead of the oldest one a full ring fetches the line it will overwrite (a batch
+// is one to four records; the fetch has an engine call's time to arrive).
+constexpr std::size_t kPrefetchAhead = 4;
 
 const std::shared_ptr<void> kNoContext;
 const std::string kNoText;
@@ -174,6 +177,13 @@ inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint64
   slot.event.t_ns = ticks;
   std::memcpy(static_cast<void*>(&buffer_[head_]), &slot, sizeof slot);
   if (++head_ == buffer_.size()) head_ = 0;
+  // The slot the record after next overwrites was written a whole ring ago and has left the
+  // caches; a store to a line that is not in the cache reads it from memory first, and the next
+  // locked instruction (this lock's, the engine's) waits for that store. Asking for the line a few
+  // records ahead, for writing, lets the read overlap with the program's own work.
+  std::size_t ahead = head_ + kPrefetchAhead;
+  if (ahead >= buffer_.size()) ahead %= buffer_.size();
+  __builtin_prefetch(&buffer_[ahead], /*for writing*/ 1, /*keep in all levels*/ 3);
   ++dropped_;
   if (!notes_.empty() && notes_.front().last_ordinal < appended_ - buffer_.size()) [[unlikely]]
     trim_notes_locked();
