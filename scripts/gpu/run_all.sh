@@ -10,6 +10,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/env.sh"
 : "${OUT:?set OUT}"
+mkdir -p "$OUT" || { echo "run_all.sh: cannot create OUT=$OUT" >&2; exit 2; }
 work=${GPU_WORK:-/tmp/gpumem-gpu}
 rm -rf "$work"; mkdir -p "$work"
 # name  budget-seconds  command
@@ -20,7 +21,7 @@ plan=(
   "graphs 130 $here/graphs.sh"
   "package 55 $here/package.sh"
   "pinned 85 $here/pinned.sh"
-  "forensics 55 $here/forensics.sh"
+  "forensics 75 env BUDGET_S=70 $here/forensics.sh"
   "zero 70 env NGPU=1 $here/zero_fsdp2.sh"
 )
 want=("$@")
@@ -42,6 +43,10 @@ for entry in "${plan[@]}"; do
   # the script's own summary, else the end of its output
   s=$(ls "$work/$name"/*summary*.txt 2>/dev/null | head -1)
   if [ -n "$s" ]; then cat "$s" >>"$summary"; else tail -30 "$work/$name/stdout.log" >>"$summary"; fi
+  # A script that did not pass: the end of its own output too (what its summary may not say).
+  if [ $rc -ne 0 ] && [ -n "$s" ]; then
+    { echo "--- $name: last lines of its output:"; tail -30 "$work/$name/stdout.log" | sed 's/^/  | /'; } >>"$summary"
+  fi
 done
 echo "=== all done in $((SECONDS - t_all)) s" | tee -a "$summary"
 tar czf "$OUT/gpu-results.tar.gz" -C "$work" . 2>/dev/null

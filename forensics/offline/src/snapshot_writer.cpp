@@ -50,19 +50,30 @@ bool same_frames(const std::vector<SnapshotFrame>& a, const std::vector<Snapshot
 }
 
 // ---- pickle protocol 2 ----
+// Writes into a buffer of its own; with a file (`spill`), the buffer is a window that is written
+// out whenever it fills, so a snapshot of any size goes to its file through one fixed buffer (no
+// buffer the size of the file to allocate, fault in and copy). Memo indices count values, not
+// bytes, so spilling changes nothing in what is written.
 class PickleSink {
  public:
-  explicit PickleSink(std::size_t size_hint = 1 << 20) {
+  explicit PickleSink(std::size_t size_hint = 1 << 20, std::FILE* spill = nullptr) : spill_(spill) {
     out_.resize(std::max<std::size_t>(size_hint, 1 << 16));
     key_memo_.fill(UINT32_MAX);
     op(0x80);  // PROTO
     op(2);
   }
+  // The pickle (without a file), or "" after writing what is left to the file.
   std::string finish() {
     op('.');  // STOP
+    if (spill_ != nullptr) {
+      spill();
+      return {};
+    }
     out_.resize(pos_);
     return std::move(out_);
   }
+  // With a file: whether every write to it succeeded.
+  bool spill_ok() const noexcept { return spill_ok_; }
 
   // Writes every key and the most common values once, first, under the top-level key
   // "gpumem_keys", so that they get the lowest memo indices (2-byte BINGETs); readers ignore it.
@@ -234,7 +245,17 @@ class PickleSink {
   [[gnu::always_inline]] void ensure(std::size_t n) {
     if (pos_ + n > out_.size()) [[unlikely]] grow(n);
   }
-  [[gnu::noinline]] void grow(std::size_t n) { out_.resize(std::max(out_.size() * 2, pos_ + n)); }
+  [[gnu::noinline]] void grow(std::size_t n) {
+    if (spill_ != nullptr) {
+      spill();
+      if (n <= out_.size()) return;
+    }
+    out_.resize(std::max(out_.size() * 2, pos_ + n));
+  }
+  void spill() {
+    if (pos_ != 0 && std::fwrite(out_.data(), 1, pos_, spill_) != pos_) spill_ok_ = false;
+    pos_ = 0;
+  }
   void append(const char* p, std::size_t n) {
     ensure(n);
     std::memcpy(out_.data() + pos_, p, n);
@@ -277,6 +298,8 @@ class PickleSink {
 
   std::string out_;
   std::size_t pos_ = 0;
+  std::FILE* spill_ = nullptr;
+  bool spill_ok_ = true;
   std::unordered_map<std::uint64_t, std::pair<const std::vector<SnapshotFrame>*, std::uint32_t>> frames_memo_;
   struct Recent {
     std::string text;
@@ -570,15 +593,29 @@ SnapshotFormat snapshot_format_for(const std::string& path) noexcept {
 }
 
 void write_snapshot(const Snapshot& snapshot, const std::string& path) {
-  const std::string bytes = snapshot_format_for(path) == SnapshotFormat::json ? snapshot_to_json(snapshot)
-                                                                               : snapshot_to_pickle(snapshot);
+  const bool json = snapshot_format_for(path) == SnapshotFormat::json;
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) {
     throw ForensicsError(fmt::format("{}: cannot write the snapshot ({}); check that the directory exists "
                                      "and is writable",
                                      path, std::strerror(errno)));
   }
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  bool ok = true;
+  try {
+    if (json) {
+      const std::string bytes = snapshot_to_json(snapshot);
+      ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    } else {
+      // Straight to the file through a 1 MiB window (see PickleSink).
+      PickleSink sink(std::size_t{1} << 20, f);
+      write_snapshot_dict(sink, snapshot);
+      sink.finish();
+      ok = sink.spill_ok();
+    }
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
   const bool closed = std::fclose(f) == 0;
   if (!ok || !closed) {
     throw ForensicsError(fmt::format("{}: writing the snapshot failed ({}); check free disk space", path,

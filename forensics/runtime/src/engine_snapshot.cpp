@@ -41,11 +41,6 @@ const char* state_name(alloc::BlockState s) {
   }
 }
 
-// An alloc record's key: its seq (per engine) with its address (engines' blocks never overlap).
-std::uint64_t alloc_key(std::uint64_t seq, std::uintptr_t addr) noexcept {
-  return seq * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(addr);
-}
-
 // Alloc records for the engine's live blocks whose own record the ring overwrote (their seq is older
 // than its oldest record), rebuilt from the tracker's live-block table: the trace then holds the
 // allocation of every block live now, as if the ring never evicted one that is still live. Blocks
@@ -148,9 +143,19 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
   }
   auto& out = *trace_out;
   out.reserve(order.size());
-  // alloc (seq, address) -> its record (op, stack context)
-  std::unordered_map<std::uint64_t, const TraceRecord*> alloc_of_seq;
-  alloc_of_seq.reserve(order.size() / 2 + 1);
+  // The alloc record (op, stack context) of a live block, by its seq and address: a binary search
+  // of `order` (sorted by seq), once per live block, rather than a hash entry per alloc record.
+  // Seqs are per engine and the ring holds the private pools' events too, so a seq may repeat: the
+  // address tells them apart (engines' blocks never overlap).
+  const auto alloc_record = [&order](std::uint64_t seq, std::uintptr_t addr) -> const TraceRecord* {
+    const TraceRecord* found = nullptr;
+    auto it = std::lower_bound(order.begin(), order.end(), seq,
+                               [](const TraceRecord* r, std::uint64_t s) { return r->event.seq < s; });
+    for (; it != order.end() && (*it)->event.seq == seq; ++it) {
+      if ((*it)->event.kind == alloc::EventKind::alloc && (*it)->event.addr == addr) found = *it;
+    }
+    return found;
+  };
   FrameRequests requests;
   std::vector<std::size_t> entry_frames;  // per entry: index into the symbolized batch
   std::vector<std::string> name_cache;  // by id (ids are dense)
@@ -181,7 +186,6 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
     s.time_us = static_cast<std::int64_t>(e.t_ns / 1000) + offset_us;
     s.op = name_of(r->op);
     s.user_metadata = name_of(r->scope);
-    if (*action == TraceAction::alloc) alloc_of_seq[alloc_key(e.seq, e.addr)] = r;
     if (*action == TraceAction::oom) last_oom = out.size();
     entry_frames.push_back(*action == TraceAction::alloc || *action == TraceAction::oom ? requests.add(r->stack_context())
                                                                                        : SIZE_MAX);
@@ -234,11 +238,9 @@ Snapshot snapshot_from_engine(const alloc::EngineSnapshot& engine, std::span<con
         if (sb.state != "inactive") {
           std::uint32_t op = 0;
           std::size_t frames = SIZE_MAX;
-          // Seqs are per engine and the ring holds the pools' events too: keyed by seq and address.
-          if (auto it = alloc_of_seq.find(alloc_key(b.alloc_seq, b.addr));
-              it != alloc_of_seq.end() && it->second->event.seq == b.alloc_seq && it->second->event.addr == b.addr) {
-            op = it->second->op;
-            frames = requests.add(it->second->stack_context());
+          if (const TraceRecord* rec = alloc_record(b.alloc_seq, b.addr); rec != nullptr) {
+            op = rec->op;
+            frames = requests.add(rec->stack_context());
           } else if (auto old = older.find(b.addr); old != older.end()) {
             op = old->second.op;
             frames = requests.add(old->second.context);

@@ -20,8 +20,12 @@ thread_local HeldOom t_held_oom;
 
 // The buffer is reserved up to this many records at once; beyond, it grows as records arrive.
 constexpr std::size_t kReserveRecords = 65536;
+// How many records ahead of the oldest one a full ring fetches the line it will overwrite (a batch
+// is one to four records; the fetch has an engine call's time to arrive).
+constexpr std::size_t kPrefetchAhead = 4;
 
 const std::shared_ptr<void> kNoContext;
+const std::shared_ptr<const TraceNotes> kNoNotes;
 const std::string kNoText;
 
 }  // namespace
@@ -168,12 +172,21 @@ inline void TraceRing::append_locked(const alloc::AllocEvent& event, std::uint64
     grow_locked(slot);
     return;
   }
-  // Full: overwrite the oldest record: one whole, aligned line, built in registers and stored at
-  // once (whole-line stores; field by field, the event's padding bytes would be left out).
-  Slot slot{event, op, scope};
+  // Full: overwrite the oldest record, one aligned line: the event's bytes copied as they are
+  // (padding included, so the whole line is written), then the time, op and scope over them.
+  Slot& slot = buffer_[head_];
+  std::memcpy(static_cast<void*>(&slot.event), &event, sizeof event);
   slot.event.t_ns = ticks;
-  std::memcpy(static_cast<void*>(&buffer_[head_]), &slot, sizeof slot);
+  slot.op = op;
+  slot.scope = scope;
   if (++head_ == buffer_.size()) head_ = 0;
+  // The slot the record after next overwrites was written a whole ring ago and has left the
+  // caches; a store to a line that is not in the cache reads it from memory first, and the next
+  // locked instruction (this lock's, the engine's) waits for that store. Asking for the line a few
+  // records ahead, for writing, lets the read overlap with the program's own work.
+  std::size_t ahead = head_ + kPrefetchAhead;
+  if (ahead >= buffer_.size()) ahead %= buffer_.size();
+  __builtin_prefetch(&buffer_[ahead], /*for writing*/ 1, /*keep in all levels*/ 3);
   ++dropped_;
   if (!notes_.empty() && notes_.front().last_ordinal < appended_ - buffer_.size()) [[unlikely]]
     trim_notes_locked();
@@ -191,6 +204,30 @@ void TraceRing::on_events(std::span<const alloc::AllocEvent> events) {
     scope = OpStack::current_scope();
   }
   const std::uint64_t ticks = detail::read_ticks();  // one time for the batch: one engine call
+  // The common case (no hooks, nothing attached to the records): each event a few plain stores
+  // into its slot under the lock, and nothing else.
+  if (context == nullptr) {
+    std::lock_guard lock(mutex_);
+    if (hooks_.empty() && current_notes_ == nullptr) {
+      const std::size_t cap = capacity_locked();
+      for (const auto& event : events) {
+        if (event.kind == alloc::EventKind::oom && oom_to_caller_) [[unlikely]] {
+          t_held_oom = HeldOom{this, event};  // record_oom() keeps it, with the provider's free bytes
+          continue;
+        }
+        if (floor_ == 0 && skipped_locked(event.kind)) continue;  // nobody keeps this kind
+        if (cap != 0) append_locked(event, ticks, op, scope, kNoNotes, cap);
+      }
+      return;
+    }
+  }
+  publish_slow(events, context, op, scope, ticks);
+}
+
+// on_events with hooks to call or notes to attach (a history with contexts, metadata, compile
+// contexts): the records are built under the lock and handed to the hooks after it.
+void TraceRing::publish_slow(std::span<const alloc::AllocEvent> events, const std::shared_ptr<void>* context,
+                             std::uint32_t op, std::uint32_t scope, std::uint64_t ticks) {
   std::vector<Hook> hooks;
   std::vector<TraceRecord> for_hooks;
   {

@@ -41,7 +41,8 @@ Results: OUT/live.jsonl (one line per run, written as it finishes), OUT/summary.
 after every run; the table), OUT/summary.json (its rows, bytes), OUT/live-logs.tar.gz (each
 child's log). The table prints last: per (workload, mode) the median of the runs' step times (training: median of the timed steps;
 generate: mean of the timed calls, the same calls in every mode) with min..max over repetitions,
-the ratio to native within each repetition (median, min..max), peak reserved / requested (bytes
+the ratio to native within each repetition (median, min..max), the process's CPU time per step
+and its difference to the mode's base within each repetition, peak reserved / requested (bytes
 in the JSON, GiB in the table) and their ratio, and whether losses / generated tokens equal
 native's.
 """
@@ -579,13 +580,25 @@ def run_child(spec):
     steps = spec["steps"] if spec["steps"] is not None else w.steps
     warm = min(spec["warmup"] if spec["warmup"] is not None else w.warmup, max(0, steps - 1))
     step_s, infos, losses, tokens = [], [], [], []
+    # Beside each step's wall time, what the CPU did while the step's Python call ran (before the
+    # synchronize that ends the step; its busy wait would count as CPU time): the process's CPU
+    # time (every thread: the caller, autograd's device threads) and the calling thread's.
+    call_s, cpu_s, thread_cpu_s = [], [], []
+    allocs_before = None
     t1 = time.monotonic()
     for i in range(steps):
+        if cuda and i == warm:
+            allocs_before = torch.cuda.memory_stats(device).get("allocation.all.allocated")
         sync()
         ts = time.perf_counter()
+        c0, tc0 = time.process_time(), time.thread_time()
         infos.append(built.step(i))
+        c1, tc1 = time.process_time(), time.thread_time()
+        call_s.append(time.perf_counter() - ts)
         sync()
         step_s.append(time.perf_counter() - ts)
+        cpu_s.append(c1 - c0)
+        thread_cpu_s.append(tc1 - tc0)
         outs = ctx.take_observed()
         if "loss" in outs:
             losses.append(outs["loss"])
@@ -600,6 +613,11 @@ def run_child(spec):
         "step_s": statistics.fmean(timed) if spec["metric"] == "mean" else statistics.median(timed),
         "step_s_median": statistics.median(timed), "step_s_mean": statistics.fmean(timed),
         "step_s_all": step_s, "step_shapes": infos,
+        # CPU per timed step: the mean (a total over the same steps in every mode, so modes compare
+        # step for step; shapes differ between steps), and each step's value.
+        "cpu_s": statistics.fmean(cpu_s[warm:]), "thread_cpu_s": statistics.fmean(thread_cpu_s[warm:]),
+        "call_s": statistics.fmean(call_s[warm:]),
+        "cpu_s_all": cpu_s, "thread_cpu_s_all": thread_cpu_s, "call_s_all": call_s,
         "outputs": ({"kind": "loss", "values": losses} if losses else
                     {"kind": "tokens", "values": tokens} if tokens else None),
         "model": built.model, "threads": torch.get_num_threads(),
@@ -614,6 +632,9 @@ def run_child(spec):
             "num_ooms": stats.get("num_ooms"),
             "memory_stats": {k: v for k, v in stats.items() if k.endswith(".all.peak") or k.startswith("num_")},
         })
+        allocs_after = stats.get("allocation.all.allocated")
+        if allocs_before is not None and allocs_after is not None and len(timed) > 0:
+            res["allocs_per_step"] = (allocs_after - allocs_before) / len(timed)
     phases["child_s"] = time.monotonic() - t0
     res["phases"] = phases
     res["child_start_unix"] = t["start"]
@@ -820,6 +841,11 @@ def describe_run(spec, res, native):
         return "%s %s: %s; %s" % (head, res["status"].upper(), res.get("error"), times)
     parts = ["step %.1f ms (%s of %d)" % (res["step_s"] * 1000, res["step_metric"],
                                           res["steps"] - res["warmup"])]
+    if res.get("cpu_s") is not None:
+        parts.append("CPU %.1f ms per step (calling thread %.1f ms; the step's call %.1f ms wall)" % (
+            res["cpu_s"] * 1000, res.get("thread_cpu_s", 0) * 1000, res.get("call_s", 0) * 1000))
+    if res.get("allocs_per_step") is not None:
+        parts.append("%.0f allocations per step" % res["allocs_per_step"])
     if res.get("peak_reserved") is not None:
         parts.append("peak reserved %.3f GiB, requested %.3f GiB (%.4f)" % (
             res["peak_reserved"] / report.GiB, res["peak_requested"] / report.GiB,

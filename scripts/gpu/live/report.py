@@ -63,6 +63,20 @@ def per_rep_ratios(runs, workload, mode, ref, key="step_s"):
     return out
 
 
+def per_rep_differences(runs, workload, mode, ref, key):
+    """run - ref of `key` for every repetition in which both ran and have the value (CPU seconds
+    per step: what a mode adds is a difference, not a ratio)."""
+    out = []
+    for (w, m, rep), r in sorted(runs.items(), key=lambda kv: kv[0][2]):
+        if w != workload or m != mode:
+            continue
+        base = runs.get((workload, ref, rep))
+        if base is None or r.get(key) is None or base.get(key) is None:
+            continue
+        out.append(r[key] - base[key])
+    return out
+
+
 def compare_outputs(run, ref):
     """How one run's outputs compare with a reference run's (same workload, same seeds):
     {"kind", "compared", "equal", "first_equal", "max_abs_diff"} (max_abs_diff for losses only),
@@ -132,6 +146,12 @@ def summarize(results, order):
                 "step_s": spread([r.get("step_s") for r in good]),
                 "vs_native": spread(per_rep_ratios(runs, workload, mode, NATIVE)),
                 "vs_base": spread(per_rep_ratios(runs, workload, mode, base)) if base else None,
+                "cpu_s": spread([r.get("cpu_s") for r in good]),
+                "thread_cpu_s": spread([r.get("thread_cpu_s") for r in good]),
+                "cpu_vs_base_s": spread(per_rep_differences(runs, workload, mode, base, "cpu_s")) if base else None,
+                "thread_cpu_vs_base_s": (spread(per_rep_differences(runs, workload, mode, base, "thread_cpu_s"))
+                                         if base else None),
+                "allocs_per_step": spread([r.get("allocs_per_step") for r in good]),
                 "peak_reserved": spread([r.get("peak_reserved") for r in good]),
                 "peak_requested": spread([r.get("peak_requested") for r in good]),
                 "peak_allocated": spread([r.get("peak_allocated") for r in good]),
@@ -174,8 +194,8 @@ def fmt_outputs(o, is_ref):
 
 
 def format_table(rows):
-    head = ("workload", "mode", "ok", "step ms", "vs native", "vs base", "peak reserved GiB",
-            "peak requested GiB", "reserved/requested", "outputs")
+    head = ("workload", "mode", "ok", "step ms", "vs native", "vs base", "CPU ms/step", "CPU vs base ms",
+            "peak reserved GiB", "peak requested GiB", "reserved/requested", "outputs")
     lines = []
     for r in rows:
         ok = "%d/%d" % (r["ok"], r["runs"])
@@ -184,7 +204,9 @@ def format_table(rows):
             step += " mean"
         vs_native = "1 (ref)" if r["mode"] == NATIVE and r["ok"] else fmt_spread(r["vs_native"], digits=3)
         vs_base = "-" if not r["base"] else "%s: %s" % (r["base"], fmt_spread(r["vs_base"], digits=3))
-        lines.append((r["workload"], r["mode"], ok, step, vs_native, vs_base,
+        cpu = fmt_spread(r.get("cpu_s"), 1000.0, 1)
+        cpu_vs = "-" if not r["base"] else "%s: %s" % (r["base"], fmt_spread(r.get("cpu_vs_base_s"), 1000.0, 2))
+        lines.append((r["workload"], r["mode"], ok, step, vs_native, vs_base, cpu, cpu_vs,
                       fmt_spread(r["peak_reserved"], 1 / GiB, 3),
                       fmt_spread(r["peak_requested"], 1 / GiB, 3),
                       fmt_spread(r["reserved_over_requested"], digits=4),
@@ -232,6 +254,14 @@ def targets(rows):
             if r["base"] == "gpumem":
                 text += ": " + verdict(v, 1.03)
             out.append(text)
+            c, b = r.get("cpu_vs_base_s"), by.get((w, r["base"]))
+            if c and b and b.get("step_s") and b.get("cpu_s"):
+                out.append("          %-18s %s CPU per step %+.2f ms over %s (%s ms; %.1f%% of %s's step time, "
+                           "%.1f%% of its CPU; calling thread %s ms)" % (
+                               w, m, c["median"] * 1000, r["base"], fmt_spread(c, 1000.0, 2),
+                               100.0 * c["median"] / b["step_s"]["median"], r["base"],
+                               100.0 * c["median"] / b["cpu_s"]["median"],
+                               fmt_spread(r.get("thread_cpu_vs_base_s"), 1000.0, 2)))
     return out
 
 

@@ -60,10 +60,13 @@ class ReportTest(unittest.TestCase):
             res.append(run_result("w", "native", rep, native[rep], 40 * GiB, 23 * GiB, [10.0, 9.0]))
             res.append(run_result("w", "expandable", rep, native[rep] * 1.10, 25 * GiB, 23 * GiB,
                                   [10.0, 9.0 + 0.001 * rep]))
+            # CPU per step: gpumem 50, 60, 40 ms; the trace adds 1.0, 2.0, 1.5 ms (thread: 0.5 each)
             res.append(run_result("w", "gpumem", rep, native[rep] * (1.05, 1.0, 0.95)[rep],
-                                  (24 + 0.5 * rep) * GiB, 23 * GiB, [10.0, 9.0]))
+                                  (24 + 0.5 * rep) * GiB, 23 * GiB, [10.0, 9.0],
+                                  cpu_s=(0.050, 0.060, 0.040)[rep], thread_cpu_s=0.030))
             res.append(run_result("w", "gpumem_trace", rep, native[rep] * (1.05, 1.0, 0.95)[rep] * 1.02,
-                                  24 * GiB, 23 * GiB, [10.0, 9.0]))
+                                  24 * GiB, 23 * GiB, [10.0, 9.0],
+                                  cpu_s=(0.051, 0.062, 0.0415)[rep], thread_cpu_s=0.0305))
         # a failed and a not-run repetition of a fourth mode, and a run without native beside it
         res.append(run_result("w", "gpumem_ops", 0, None, status="failed", error="gpumem is not torch's ..."))
         res.append(run_result("w", "gpumem_ops", 1, None, status="not_run", error="deadline"))
@@ -86,6 +89,14 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(t["base"], "gpumem")
         self.assertAlmostEqual(t["vs_base"]["median"], 1.02)
         self.assertAlmostEqual(t["vs_base"]["min"], 1.02)
+        # CPU: a difference to the base within each repetition, then its spread
+        self.assertAlmostEqual(g["cpu_s"]["median"], 0.050)
+        self.assertIsNone(g["cpu_vs_base_s"])
+        self.assertAlmostEqual(t["cpu_vs_base_s"]["median"], 0.0015)
+        self.assertAlmostEqual(t["cpu_vs_base_s"]["min"], 0.001)
+        self.assertAlmostEqual(t["cpu_vs_base_s"]["max"], 0.002)
+        self.assertAlmostEqual(t["thread_cpu_vs_base_s"]["median"], 0.0005)
+        self.assertIsNone(n["cpu_s"])
         self.assertEqual(g["peak_reserved"], {"median": 24.5 * GiB, "min": 24 * GiB, "max": 25 * GiB, "n": 3})
         self.assertAlmostEqual(n["reserved_over_requested"]["median"], 40 / 23)
         self.assertAlmostEqual(g["reserved_over_requested"]["max"], 25 / 23)
@@ -125,8 +136,10 @@ class ReportTest(unittest.TestCase):
         self.assertTrue(lines[0].startswith("workload"))
         self.assertRegex(table, r"w\s+native\s+3/3\s+200\.0 \(180\.0\.\.240\.0\)\s+1 \(ref\)")
         self.assertRegex(table, r"w\s+gpumem\s+3/3\s+\S+ \(\S+\)\s+1\.000 \(0\.950\.\.1\.050\)\s+-\s+"
+                                r"50\.0 \(40\.0\.\.60\.0\)\s+-\s+"
                                 r"24\.500 \(24\.000\.\.25\.000\)\s+23\.000\s+1\.0652 \(1\.0435\.\.1\.0870\)")
-        self.assertRegex(table, r"gpumem_trace\s+3/3\s+.*gpumem: 1\.020\s")
+        self.assertRegex(table, r"gpumem_trace\s+3/3\s+.*gpumem: 1\.020\s+51\.0 \(41\.5\.\.62\.0\)\s+"
+                                r"gpumem: 1\.50 \(1\.00\.\.2\.00\)\s")
         self.assertRegex(table, r"gpumem_ops\s+1/3\s+200\.0\s")
         self.assertIn("loss vs native: first step equal 3/3, all 2 steps equal 1/3, max |diff| 0.002", table)
         tg = "\n".join(report.targets(rows))
@@ -135,6 +148,9 @@ class ReportTest(unittest.TestCase):
         self.assertIn("gpumem step / native 1.000 (0.950..1.050) over 3 reps: target <= 1.01: met by the median; "
                       "the repetitions straddle it (inconclusive at this spread)", tg)
         self.assertIn("gpumem_trace step / gpumem 1.020 over 3 reps: target <= 1.03: met", tg)
+        # 1.5 ms of gpumem's median step (210, 240, 171 ms: 210 ms) and of its median CPU (50 ms)
+        self.assertIn("gpumem_trace CPU per step +1.50 ms over gpumem (1.50 (1.00..2.00) ms; 0.7% of gpumem's "
+                      "step time, 3.0% of its CPU; calling thread 0.50 ms)", tg)
         self.assertIn("FAILED    rep 1 w/gpumem_ops: gpumem is not torch's ...", report.problems(self.synthetic()))
         self.assertIn("NOT RUN   rep 2 w/gpumem_ops: deadline", report.problems(self.synthetic()))
 
@@ -465,6 +481,8 @@ class ChildTest(unittest.TestCase):
         self.assertIn("first segment is_expandable=False", res["settings"]["verified"])
         self.assertEqual((res["peak_reserved"], res["peak_requested"]), (3 * GiB, 2 * GiB))
         self.assertEqual(len(res["step_s_all"]), 3)
+        self.assertEqual(len(res["cpu_s_all"]), 3)
+        self.assertGreaterEqual(res["cpu_s"], 0.0)
         self.assertEqual(res["warmup"], 1)
         self.assertEqual(res["outputs"]["kind"], "loss")
         self.assertEqual(len(res["outputs"]["values"]), 3)

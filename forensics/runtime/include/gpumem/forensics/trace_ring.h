@@ -24,8 +24,12 @@
 // Cost: while inactive (no history, no floor, no hook) on_events returns after one atomic load.
 // Active, it reads the CPU's tick counter once per batch (tick_clock.h; the engine is asked for
 // sequence numbers only, never for its clock), and the ring's lock (a spin lock) is held only to
-// copy the batch's records in: once the buffer is full, one aligned 64-byte slot stored per event. The buffer grows on demand
-// up to its capacity (a few allocations, amortized), and hooks run after the lock is released.
+// copy the batch's records in. In the common case (no hooks, nothing attached to the records) an
+// event is a few plain stores into its aligned 64-byte slot (the event's bytes, then time, op and
+// scope); a full ring fetches the line it will overwrite a few records ahead, so those stores do
+// not wait for memory. Callgrind, bench_forensics_observers: about 240 instructions per
+// alloc+free pair (two batches, three events) over plain gpumem. The buffer grows on demand up to
+// its capacity (a few allocations, amortized), and hooks run after the lock is released.
 // 64 bytes a record (what the program attached is kept once per run of records that share it).
 // Times are ticks while kept and steady-clock nanoseconds in every record handed out.
 //
@@ -167,6 +171,8 @@ class TraceRing final : public alloc::AllocObserver {
   std::uint64_t oldest_ordinal_locked() const noexcept { return appended_ - buffer_.size(); }
   void append_locked(const alloc::AllocEvent& event, std::uint64_t ticks, std::uint32_t op, std::uint32_t scope,
                      const std::shared_ptr<const TraceNotes>& notes, std::size_t cap);
+  void publish_slow(std::span<const alloc::AllocEvent> events, const std::shared_ptr<void>* context, std::uint32_t op,
+                    std::uint32_t scope, std::uint64_t ticks);
   void note_locked(const std::shared_ptr<const TraceNotes>& notes, std::uint64_t ordinal);
   void grow_locked(const Slot& slot);
   void trim_notes_locked();
