@@ -7,6 +7,10 @@
 // single-threaded and with T threads each running its own sequence.
 //
 //   torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR] [--sim]
+//                     [--pattern TEXT]...
+//
+// --pattern keeps the patterns whose name contains TEXT (repeatable), as in bench_alloc_pairs: one
+// pattern alone under callgrind gives its instructions per pair.
 //
 // gpumem is not installed: libtorch keeps its native allocator, and gpumem's allocator object is
 // driven directly (gpumem::torch::cuda_allocator()), so both run under the same conditions. Each
@@ -160,15 +164,26 @@ int main(int argc, char** argv) {
   int threads = 4, rounds = 3;
   std::string config_text;
   bool sim = false;
+  std::vector<std::string> wanted;
   gpumem::bench::BenchArgs args("torch_alloc_pairs",
-                                "[--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR] [--sim]");
+                                "[--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR] [--sim] "
+                                "[--pattern TEXT]...");
   args.count("--ops", ops, 1)
       .count("--thread-ops", thread_ops, 1)
       .number("--threads", threads, 1, 1024)
       .number("--rounds", rounds, 1, 1000)
       .text("--config", config_text)
-      .flag("--sim", sim);
+      .flag("--sim", sim)
+      .texts("--pattern", wanted);
   args.parse(argc, argv);
+  std::vector<AllocPattern> patterns;
+  for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
+    bool keep = wanted.empty();
+    for (const auto& w : wanted) keep = keep || std::string(p.name).find(w) != std::string::npos;
+    if (keep) patterns.push_back(p);
+  }
+  if (patterns.empty())
+    args.fail("no pattern matches --pattern (names: 4 KiB pairs, 1 MiB pairs, 64 MiB pairs, window 64, window 1024)");
   if (sim) {
     if (config_text.find("source:") == std::string::npos) config_text += config_text.empty() ? "source:sim" : ",source:sim";
     ::setenv("GPUMEM_ALLOW_SIM", "1", 1);
@@ -189,7 +204,7 @@ int main(int argc, char** argv) {
                 "(1 thread), %zu pairs per thread (%d threads), median of %d rounds\n",
                 ops, thread_ops, threads, rounds);
     std::printf("%-28s %12s   %14s %14s\n", "pattern", "gpumem ns", "gpumem ns/thr", "driver calls");
-    for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
+    for (const AllocPattern& p : patterns) {
       const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
       std::vector<double> g1, gt;
       const long long calls0 = driver_calls(ours_allocator);
@@ -219,7 +234,7 @@ int main(int argc, char** argv) {
               current_device_ns(0), current_device_ns(threads), threads);
   std::printf("%-28s %12s %12s %8s   %14s %14s %8s %14s\n", "pattern", "native ns", "gpumem ns", "speedup",
               "native ns/thr", "gpumem ns/thr", "speedup", "driver calls");
-  for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
+  for (const AllocPattern& p : patterns) {
     const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
     std::vector<double> n1, g1, nt, gt;
     const long long calls0 = driver_calls(ours_allocator);

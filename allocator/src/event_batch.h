@@ -2,8 +2,15 @@
 // observers after it is dropped. Eight events fit inline (left uninitialized until pushed, so an
 // engine call that records nothing pays nothing for them); more spill to the heap (only the slow
 // paths produce more).
+//
+// Invariant: n_ events were pushed; while n_ <= kInline they are inline_[0, n_) and spill_ is
+// null; past that, spill_ holds all of them in order. A push on the fast paths (at most three
+// events per call) is one compare, a copy and an increment.
+//
+// Thread-safety: none; one engine call owns its batch.
 #pragma once
 
+#include <memory>
 #include <new>
 #include <span>
 #include <vector>
@@ -22,30 +29,35 @@ class EventBatch {
   bool recording() const noexcept { return recording_; }
   unsigned needs() const noexcept { return needs_; }
   void push(const AllocEvent& e) {
-    if (spill_.empty() && n_ < kInline) {
+    if (n_ < kInline) [[likely]] {
       new (&inline_[n_ * sizeof(AllocEvent)]) AllocEvent(e);
       ++n_;
       return;
     }
-    if (spill_.empty()) spill_.assign(inline_events(), inline_events() + n_);
-    spill_.push_back(e);
+    push_spilled(e);
   }
   std::span<const AllocEvent> view() const noexcept {
-    if (!spill_.empty()) return {spill_.data(), spill_.size()};
-    return {inline_events(), n_};
+    if (n_ <= kInline) [[likely]] return {inline_events(), n_};
+    return {spill_->data(), spill_->size()};
   }
-  bool empty() const noexcept { return n_ == 0 && spill_.empty(); }
+  bool empty() const noexcept { return n_ == 0; }
 
  private:
   static constexpr std::size_t kInline = 8;
   const AllocEvent* inline_events() const noexcept {
     return std::launder(reinterpret_cast<const AllocEvent*>(inline_));
   }
+  // The ninth event and later (slow paths only): everything moves to the heap, in order.
+  void push_spilled(const AllocEvent& e) {
+    if (!spill_) spill_ = std::make_unique<std::vector<AllocEvent>>(inline_events(), inline_events() + n_);
+    spill_->push_back(e);
+    ++n_;
+  }
   bool recording_;
   unsigned needs_;
   std::size_t n_ = 0;
   alignas(AllocEvent) unsigned char inline_[kInline * sizeof(AllocEvent)];  // AllocEvent is trivially destructible
-  std::vector<AllocEvent> spill_;
+  std::unique_ptr<std::vector<AllocEvent>> spill_;
 };
 
 }  // namespace gpumem::alloc::detail

@@ -8,14 +8,15 @@ namespace gpumem::alloc {
 namespace {
 
 // An event of a pool changes [all] and [pool] (Stat arrays, and the shards' arrays alike).
+// Always inlined: as calls they were a third of the observer's instructions per event.
 template <class Array>
-void increase(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
+[[gnu::always_inline]] inline void increase(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
   stats[static_cast<std::size_t>(StatType::all)].increase(amount);
   stats[pool_index].increase(amount);
 }
 
 template <class Array>
-void decrease(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
+[[gnu::always_inline]] inline void decrease(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
   stats[static_cast<std::size_t>(StatType::all)].decrease(amount);
   stats[pool_index].decrease(amount);
 }
@@ -70,7 +71,9 @@ using ShardArray = std::array<ShardStat, kNumStatTypes>;
 // Invariants: only the owning thread (owned) adds to it, under `lock`; the observer folds it
 // under its own lock and then `lock`. Kept alive by the observer and the owning thread's slot
 // (shared), so a thread that exits after its observer was destroyed touches live memory.
-struct StatsShard {
+// Aligned to a cache line: shards are made one after another, and two threads writing their own
+// shards on one shared line would pass it back and forth on every batch.
+struct alignas(64) StatsShard {
   SpinLock lock;
   std::atomic<bool> owned{true};          // a live thread's slot holds it
   std::atomic<bool> observer_alive{true};  // cleared by ~StatsObserver: the slot may be reused
@@ -101,18 +104,67 @@ thread_local StatsShardSlots t_shard_slots;
 // destructor (a cached workspace tensor, say) takes the locked path. Trivially destructible, so
 // it stays readable until the thread ends.
 thread_local bool t_shard_slots_gone = false;
+// The slot this thread used last, looked at first: trivially destructible, so reading it costs no
+// check of whether the thread's slots were made yet. Observer ids are never reused, so an entry of
+// a destroyed observer never matches again; cleared with the slots at thread exit.
+struct LastShard {
+  std::uint64_t observer_id = 0;
+  StatsShard* shard = nullptr;
+};
+thread_local LastShard t_last_shard;
 
 StatsShardSlots::~StatsShardSlots() {
   t_shard_slots_gone = true;
+  t_last_shard = LastShard{};
   for (Slot& s : slots)
     if (s.shard) s.shard->owned.store(false, std::memory_order_release);
 }
 
 // The hot events: the only ones a shard takes.
+
+// The three events the engine's fast paths emit, applied to the stats they change: one
+// definition for the totals (Target = DeviceStatsView, Stat) and a thread's shard (StatsShard,
+// ShardStat). Returns false, changing nothing, for any other event (the caller applies it in
+// full). Adds the bytes an alloc took to *alloc_bytes (the shard's fold bound). inactive_split is
+// not here: the caller takes the full path while classic segments are tracked.
+template <class Target>
+[[gnu::always_inline]] inline bool apply_hot(Target& t, const AllocEvent& e, std::size_t max_split_size_bytes,
+                                             std::int64_t* alloc_bytes = nullptr) noexcept {
+  const std::size_t p = static_cast<std::size_t>(stat_type_of(e.pool));
+  switch (e.kind) {
+    case EventKind::alloc:
+      increase(t.allocation, p, 1);
+      increase(t.allocated_bytes, p, e.size_bytes);
+      increase(t.active, p, 1);
+      increase(t.active_bytes, p, e.size_bytes);
+      increase(t.requested_bytes, p, e.requested_bytes);
+      if (e.size_bytes >= max_split_size_bytes) [[unlikely]] t.oversize_allocations.increase(1);
+      if (alloc_bytes) *alloc_bytes += static_cast<std::int64_t>(e.size_bytes);
+      break;
+    case EventKind::free_requested:
+      decrease(t.allocation, p, 1);
+      decrease(t.allocated_bytes, p, e.size_bytes);
+      if (e.size_bytes >= max_split_size_bytes) [[unlikely]] t.oversize_allocations.decrease(1);
+      break;
+    case EventKind::free_completed:
+      decrease(t.active, p, 1);
+      decrease(t.active_bytes, p, e.size_bytes);
+      decrease(t.requested_bytes, p, e.requested_bytes);
+      break;
+    default:
+      return false;
+  }
+  ++t.num_events;
+  return true;
+}
+
+inline bool is_hot(const AllocEvent& e) noexcept {
+  return e.kind == EventKind::alloc || e.kind == EventKind::free_requested || e.kind == EventKind::free_completed;
+}
+
 bool shardable(std::span<const AllocEvent> events) noexcept {
   for (const AllocEvent& e : events)
-    if (e.kind != EventKind::alloc && e.kind != EventKind::free_requested && e.kind != EventKind::free_completed)
-      return false;
+    if (!is_hot(e)) return false;
   return true;
 }
 
@@ -138,10 +190,14 @@ StatsObserver::~StatsObserver() {
 
 detail::StatsShard* StatsObserver::shard_for_this_thread(bool create) {
   using Slots = detail::StatsShardSlots;
+  if (detail::t_last_shard.observer_id == id_) return detail::t_last_shard.shard;
   if (detail::t_shard_slots_gone) return nullptr;
   Slots::Slot* free_slot = nullptr;
   for (Slots::Slot& slot : detail::t_shard_slots.slots) {
-    if (slot.observer_id == id_) return slot.shard.get();
+    if (slot.observer_id == id_) {
+      detail::t_last_shard = {id_, slot.shard.get()};
+      return slot.shard.get();
+    }
     if (!free_slot && (slot.observer_id == 0 || !slot.shard->observer_alive.load(std::memory_order_acquire)))
       free_slot = &slot;
   }
@@ -164,6 +220,7 @@ detail::StatsShard* StatsObserver::shard_for_this_thread(bool create) {
   }
   free_slot->observer_id = id_;
   free_slot->shard = std::move(shard);
+  detail::t_last_shard = {id_, free_slot->shard.get()};
   return free_slot->shard.get();
 }
 
@@ -191,11 +248,22 @@ void StatsObserver::on_events(std::span<const AllocEvent> events) {
   if (!contended_.load(std::memory_order_relaxed)) {
     if (mutex_.try_lock()) {
       std::lock_guard lock(mutex_, std::adopt_lock);
-      for (const AllocEvent& e : events) apply_locked(e);
+      // The hot events with no classic segment tracked change a few counters each (apply_hot);
+      // anything else takes the full switch.
+      if (!tracking_splits_.load(std::memory_order_relaxed)) {
+        for (const AllocEvent& e : events)
+          if (!detail::apply_hot(stats_, e, max_split_size_bytes_)) [[unlikely]] apply_locked(e);
+      } else {
+        for (const AllocEvent& e : events) apply_locked(e);
+      }
       return;
     }
     contended_.store(true, std::memory_order_relaxed);
   }
+  on_events_contended(events);
+}
+
+void StatsObserver::on_events_contended(std::span<const AllocEvent> events) {
   const bool hot = !tracking_splits_.load(std::memory_order_acquire) && detail::shardable(events);
   detail::StatsShard* sh = shard_for_this_thread(hot);
   if (!hot || sh == nullptr) {
@@ -209,34 +277,7 @@ void StatsObserver::on_events(std::span<const AllocEvent> events) {
   {
     std::lock_guard lock(sh->lock);
     std::int64_t batch_bytes = 0;
-    for (const AllocEvent& e : events) {
-      ++sh->num_events;
-      const std::size_t p = static_cast<std::size_t>(stat_type_of(e.pool));
-      const bool oversize = e.size_bytes >= max_split_size_bytes_;
-      switch (e.kind) {
-        case EventKind::alloc:
-          batch_bytes += static_cast<std::int64_t>(e.size_bytes);
-          increase(sh->allocation, p, 1);
-          increase(sh->allocated_bytes, p, e.size_bytes);
-          increase(sh->active, p, 1);
-          increase(sh->active_bytes, p, e.size_bytes);
-          increase(sh->requested_bytes, p, e.requested_bytes);
-          if (oversize) sh->oversize_allocations.increase(1);
-          break;
-        case EventKind::free_requested:
-          decrease(sh->allocation, p, 1);
-          decrease(sh->allocated_bytes, p, e.size_bytes);
-          if (oversize) sh->oversize_allocations.decrease(1);
-          break;
-        case EventKind::free_completed:
-          decrease(sh->active, p, 1);
-          decrease(sh->active_bytes, p, e.size_bytes);
-          decrease(sh->requested_bytes, p, e.requested_bytes);
-          break;
-        default:
-          break;  // not shardable: never here
-      }
-    }
+    for (const AllocEvent& e : events) detail::apply_hot(*sh, e, max_split_size_bytes_, &batch_bytes);
     ++sh->batches;
     sh->largest_batch_bytes = std::max(sh->largest_batch_bytes, batch_bytes);
     // The byte bound: growth beyond one (the largest) batch. Counting the batch itself made

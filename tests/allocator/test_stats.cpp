@@ -3,8 +3,11 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
+#include <barrier>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -414,6 +417,66 @@ TEST_CASE("stats: per-thread shards of threads that come and go keep totals exac
   // reset_peak folds first: the peak is then the (zero) current value.
   obs.reset_peak();
   CHECK(obs.stats().allocated_bytes[kAll].peak == 0);
+}
+
+TEST_CASE("stats: threads publishing to several observers in turn, observers destroyed and remade, stay exact",
+          "[stats][threads]") {
+  // A thread finds its shard through a one-entry thread-local cache (observer id -> shard) before
+  // its slots. Here every batch goes to another observer than the last, and each generation's
+  // observers are destroyed while the threads (and their slots) live on, so slots are reused
+  // (12 observers, 8 slots): no batch may land in another observer's shard.
+  constexpr int kThreads = 4, kGenerations = 6, kRounds = 3000;
+  constexpr std::size_t kSmallBytes = 512, kLargeBytes = 4 * MiB;
+  std::vector<std::array<std::unique_ptr<StatsObserver>, 2>> gens(kGenerations);
+  for (auto& g : gens) g = {std::make_unique<StatsObserver>(), std::make_unique<StatsObserver>()};
+  std::barrier sync(kThreads + 1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      const std::uintptr_t base = 0x100000000ull * static_cast<std::uintptr_t>(1 + t);
+      for (int g = 0; g < kGenerations; ++g) {
+        sync.arrive_and_wait();  // this generation's observers exist
+        for (int i = 0; i < kRounds; ++i) {
+          StatsObserver& obs = *gens[static_cast<std::size_t>(g)][static_cast<std::size_t>(i % 2)];
+          const PoolKind pool = i % 2 ? PoolKind::large : PoolKind::small;
+          const std::size_t size = i % 2 ? kLargeBytes : kSmallBytes;
+          AllocEvent a = ev(EventKind::alloc, pool, base, size, size - 1);
+          obs.on_events(std::span(&a, 1));
+          AllocEvent f[2] = {ev(EventKind::free_requested, pool, base, size, size - 1),
+                             ev(EventKind::free_completed, pool, base, size, size - 1)};
+          obs.on_events(f);
+        }
+        sync.arrive_and_wait();  // done with them: the main thread checks and destroys them
+        sync.arrive_and_wait();
+      }
+    });
+  for (int g = 0; g < kGenerations; ++g) {
+    sync.arrive_and_wait();
+    sync.arrive_and_wait();
+    auto& pair = gens[static_cast<std::size_t>(g)];
+    const DeviceStatsView small = pair[0]->stats(), large = pair[1]->stats();
+    const std::int64_t n = kThreads * kRounds / 2;
+    INFO("generation " << g);
+    CHECK(small.num_events == 3 * n);
+    CHECK(small.allocation[kSmall].allocated == n);
+    CHECK(small.allocation[kLarge].allocated == 0);
+    CHECK(small.allocated_bytes[kAll].allocated == n * static_cast<std::int64_t>(kSmallBytes));
+    CHECK(small.requested_bytes[kAll].freed == n * static_cast<std::int64_t>(kSmallBytes - 1));
+    CHECK(small.active[kAll].current == 0);
+    CHECK(small.allocation[kAll].peak >= 1);
+    CHECK(small.allocation[kAll].peak <= kThreads);
+    CHECK(large.num_events == 3 * n);
+    CHECK(large.allocation[kLarge].allocated == n);
+    CHECK(large.allocation[kSmall].allocated == 0);
+    CHECK(large.allocated_bytes[kAll].freed == n * static_cast<std::int64_t>(kLargeBytes));
+    CHECK(large.active_bytes[kAll].current == 0);
+    CHECK(large.allocated_bytes[kLarge].peak >= static_cast<std::int64_t>(kLargeBytes));
+    CHECK(large.allocated_bytes[kLarge].peak <= kThreads * static_cast<std::int64_t>(kLargeBytes));
+    pair[0].reset();
+    pair[1].reset();
+    sync.arrive_and_wait();
+  }
+  for (auto& th : threads) th.join();
 }
 
 // ---- the real PyTorch 2.11 traces ($GPUMEM_SHARED_DIR/traces; format: docs/forensics.md) ----

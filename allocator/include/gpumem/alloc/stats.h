@@ -182,19 +182,25 @@ class StatsObserver final : public AllocObserver {
 
  private:
   void apply_locked(const AllocEvent& event);
+  // on_events once publishers have met: the calling thread's shard, or the lock (out of line, so
+  // that the uncontended path stays a small function).
+  [[gnu::noinline]] void on_events_contended(std::span<const AllocEvent> events);
   // The calling thread's shard (made if `create`), or null (no slot free: the caller applies
   // under the lock).
   detail::StatsShard* shard_for_this_thread(bool create);
   void fold_locked(detail::StatsShard& shard) const;  // mutex_ held
   void fold_all_locked() const;                        // mutex_ held
 
+  // Read on every batch by every publishing thread, written almost never: kept off the lines the
+  // lock and the totals are on, so that a fold (which writes those) does not make every other
+  // publisher miss on these (and on the observer's needs(), next to them).
   const std::uint64_t id_;  // tells this observer apart in threads' shard slots (never reused)
-  mutable detail::SpinLock mutex_;  // no futex round trip: contended hand-offs are short
-  mutable DeviceStatsView stats_;   // under mutex_; shards folded in by reads
   std::size_t max_split_size_bytes_;
   std::unique_ptr<SplitSegmentTracker> splits_;  // null when tracking is off
   std::atomic<bool> tracking_splits_{false};      // splits_ holds a segment (set under mutex_)
   std::atomic<bool> contended_{false};            // shards are in use (never cleared)
+  alignas(64) mutable detail::SpinLock mutex_;    // no futex round trip: contended hand-offs are short
+  mutable DeviceStatsView stats_;                 // under mutex_; shards folded in by reads
   std::vector<std::shared_ptr<detail::StatsShard>> shards_;  // under mutex_; every shard ever made
 };
 
