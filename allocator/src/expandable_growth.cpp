@@ -583,7 +583,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     if (Block* f = map.unclaim(b)) merged = f;
   if (w.fail.status != SourceStatus::ok) {
     // The budget (or the headroom rule) kept this growth from recycling and the provider had no
-    // memory for it: try once more with recycling (created pieces were destroyed, so the state is as before the growth).
+    // memory for it: try once more with recycling (created pieces were destroyed, so the state is
+    // as before the growth).
     if ((buying_bytes > 0 || headroom_create) && w.fail.status == SourceStatus::out_of_memory)
       return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true);
     fail = std::move(w.fail);
