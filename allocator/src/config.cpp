@@ -177,6 +177,12 @@ void apply_pieces(const Entry& e, const KeyInfo& k, Config& c) {
   }
 }
 
+void apply_max_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
+  std::uint64_t mib = want_uint(e, k);
+  if (mib == 0 || mib % 2 != 0) fail_value(e, k, "is not a positive multiple of 2");
+  c.max_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
+}
+
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
 void apply_recycle_budget(const Entry& e, const KeyInfo& k, Config& c) {
@@ -197,9 +203,17 @@ void apply_recycle_slack(const Entry& e, const KeyInfo& k, Config& c) {
   c.recycle_slack = v;
 }
 
+void apply_recycle_headroom(const Entry& e, const KeyInfo& k, Config& c) {
+  double v = want_number(e, k);
+  if (!(v >= 0.0 && v < 1.0)) fail_value(e, k, "is out of range");
+  c.recycle_headroom = v;
+}
+
 void apply_recycle_keep_mappings(const Entry& e, const KeyInfo& k, Config& c) {
   c.recycle_keep_mappings = want_bool(e, k);
 }
+
+void apply_recycle_overhang(const Entry& e, const KeyInfo& k, Config& c) { c.recycle_overhang = want_bool(e, k); }
 
 void apply_thread_cache(const Entry& e, const KeyInfo& k, Config& c) { c.thread_cache = want_bool(e, k); }
 
@@ -246,6 +260,9 @@ constexpr Key<Config> kKeys[] = {
       "small_piece_size_mb:2"},
      apply_small_piece_size},
     {{"pieces", "", "adaptive or fixed", "pieces:adaptive"}, apply_pieces},
+    {{"max_piece_size_mb", "", "a positive multiple of 2 MiB: the longest adaptive piece of the large pool",
+      "max_piece_size_mb:8"},
+     apply_max_piece_size},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
     {{"recycle_budget", "", "a number in (0, 1]: the share of time recycling may spend (1 = no budget)",
       "recycle_budget:0.005"},
@@ -255,7 +272,13 @@ constexpr Key<Config> kKeys[] = {
     {{"recycle_slack", "", "a number in [0, 1]: memory the recycle budget may add, as a share of the footprint",
       "recycle_slack:0.05"},
      apply_recycle_slack},
+    {{"recycle_headroom", "",
+      "a number in [0, 1): create instead of recycling while the footprint stays within 1 + this x the most "
+      "memory in use (0 = off)",
+      "recycle_headroom:0.008"},
+     apply_recycle_headroom},
     {{"recycle_keep_mappings", "", "True or False", "recycle_keep_mappings:True"}, apply_recycle_keep_mappings},
+    {{"recycle_overhang", "", "True or False", "recycle_overhang:True"}, apply_recycle_overhang},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
     {{"va_reserve_mb", "",
       "0 (1.125 x device memory) or a whole number of MiB >= large_segment_size_mb and "
@@ -305,11 +328,14 @@ std::string to_string(const Config& c) {
   put("memory_limit_mb", mib(c.memory_limit_bytes));
   put("small_piece_size_mb", mib(c.small_piece_bytes));
   put("pieces", c.pieces == PieceSizing::fixed ? "fixed" : "adaptive");
+  put("max_piece_size_mb", mib(c.max_piece_bytes));
   put("recycle", bool_text(c.recycle));
   put("recycle_budget", c.recycle_budget);
   put("recycle_burst_ms", c.recycle_burst_ms);
   put("recycle_slack", c.recycle_slack);
+  put("recycle_headroom", c.recycle_headroom);
   put("recycle_keep_mappings", bool_text(c.recycle_keep_mappings));
+  put("recycle_overhang", bool_text(c.recycle_overhang));
   put("thread_cache", bool_text(c.thread_cache));
   put("va_reserve_mb", mib(c.va_reserve_bytes));
   put("check_invariants", bool_text(c.check_invariants));

@@ -13,6 +13,7 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
   r.recycle_budget.fraction = config.recycle_budget;
   r.recycle_budget.burst_ns = static_cast<std::int64_t>(config.recycle_burst_ms) * 1'000'000;
   r.recycle_budget.slack = config.recycle_slack;
+  r.recycle_headroom = config.recycle_headroom;
   r.keep_mappings = config.recycle_keep_mappings;
   r.thread_cache = config.thread_cache;
   r.check_invariants = config.check_invariants;
@@ -27,10 +28,11 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
     large.fixed_slots = policy::round_up(config.large_segment_size_bytes, r.slot_bytes) / r.slot_bytes;
     small.recycle_across_pools = large.recycle_across_pools = false;
   } else {
-    // Pieces follow the requests, at most kAdaptiveMaxPieceBytes long (docs/notes/allocation-policy.md).
+    // Pieces follow the requests, at most max_piece_size_mb long (docs/notes/allocation-policy.md).
     small.mode = large.mode = policy::PieceMode::adaptive;
     small.max_piece_slots = 1;
-    large.max_piece_slots = std::max<std::size_t>(policy::kAdaptiveMaxPieceBytes / r.slot_bytes, 1);
+    large.max_piece_slots = std::max<std::size_t>(config.max_piece_bytes / r.slot_bytes, 1);
+    small.overhang = large.overhang = config.recycle_overhang;
   }
   for (int p = 0; p < 2; ++p)
     r.region_va_bytes[p] = policy::region_va_bytes(config.va_reserve_bytes, provider_total_bytes,

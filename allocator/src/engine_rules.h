@@ -24,6 +24,7 @@ struct EngineRules {
   bool expandable = true;                  // expandable_segments and a virtual-memory source
   bool recycle = true;
   policy::RecycleBudgetRules recycle_budget;  // how much time recycling may spend
+  double recycle_headroom = 0.0;            // create instead of recycling within this (policy::within_headroom)
   bool keep_mappings = true;               // a recycled piece keeps its old mapping (a ghost)
   bool thread_cache = true;
   bool check_invariants = false;

@@ -88,8 +88,12 @@ void gather_placements(RegionMap& map, PoolKind pool, StreamId stream, std::size
   }
 }
 
+// How far past a request's slots growth looks for unmapped slots a recycled piece may overhang
+// into (PieceRules::overhang): more than the longest adaptive piece.
+constexpr std::size_t kOverhangScanSlots = 64;
+
 // The maximal runs of unmapped slots in `range`, with whether their ends hold memory outside
-// [addr, addr + size).
+// [addr, addr + size), and for the last, the unmapped slots after `range` (room_after).
 std::vector<policy::TargetRun> target_runs(const Region& r, policy::SlotRange range, std::uintptr_t addr,
                                            std::size_t size) {
   std::vector<policy::TargetRun> runs;
@@ -105,6 +109,10 @@ std::vector<policy::TargetRun> target_runs(const Region& r, policy::SlotRange ra
     run.slots = {s, e};
     run.head_shared = r.slot_addr(s) < addr;
     run.tail_shared = r.slot_addr(e) > end;
+    if (e == range.hi)
+      while (e + run.room_after < r.slot_count() && run.room_after < kOverhangScanSlots &&
+             !r.slot_mapped(e + run.room_after))
+        ++run.room_after;
     runs.push_back(run);
     s = e;
   }
@@ -328,6 +336,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
         }
       x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
       for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
+      for (const policy::RecycleChoice& c : x.layout.recycled)  // an overhanging piece ends past the runs
+        x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.target_slot + offered[c.piece].slots));
       options.push_back({x.layout.created_slots(),
                          x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
       planned.push_back(std::move(x));
@@ -337,6 +347,26 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::size_t chosen = plan_all(recycle_now);
   const bool budget_denied = may_recycle && !recycle_now;
   in_use_high_bytes = std::max(in_use_high_bytes, allocated_bytes + pending_bytes + rounded);
+  // The headroom rule (recycle_budget_policy.h, within_headroom): a growth that would move pieces
+  // creates instead while the footprint stays within the headroom over the most memory ever in use.
+  bool headroom_create = false;
+  if (recycle_now && !over_budget_ok && rules.recycle_headroom > 0 && !planned[chosen].layout.recycled.empty()) {
+    const std::size_t chosen_with = chosen;
+    std::vector<Planned> planned_with = std::move(planned);
+    std::vector<policy::GrowthOption> options_with = std::move(options);
+    const std::size_t chosen_without = plan_all(false);
+    const std::size_t adding = planned[chosen_without].layout.created_slots() * slot;
+    if (policy::within_headroom(map.reserved_bytes, adding, in_use_high_bytes, rules.recycle_headroom) &&
+        !policy::exceeds_cap(map.reserved_bytes, adding, cap)) {
+      chosen = chosen_without;
+      recycle_now = false;
+      headroom_create = true;
+    } else {
+      planned = std::move(planned_with);
+      options = std::move(options_with);
+      chosen = chosen_with;
+    }
+  }
   // Growth past the budget creates what it could have recycled: the memory the budget buys (the
   // slots created beyond what the same growth with recycling would create).
   std::size_t buying_bytes = 0;
@@ -552,9 +582,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   for (Block* b : target)
     if (Block* f = map.unclaim(b)) merged = f;
   if (w.fail.status != SourceStatus::ok) {
-    // The budget kept this growth from recycling and the provider had no memory for it: try once
-    // more with recycling (created pieces were destroyed, so the state is as before the growth).
-    if (buying_bytes > 0 && w.fail.status == SourceStatus::out_of_memory)
+    // The budget (or the headroom rule) kept this growth from recycling and the provider had no
+    // memory for it: try once more with recycling (created pieces were destroyed, so the state is
+    // as before the growth).
+    if ((buying_bytes > 0 || headroom_create) && w.fail.status == SourceStatus::out_of_memory)
       return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true);
     fail = std::move(w.fail);
     return nullptr;

@@ -143,14 +143,29 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
       out.recycled.push_back({*i, at});
       at += free_pieces[*i].slots;
     }
-    // The shared ends: one-slot pieces.
     bool head_done = false, tail_done = false;
+    // Overhang: what is left at the run's end (the rest of the inside, every free piece left being
+    // longer, and the shared last slot) goes to the shortest free piece that covers it and ends
+    // within the unmapped slots after the run: it takes least of the hole.
+    if (adaptive && rules.overhang && (at < hi || tail)) {
+      const std::size_t rest = run.slots.hi - at;
+      auto it = by_length.lower_bound(hi - at + 1);
+      if (it != by_length.end() && it->first <= rest + run.room_after) {
+        const std::size_t i = it->second.back();
+        it->second.pop_back();
+        if (it->second.empty()) by_length.erase(it);
+        out.recycled.push_back({i, at});
+        at = hi;
+        tail_done = tail;
+      }
+    }
+    // The shared ends: one-slot pieces.
     if (head)
       if (const auto i = take(1)) {
         out.recycled.push_back({*i, run.slots.lo});
         head_done = true;
       }
-    if (tail)
+    if (tail && !tail_done)
       if (const auto i = take(1)) {
         out.recycled.push_back({*i, run.slots.hi - 1});
         tail_done = true;

@@ -84,12 +84,13 @@ struct PieceRules {
   // moving one widens a hole instead of opening a new one, and every hole's edges leave partly
   // used granules behind.
   bool hole_edge_first = true;
+  // adaptive: when no free piece fits what is left of a run, a longer one may still move there if
+  // the slots after the run are unmapped (TargetRun::room_after): it covers the rest of the run and
+  // reaches past it into the hole, instead of new memory being created for the rest. The footprint
+  // does not grow (the piece was mapped elsewhere); the part past the request is free memory where
+  // the next request in that hole lands (placement takes a hole's start).
+  bool overhang = false;
 };
-
-// The engine's longest adaptive piece of the large pool. Shorter pieces fit more of the holes a
-// recycled piece could fill (lower peaks), longer ones need fewer driver calls; 8 MiB is the
-// corpus's choice (docs/notes/allocation-policy.md has the table).
-inline constexpr std::size_t kAdaptiveMaxPieceBytes = std::size_t{8} << 20;
 
 // Growth maps whole units: fixed_slots in fixed mode, one slot in adaptive mode.
 inline std::size_t unit_slots(const PieceRules& rules) noexcept {
@@ -104,6 +105,9 @@ struct TargetRun {
   SlotRange slots;
   bool head_shared = false;
   bool tail_shared = false;
+  // Unmapped slots right after the run, in the same hole, that a recycled piece may also cover
+  // (PieceRules::overhang); 0 when the slot after the run is mapped or the region ends there.
+  std::size_t room_after = 0;
 };
 
 // A wholly free mapped piece that could move to where the request lands.
@@ -139,8 +143,10 @@ std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tai
 // slot) are filled from its start with the longest free piece that fits in what is left (ties: with
 // hole_edge_first, a piece at a hole's edge; then the piece in the smaller free block, so large free
 // runs stay whole; then the lower stream, then the higher address), then its shared slots with
-// one-slot pieces. What is left is created with
-// plan_new_pieces. free_pieces must not lie where the request lands.
+// one-slot pieces. With overhang (adaptive), when the inside is not filled, the shortest free piece
+// that covers the rest of the run (its shared last slot included) and ends within room_after slots
+// past it moves there instead. What is left is created with plan_new_pieces. free_pieces must not
+// lie where the request lands. A recycled piece may end past its run only by overhang.
 GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
                          const PieceRules& rules, bool recycle);
 

@@ -17,6 +17,13 @@ std::size_t bought_estimate(std::size_t counted_bytes, std::size_t reserved_byte
   return std::min(counted_bytes, beyond_in_use);
 }
 
+bool within_headroom(std::size_t reserved_bytes, std::size_t adding_bytes, std::size_t in_use_high_bytes,
+                     double headroom) noexcept {
+  if (!(headroom > 0.0)) return false;
+  return static_cast<double>(reserved_bytes) + static_cast<double>(adding_bytes) <=
+         (1.0 + headroom) * static_cast<double>(in_use_high_bytes);
+}
+
 RecycleBudget::RecycleBudget(const RecycleBudgetRules& rules) noexcept
     : rules_(rules), tokens_ns_(static_cast<double>(std::max<std::int64_t>(rules.burst_ns, 0))) {}
 

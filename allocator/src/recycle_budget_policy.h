@@ -61,6 +61,17 @@ std::size_t bought_estimate(std::size_t counted_bytes, std::size_t reserved_byte
 bool within_slack(std::size_t bought_bytes, std::size_t adding_bytes, std::size_t reserved_bytes,
                   double slack) noexcept;
 
+// The headroom rule: whether a growth may create adding_bytes instead of moving free pieces, with
+// reserved_bytes reserved now and in_use_high_bytes the most memory ever in use (the request being
+// grown for included): reserved + adding <= (1 + headroom) x in_use_high. While the footprint
+// stays that close to what the program has needed, new memory costs little, and moving pieces
+// (which leaves holes whose edges strand partly used granules, and moves again every step on a
+// workload whose shapes repeat) is not worth it; past it, recycling keeps the footprint down.
+// headroom 0 turns the rule off (growth always recycles first). Note [Allocation policy],
+// "Recycling only above the headroom".
+bool within_headroom(std::size_t reserved_bytes, std::size_t adding_bytes, std::size_t in_use_high_bytes,
+                     double headroom) noexcept;
+
 class RecycleBudget {
  public:
   RecycleBudget() = default;

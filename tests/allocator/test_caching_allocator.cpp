@@ -377,6 +377,76 @@ TEST_CASE("adaptive pieces freed with their request move where the next request 
   f.engine.check_invariants();
 }
 
+TEST_CASE("recycle_overhang: a longer free piece covers a growth's rest and reaches into the hole",
+          "[engine][recycle][pieces][overhang]") {
+  for (const bool overhang : {false, true}) {
+    DYNAMIC_SECTION("recycle_overhang:" << (overhang ? "True" : "False")) {
+      Config c = test_config();
+      c.pieces = PieceSizing::adaptive;
+      c.recycle_overhang = overhang;
+      Fixture f(c);
+      std::vector<void*> blocks;
+      for (int i = 0; i < 5; ++i) blocks.push_back(f.alloc(8 * MiB));  // one 8 MiB piece each, slots 0-19
+      REQUIRE(f.engine.free(blocks[0]) == FreeStatus::ok);  // blocks 0 and 2: wholly free pieces
+      REQUIRE(f.engine.free(blocks[2]) == FreeStatus::ok);
+      // 12 MiB fits no free block: it lands at the region's end (slots 20-25). One free piece
+      // fills slots 20-23; no free piece fits the 2 slots left.
+      void* big = f.alloc(12 * MiB);
+      CHECK(reinterpret_cast<std::uintptr_t>(big) == reinterpret_cast<std::uintptr_t>(blocks[4]) + 8 * MiB);
+      if (overhang) {
+        // The other free piece covers them and 2 slots past the request: nothing is created.
+        CHECK(f.source.counters().creates == 5);
+        CHECK(f.engine.totals().reserved_bytes == 40 * MiB);
+        // The 4 MiB past the request are free mapped memory: the next 4 MiB request lands there
+        // without a driver call.
+        const std::size_t maps = f.source.counters().maps;
+        void* after = f.alloc(4 * MiB);
+        CHECK(reinterpret_cast<std::uintptr_t>(after) == reinterpret_cast<std::uintptr_t>(big) + 12 * MiB);
+        CHECK(f.source.counters().maps == maps);
+        REQUIRE(f.engine.free(after) == FreeStatus::ok);
+      } else {
+        // The 2 slots are created.
+        CHECK(f.source.counters().creates == 6);
+        CHECK(f.engine.totals().reserved_bytes == 44 * MiB);
+      }
+      CHECK(f.engine.totals().kept_mappings == (overhang ? 2u : 1u));  // the pieces that moved
+      for (void* p : {big, blocks[1], blocks[3], blocks[4]}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+      f.engine.check_invariants();
+      f.engine.empty_cache();
+      CHECK(f.source.physical_bytes() == 0);
+    }
+  }
+}
+
+TEST_CASE("recycle_headroom: growth creates instead of recycling while the footprint stays within it",
+          "[engine][recycle][headroom]") {
+  // 40 MiB in use at most (five 8 MiB blocks), two of them freed: 24 MiB in use, 40 reserved. A
+  // 12 MiB request needs 12 MiB mapped at the region's end: creating all of it makes the footprint
+  // 52 MiB = 1.3 x the 40 MiB ever in use.
+  for (const double headroom : {0.0, 0.2, 0.5}) {
+    DYNAMIC_SECTION("recycle_headroom:" << headroom) {
+      Config c = test_config();
+      c.pieces = PieceSizing::adaptive;
+      c.recycle_headroom = headroom;
+      Fixture f(c);
+      std::vector<void*> blocks;
+      for (int i = 0; i < 5; ++i) blocks.push_back(f.alloc(8 * MiB));
+      REQUIRE(f.engine.free(blocks[0]) == FreeStatus::ok);
+      REQUIRE(f.engine.free(blocks[2]) == FreeStatus::ok);
+      void* big = f.alloc(12 * MiB);
+      if (headroom == 0.5) {  // 52 <= 1.5 x 40: created, nothing moves
+        CHECK(f.engine.totals().reserved_bytes == 52 * MiB);
+        CHECK(f.engine.totals().kept_mappings == 0);
+      } else {  // off, or 52 > 1.2 x 40: a free piece moves first (8 MiB), 4 MiB is created
+        CHECK(f.engine.totals().reserved_bytes == 44 * MiB);
+        CHECK(f.engine.totals().kept_mappings == 1);
+      }
+      for (void* p : {big, blocks[1], blocks[3], blocks[4]}) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+      f.engine.check_invariants();
+    }
+  }
+}
+
 TEST_CASE("a fragmenting workload keeps reserved close to allocated with recycling", "[engine][recycle]") {
   Config config = test_config();
   config.pieces = PieceSizing::adaptive;  // the default's recycling

@@ -40,6 +40,9 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle_burst_ms == 10);
     CHECK(c.recycle_slack == 0.005);
     CHECK(c.recycle_keep_mappings);
+    CHECK(c.max_piece_bytes == 8 * kMiB);
+    CHECK_FALSE(c.recycle_overhang);
+    CHECK(c.recycle_headroom == 0.0);
     CHECK(c.thread_cache);
   }
 }
@@ -52,6 +55,7 @@ TEST_CASE("config: booleans are exactly True or False", "[config]") {
   const BoolKey keys[] = {
       {"expandable_segments", &Config::expandable_segments},
       {"recycle", &Config::recycle},
+      {"recycle_overhang", &Config::recycle_overhang},
       {"thread_cache", &Config::thread_cache},
       {"check_invariants", &Config::check_invariants},
   };
@@ -220,6 +224,14 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   check_error("small_piece_size_mb:3", {"small_piece_size_mb:3", "positive multiple of 2"});
   check_error("small_piece_size_mb:0", {"small_piece_size_mb:0", "positive multiple of 2"});
 
+  CHECK(parse_ok("max_piece_size_mb:16").max_piece_bytes == 16 * kMiB);
+  CHECK(parse_ok("recycle_headroom:0.01").recycle_headroom == 0.01);
+  CHECK(parse_ok("recycle_headroom:0").recycle_headroom == 0.0);
+  check_error("recycle_headroom:1", {"recycle_headroom:1", "out of range", "[0, 1)"});
+  check_error("recycle_headroom:-0.1", {"recycle_headroom:-0.1", "out of range"});
+  check_error("max_piece_size_mb:5", {"max_piece_size_mb:5", "positive multiple of 2"});
+  check_error("max_piece_size_mb:0", {"max_piece_size_mb:0", "positive multiple of 2"});
+
   CHECK(parse_ok("va_reserve_mb:0").va_reserve_bytes == 0);
   CHECK(parse_ok("va_reserve_mb:20").va_reserve_bytes == 20 * kMiB);
   CHECK(parse_ok("va_reserve_mb:262144").va_reserve_bytes == 262144 * kMiB);
@@ -338,7 +350,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 18);  // 7 PyTorch 2.11 keys + 11 of gpumem's engine
+  CHECK(keys.size() == 21);  // 7 PyTorch 2.11 keys + 14 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

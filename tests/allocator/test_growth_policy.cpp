@@ -195,6 +195,86 @@ TEST_CASE("growth policy: recycling takes pieces at a hole's edge first", "[poli
   CHECK(g.recycled[1].piece == 2);
 }
 
+TEST_CASE("growth policy: with overhang a longer free piece covers a run's rest and reaches into the hole",
+          "[policy][growth][recycle][overhang]") {
+  PieceRules r;
+  r.hole_edge_first = false;
+  const std::vector<FreePiece> free = {
+      {4, 40 * MiB, 0, kBase + 0x100000000},  // 4 slots
+      {3, 30 * MiB, 0, kBase + 0x200000000},  // 3 slots
+      {6, 60 * MiB, 0, kBase + 0x300000000},  // 6 slots
+  };
+  // 6 slots [10, 16), the last shared (the request ends inside it), 5 unmapped slots after it.
+  TargetRun run{{10, 16}, false, true};
+  run.room_after = 5;
+  const std::vector<TargetRun> runs = {run};
+  // Without overhang: the 4-slot piece fills [10, 14), nothing fits [14, 15), so slot 14 and the
+  // shared slot 15 are created.
+  GrowthLayout g = plan_growth(free, runs, r, true);
+  REQUIRE(g.recycled.size() == 1);
+  CHECK(g.recycled[0].piece == 0);
+  CHECK(g.created_slots() == 2);
+  // With it: the rest [14, 16) goes to the shortest longer piece, the 3-slot one, which ends at
+  // slot 17, inside the room after the run. Nothing is created.
+  r.overhang = true;
+  g = plan_growth(free, runs, r, true);
+  REQUIRE(g.recycled.size() == 2);
+  CHECK(g.recycled[0].piece == 0);
+  CHECK(g.recycled[0].target_slot == 10);
+  CHECK(g.recycled[1].piece == 1);
+  CHECK(g.recycled[1].target_slot == 14);
+  CHECK(g.created.empty());
+  // Only as far as the room after the run: one slot there still takes the 3-slot piece (it ends
+  // at 17); with none (the slot after the run mapped) it does not fit, and the rest is created.
+  std::vector<TargetRun> tight = runs;
+  tight[0].room_after = 1;
+  g = plan_growth(free, tight, r, true);
+  REQUIRE(g.recycled.size() == 2);
+  CHECK(g.recycled[1].piece == 1);
+  CHECK(g.created.empty());
+  tight[0].room_after = 0;
+  g = plan_growth(free, tight, r, true);
+  REQUIRE(g.recycled.size() == 1);
+  CHECK(g.created_slots() == 2);
+  // Fixed pieces never overhang (they stay unit-aligned).
+  PieceRules fixed;
+  fixed.mode = PieceMode::fixed;
+  fixed.fixed_slots = 1;
+  fixed.overhang = true;
+  const std::vector<FreePiece> ones = {{1, 2 * MiB, 0, kBase + 0x100000000}};
+  g = plan_growth(ones, runs, fixed, true);
+  REQUIRE(g.recycled.size() == 1);
+  CHECK(g.created_slots() == 5);
+}
+
+TEST_CASE("growth policy: overhang covers a lone shared last slot with the shortest piece", "[policy][growth][recycle][overhang]") {
+  PieceRules r;
+  r.overhang = true;
+  const std::vector<FreePiece> free = {
+      {4, 40 * MiB, 0, kBase + 0x100000000},
+      {2, 30 * MiB, 0, kBase + 0x200000000},
+  };
+  // Two slots [0, 2), the last shared: no piece fits the one inside slot, so the rest (both slots)
+  // goes to the shortest piece that covers it, the 2-slot one, exactly, without reaching past.
+  TargetRun run{{0, 2}, false, true};
+  run.room_after = 8;
+  GrowthLayout g = plan_growth(free, std::vector<TargetRun>{run}, r, true);
+  REQUIRE(g.recycled.size() == 1);
+  CHECK(g.recycled[0].piece == 1);
+  CHECK(g.recycled[0].target_slot == 0);
+  CHECK(g.created.empty());
+  // A run that is only a shared last slot after a recycled inside: the 4-slot piece fills [0, 4),
+  // the shared slot 4 takes the 2-slot piece, which reaches one slot into the hole.
+  TargetRun run2{{0, 5}, false, true};
+  run2.room_after = 1;
+  g = plan_growth(free, std::vector<TargetRun>{run2}, r, true);
+  REQUIRE(g.recycled.size() == 2);
+  CHECK(g.recycled[0].piece == 0);
+  CHECK(g.recycled[1].piece == 1);
+  CHECK(g.recycled[1].target_slot == 4);
+  CHECK(g.created.empty());
+}
+
 TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[policy][growth][recycle]") {
   std::mt19937_64 rng(42);
   for (int round = 0; round < 500; ++round) {
@@ -205,6 +285,7 @@ TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[
     } else {
       r.max_piece_slots = rng() % 6;
     }
+    r.overhang = rng() % 2 == 0;
     std::vector<FreePiece> free;
     const int nf = static_cast<int>(rng() % 8);
     for (int i = 0; i < nf; ++i) {
@@ -221,8 +302,11 @@ TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[
       runs.push_back({{at, at + len}, rng() % 2 == 0, rng() % 2 == 0});
       at += len + u;
     }
+    // The last run may have unmapped slots after it (the others have a mapped slot after them).
+    runs.back().room_after = rng() % 4;
+    const std::size_t end = at + runs.back().room_after;
     const GrowthLayout g = plan_growth(free, runs, r, rng() % 4 != 0);
-    std::vector<int> cover(at + 1, 0);
+    std::vector<int> cover(end + 8, 0);  // pieces are at most 5 slots: a bad overhang shows past `end`
     std::vector<int> used(free.size(), 0);
     for (const RecycleChoice& c : g.recycled) {
       REQUIRE(c.piece < free.size());
@@ -231,9 +315,18 @@ TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[
     }
     for (const SlotRange& c : g.created)
       for (std::size_t s = c.lo; s < c.hi; ++s) ++cover[s];
-    std::vector<int> want(at + 1, 0);
+    // Every slot of the runs once; the room after the last run at most once, and only by a piece
+    // that starts inside that run (an overhang).
+    std::vector<int> want(end + 8, 0);
     for (const TargetRun& t : runs)
       for (std::size_t s = t.slots.lo; s < t.slots.hi; ++s) want[s] = 1;
+    const SlotRange after{runs.back().slots.hi, end};
+    for (std::size_t s = after.lo; s < after.hi; ++s) {
+      CHECK(cover[s] <= 1);
+      if (r.mode == PieceMode::fixed || !r.overhang) CHECK(cover[s] == 0);
+      want[s] = cover[s];
+    }
     CHECK(cover == want);
+    for (const SlotRange& c : g.created) CHECK(c.hi <= after.lo);
   }
 }

@@ -109,3 +109,18 @@ TEST_CASE("bought estimate: the counted purchases, at most the footprint beyond 
   CHECK_FALSE(within_slack(counted, 54 * kMiB, reserved, 0.02));
   CHECK(within_slack(bought_estimate(counted, reserved, high), 54 * kMiB, reserved, 0.02));
 }
+
+TEST_CASE("headroom rule: create instead of recycling while the footprint stays within the headroom",
+          "[policy][recycle_budget][headroom]") {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  // 1000 MiB ever in use at once, headroom 1%: the footprint may grow to 1010 MiB by creating.
+  CHECK(within_headroom(1000 * kMiB, 10 * kMiB, 1000 * kMiB, 0.01));
+  CHECK_FALSE(within_headroom(1000 * kMiB, 12 * kMiB, 1000 * kMiB, 0.01));
+  CHECK(within_headroom(990 * kMiB, 20 * kMiB, 1000 * kMiB, 0.01));
+  // A footprint already past the headroom (memory cached from an earlier, larger shape) recycles.
+  CHECK_FALSE(within_headroom(1020 * kMiB, 2 * kMiB, 1000 * kMiB, 0.01));
+  // Headroom 0 is off: growth always recycles first, even when it would add nothing past the mark.
+  CHECK_FALSE(within_headroom(900 * kMiB, 2 * kMiB, 1000 * kMiB, 0.0));
+  // Nothing in use yet: nothing is within any headroom.
+  CHECK_FALSE(within_headroom(0, 2 * kMiB, 0, 0.5));
+}

@@ -63,6 +63,10 @@ struct Config {
   std::size_t small_piece_bytes = 2 * kMiB;
   // pieces:adaptive|fixed: how the pieces of expandable regions are sized (PieceSizing).
   PieceSizing pieces = PieceSizing::adaptive;
+  // max_piece_size_mb: with pieces:adaptive, the longest piece of the large pool (a multiple of
+  // 2 MiB; rounded down to whole small pieces, at least one). Shorter pieces fit more holes when
+  // they move, longer ones need fewer driver calls (docs/notes/allocation-policy.md).
+  std::size_t max_piece_bytes = 8 * kMiB;
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
@@ -77,12 +81,21 @@ struct Config {
   // recycling alone would have, estimated), as a share of the rest of the footprint, in [0, 1];
   // past it, recycling goes on whatever it costs.
   double recycle_slack = 0.005;
+  // recycle_headroom: growth creates new memory instead of moving free pieces while the footprint
+  // stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = always recycle first
+  // (docs/notes/allocation-policy.md, "Recycling only above the headroom").
+  double recycle_headroom = 0.0;
   // recycle_keep_mappings:True|False: a recycled piece keeps its old mapping (a "ghost": address
   // space the engine never hands out, still mapped to the piece) instead of being unmapped, so a
   // piece that moves back costs no driver call (Note [Physical page recycling], "Kept mappings").
   // False: unmap at once, so a stale pointer into the old place faults instead of reading the
   // piece's new block (a debugging setting).
   bool recycle_keep_mappings = true;
+  // recycle_overhang:True|False: with pieces:adaptive, when no wholly free piece fits the rest of
+  // what a growth maps, a longer one may move there if the slots after it are unmapped, covering
+  // the rest and reaching into the hole, instead of new memory being created for the rest
+  // (docs/notes/allocation-policy.md, "Overhang").
+  bool recycle_overhang = false;
   // thread_cache:True|False: per-thread caches (leases of free small-pool memory each thread
   // allocates in once threads contend for the engine).
   bool thread_cache = true;
