@@ -428,6 +428,10 @@ TEST_CASE("recycle_headroom: growth creates instead of recycling while the footp
       Config c = test_config();
       c.pieces = PieceSizing::adaptive;
       c.recycle_headroom = headroom;
+      // The rule applies to growths the recycle budget lets recycle; without a budget (and without
+      // overhang) this growth's only alternatives are the two below.
+      c.recycle_budget = 1.0;
+      c.recycle_overhang = false;
       Fixture f(c);
       std::vector<void*> blocks;
       for (int i = 0; i < 5; ++i) blocks.push_back(f.alloc(8 * MiB));

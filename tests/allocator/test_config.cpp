@@ -36,12 +36,12 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.per_process_memory_fraction == 1.0);
     CHECK(c.small_piece_bytes == 2 * kMiB);
     CHECK(c.recycle);
-    CHECK(c.recycle_budget == 0.005);
-    CHECK(c.recycle_burst_ms == 10);
-    CHECK(c.recycle_slack == 0.005);
+    CHECK(c.recycle_budget == 0.000001);
+    CHECK(c.recycle_burst_ms == 0);
+    CHECK(c.recycle_slack == 0.008);
     CHECK(c.recycle_keep_mappings);
     CHECK(c.max_piece_bytes == 8 * kMiB);
-    CHECK_FALSE(c.recycle_overhang);
+    CHECK(c.recycle_overhang);
     CHECK(c.recycle_headroom == 0.0);
     CHECK(c.thread_cache);
   }

@@ -72,15 +72,16 @@ struct Config {
   bool recycle = true;
   // recycle_budget: the share of elapsed time recycling may spend on driver calls (unmap + map of
   // the pieces it moves), in (0, 1]; 1 = no budget. Past it, growth creates new pieces instead of
-  // moving free ones (docs/notes/allocation-policy.md, "The recycle budget").
-  double recycle_budget = 0.005;
+  // moving free ones (docs/notes/allocation-policy.md, "The recycle budget"). The default (1e-6,
+  // with no burst) leaves every growth to the memory guard (recycle_slack): "the guard decides".
+  double recycle_budget = 0.000001;
   // recycle_burst_ms: driver time recycling may spend before the budget applies (the warm-up), and
   // the most the budget saves up while recycling is idle. Whole milliseconds.
-  std::size_t recycle_burst_ms = 10;
+  std::size_t recycle_burst_ms = 0;
   // recycle_slack: the most memory growth past the recycle budget may buy (reserve beyond what
   // recycling alone would have, estimated), as a share of the rest of the footprint, in [0, 1];
   // past it, recycling goes on whatever it costs.
-  double recycle_slack = 0.005;
+  double recycle_slack = 0.008;
   // recycle_headroom: growth creates new memory instead of moving free pieces while the footprint
   // stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = always recycle first
   // (docs/notes/allocation-policy.md, "Recycling only above the headroom").
@@ -95,7 +96,7 @@ struct Config {
   // what a growth maps, a longer one may move there if the slots after it are unmapped, covering
   // the rest and reaching into the hole, instead of new memory being created for the rest
   // (docs/notes/allocation-policy.md, "Overhang").
-  bool recycle_overhang = false;
+  bool recycle_overhang = true;
   // thread_cache:True|False: per-thread caches (leases of free small-pool memory each thread
   // allocates in once threads contend for the engine).
   bool thread_cache = true;
