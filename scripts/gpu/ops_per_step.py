@@ -22,12 +22,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
-    import torch
-    from torch.profiler import ProfilerActivity, profile
     from workloads import WORKLOADS
     if args.workload not in WORKLOADS or WORKLOADS[args.workload].kind != "python":
         names = ", ".join(n for n, w in WORKLOADS.items() if w.kind == "python")
         sys.exit("ops_per_step.py: unknown python workload %r; choose one of: %s" % (args.workload, names))
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as e:
+        sys.exit("ops_per_step.py: %s; run it with the python that has torch (on the GPU machine: python3)" % e)
     if not torch.cuda.is_available():
         sys.exit("ops_per_step.py: needs a CUDA device (run it on the GPU machine)")
 
