@@ -301,9 +301,6 @@ void StatsObserver::on_events_contended(std::span<const AllocEvent> events) {
 
 void StatsObserver::apply_locked(const AllocEvent& e) {
   DeviceStatsView& s = stats_;
-  ++s.num_events;
-  const std::size_t p = static_cast<std::size_t>(stat_type_of(e.pool));
-  const bool oversize = e.size_bytes >= max_split_size_bytes_;
   SplitSegmentTracker::Change change;
   auto apply_split = [&](SplitSegmentTracker::Result r) {
     if (r == SplitSegmentTracker::Result::inconsistent) ++s.num_inconsistent_events;
@@ -313,30 +310,24 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
     apply_net(s.inactive_split, q, change.blocks);
     apply_net(s.inactive_split_bytes, q, change.bytes);
   };
+  // alloc / free_requested / free_completed: the counters apply_hot keeps (one definition for
+  // every path), then the inactive-split tracking only this path does.
+  if (detail::apply_hot(s, e, max_split_size_bytes_)) {
+    if (!splits_ || splits_->empty()) return;
+    if (e.kind == EventKind::alloc)
+      apply_split(splits_->activate(e.addr, e.size_bytes, change));
+    else if (e.kind == EventKind::free_completed)
+      apply_split(splits_->deactivate(e.addr, e.size_bytes, change));
+    return;
+  }
+  ++s.num_events;
+  const std::size_t p = static_cast<std::size_t>(stat_type_of(e.pool));
+  const bool oversize = e.size_bytes >= max_split_size_bytes_;
   switch (e.kind) {
     case EventKind::alloc:
-      increase(s.allocation, p, 1);
-      increase(s.allocated_bytes, p, e.size_bytes);
-      increase(s.active, p, 1);
-      increase(s.active_bytes, p, e.size_bytes);
-      increase(s.requested_bytes, p, e.requested_bytes);
-      if (oversize) s.oversize_allocations.increase(1);
-      if (splits_ && !splits_->empty()) apply_split(splits_->activate(e.addr, e.size_bytes, change));
-      break;
     case EventKind::free_requested:
-      decrease(s.allocation, p, 1);
-      decrease(s.allocated_bytes, p, e.size_bytes);
-      if (oversize) s.oversize_allocations.decrease(1);
-      break;
     case EventKind::free_completed:
-      decrease(s.active, p, 1);
-      decrease(s.active_bytes, p, e.size_bytes);
-      decrease(s.requested_bytes, p, e.requested_bytes);
-      if (splits_ && !splits_->empty()) {
-        auto r = splits_->deactivate(e.addr, e.size_bytes, change);
-        apply_split(r);
-      }
-      break;
+      break;  // applied above
     case EventKind::segment_alloc:
       increase(s.segment, p, 1);
       increase(s.reserved_bytes, p, e.size_bytes);
