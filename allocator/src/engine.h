@@ -299,9 +299,9 @@ struct CachingAllocator::Impl {
   // Keeps tc's stash between its low and high marks (engine lock and tc's lock held).
   void refill_stash_locked(detail::ThreadCache& tc);
   // Gives tc a new lease from the free index for a request of `rounded` on (pool, stream), of
-  // ThreadCache::kLeaseSmallBytes or kLeaseLargeBytes where a free block that large fits, else of
-  // the request alone: the lease, or null if no free block fits. Never grows. Engine lock and tc's
-  // lock held.
+  // max(rounded, ThreadCache::kLeaseSmallBytes or kLeaseLargeBytes) where a free block that large
+  // fits, else (small pool only) of the request alone: the lease, or null. Never grows. Engine
+  // lock and tc's lock held.
   detail::Lease* lease_locked(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded);
   // Puts a lease's memory back into the region's chain: its sub-blocks take the lease block's
   // place, the free ones merged into the free index. Engine lock and tc's lock held.

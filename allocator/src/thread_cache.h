@@ -64,13 +64,14 @@ struct ThreadCache {
   static constexpr std::size_t kStashLow = 8;
   static constexpr std::size_t kStashHigh = 64;
   // How much free memory a new lease takes from the engine (a request larger than this takes
-  // what it needs). Leases serve the small pool only (Note [Thread caches] says why).
+  // what it needs).
   static constexpr std::size_t kLeaseSmallBytes = std::size_t{2} << 20;
   // How much free memory a thread's large lease takes from the engine's free index (a larger
-  // request takes what it needs). Large requests are served inside it by best fit, so a thread
-  // allocating large blocks of changing sizes takes the engine lock about once per lease instead
-  // of once per request. A large lease is only ever cut out of free memory the engine already
-  // holds: it never makes the engine grow (Note [Thread caches], "Large leases of free memory").
+  // request takes what it needs); no large lease is taken where no free range this large is at
+  // hand. Large requests are served inside it by best fit, so a thread allocating large blocks of
+  // changing sizes takes the engine lock about once per lease instead of once per request. A
+  // large lease is only ever cut out of free memory the engine already holds: it never makes the
+  // engine grow (Note [Thread caches], "Large leases of free memory").
   static constexpr std::size_t kLeaseLargeBytes = std::size_t{64} << 20;
   // Returning leases a cache holds at most; a free beyond them takes the engine's lock (and
   // returns them). Each takes a Block object from the stash: kept below kStashLow, so the stash

@@ -111,17 +111,13 @@ Lease* CachingAllocator::Impl::lease_locked(ThreadCache& tc, PoolKind pool, Stre
   const std::size_t want =
       std::max(rounded, pool == PoolKind::small ? ThreadCache::kLeaseSmallBytes : ThreadCache::kLeaseLargeBytes);
   // A range of `want` bytes from the best fit for it. Else, small pool: the best fit for the
-  // request, split to its size. Large pool: the best fit for the request taken whole, so that what
-  // is left of it serves this thread's next large requests (a range of kLeaseLargeBytes is rarely
-  // free once the engine has stopped growing; taking the largest free block instead made the
-  // engine map half again as often, Note [Thread caches]).
+  // request alone; large pool: no lease (the engine serves the request itself). A large lease
+  // made of less than a free 64 MiB range (the best fit for the request, split or whole) made the
+  // engine recycle far more often with 4 threads and mixed sizes and was slower on the H200 than no
+  // large lease at all (Note [Thread caches], "Large leases of free memory").
   Block* b = map.take_cached(pool, stream, want, rules.split);
-  if (b == nullptr) {
-    const Block* fit = map.free_index[static_cast<int>(pool)].best_fit(stream, rounded);
-    if (fit == nullptr) return nullptr;
-    b = map.take_cached(pool, stream, pool == PoolKind::small ? rounded : fit->size_bytes, rules.split);
-    if (b == nullptr) return nullptr;
-  }
+  if (b == nullptr && pool == PoolKind::small) b = map.take_cached(pool, stream, rounded, rules.split);
+  if (b == nullptr) return nullptr;
   refill_stash_locked(tc);
   return tc.adopt(b);
 }
