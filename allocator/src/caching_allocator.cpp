@@ -149,23 +149,18 @@ bool CachingAllocator::Impl::free_cached(std::uintptr_t addr, EventBatch& batch)
 }
 
 bool CachingAllocator::Impl::free_to_own_cache(std::uintptr_t addr, EventBatch& batch) {
-  // Note [Thread caches]: the first large block a thread frees becomes its large lease, so that a
-  // thread that frees and allocates large blocks of one size again and again (a layer's
-  // activations, step after step) does so without the engine lock. Any other block of no lease
-  // becomes a returning lease: the free takes no engine lock, and the memory goes back at this
-  // thread's next engine lock (a large miss, a new small lease), so a free and the next request
-  // that misses share one acquisition instead of taking one each. Both go back before any growth
-  // of their pool and stream, so they never make the engine grow.
+  // Note [Thread caches]: a block of no lease this thread frees becomes a returning lease: the free
+  // takes no engine lock, and the memory goes back at this thread's next engine lock (a miss of its
+  // leases), so a free and the next request that misses share one acquisition instead of taking
+  // one each. Returning leases go back before any growth of their pool and stream too, so they
+  // never make the engine grow.
   ThreadCache* tc = cache_for_this_thread(true);
   if (tc == nullptr) return false;
   std::lock_guard cl(tc->lock);
-  if (tc->stash_count == 0) return false;
-  bool as_large = false;
+  if (tc->stash_count == 0 || tc->returning_count >= ThreadCache::kMaxReturning) return false;
   Block* x = live.with_shard(addr, [&](detail::LiveTable& t) -> Block* {
     Block* y = t.find(addr);
     if (y == nullptr || y->state != BlockState::allocated || y->uses || y->lease) return nullptr;
-    as_large = y->region->pool == PoolKind::large && tc->large_lease == nullptr;
-    if (!as_large && tc->returning_count >= ThreadCache::kMaxReturning) return nullptr;
     t.erase(*y);
     return y;
   });
@@ -176,12 +171,8 @@ bool CachingAllocator::Impl::free_to_own_cache(std::uintptr_t addr, EventBatch& 
   record(batch, EventKind::free_requested, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
   record(batch, EventKind::free_completed, pool, addr, x->size_bytes, x->requested_bytes, x->stream);
   detail::Lease* l = tc->adopt(x);
-  if (as_large) {
-    tc->large_lease = l;
-  } else {
-    l->returning = true;
-    ++tc->returning_count;
-  }
+  l->returning = true;
+  ++tc->returning_count;
   return true;
 }
 
@@ -210,20 +201,16 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
   const PoolKind pool = policy::pool_for(rounded);
 
-  // Fast path: this thread's leases (once the engine lock has been contended; small-pool leases,
-  // and the one large lease a thread may hold, Note [Thread caches]). No engine lock.
+  // Fast path: this thread's leases (once the engine lock has been contended; small-pool leases
+  // and the one large lease a thread holds, Note [Thread caches]). No engine lock.
   ThreadCache* tc = nullptr;
   if (m.use_caches() && !too_large) {
-    tc = m.cache_for_this_thread(pool == PoolKind::small);
+    tc = m.cache_for_this_thread(true);
     if (tc) {
       Block* b = nullptr;
       {
         std::lock_guard cl(tc->lock);
-        // Large blocks in a cache serve their exact size only (they are never split: splitting
-        // freed large blocks inside leases cut the engine's free memory and made it map twice as
-        // often with 4 threads and mixed sizes on the H200).
-        if (pool == PoolKind::small || tc->holds_exactly(pool, stream, rounded))
-          b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+        b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
       }
       if (b) {
         Impl::publish(m.observers_for(batch), batch);
@@ -244,25 +231,24 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       fail.status = SourceStatus::out_of_memory;
       fail.detail = "requests of 1 EiB or more are refused";
     } else {
-      if (tc != nullptr && pool == PoolKind::small) {
-        // The cache missed: its returning leases go back, then a new lease of free memory, and the
-        // request from it.
+      if (tc != nullptr) {
+        // The cache missed: its returning leases go back, and for a large request its large lease
+        // too (the request did not fit in what is free there; the lease's allocated blocks become
+        // the engine's), so the engine's best fit sees their memory. Then a new lease of free
+        // memory, and the request from it. A large lease is taken only where splitting is not
+        // limited (max_split_size_mb: the engine keeps its rule for blocks above the limit).
         std::lock_guard cl(tc->lock);
         m.return_leases_locked(*tc);
+        if (pool == PoolKind::large && tc->large_lease != nullptr) m.splice_lease_locked(*tc, tc->large_lease);
         m.refill_stash_locked(*tc);
-        b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
-        if (b == nullptr && m.lease_locked(*tc, pool, stream, rounded))
-          b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+        if (pool == PoolKind::small) b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+        if (b == nullptr && (pool == PoolKind::small || m.rules.split.max_split_bytes == kNoLimit)) {
+          if (detail::Lease* l = m.lease_locked(*tc, pool, stream, rounded)) {
+            if (pool == PoolKind::large) tc->large_lease = l;
+            b = m.allocate_cached(*tc, pool, stream, size_bytes, rounded, batch);
+          }
+        }
         leased = b != nullptr;
-      } else if (tc != nullptr) {
-        // A large request the thread's large lease (if any) could not serve: the lease's free
-        // memory goes back first, so the engine's best fit sees it. Its stash is topped up for
-        // the next large lease.
-        std::lock_guard cl(tc->lock);
-        m.return_leases_locked(*tc);
-        if (tc->large_lease != nullptr && tc->index[static_cast<int>(PoolKind::large)].bytes() > 0)
-          m.splice_lease_locked(*tc, tc->large_lease);
-        m.refill_stash_locked(*tc);
       }
       // Best fit in the free index; else the slow path: the recovery steps (grow, release cached
       // memory, retry), engine.cpp.

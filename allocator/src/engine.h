@@ -287,9 +287,9 @@ struct CachingAllocator::Impl {
   Block* allocate_cached(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t size,
                          std::size_t rounded, detail::EventBatch& batch);
   bool free_cached(std::uintptr_t addr, detail::EventBatch& batch);
-  // A block of no lease freed by this thread becomes a lease of its cache (no engine lock): its
-  // large lease if it is a large-pool block and the cache holds none, else a returning lease (while
-  // the cache holds fewer than ThreadCache::kMaxReturning); false if the engine must free it.
+  // A block of no lease freed by this thread becomes a returning lease of its cache (no engine
+  // lock), while the cache holds fewer than ThreadCache::kMaxReturning; false if the engine must
+  // free it.
   bool free_to_own_cache(std::uintptr_t addr, detail::EventBatch& batch);
   // Gives every returning lease of tc back to the engine. Engine lock and tc's lock held.
   void return_leases_locked(detail::ThreadCache& tc);
@@ -298,9 +298,11 @@ struct CachingAllocator::Impl {
   void free_leased_locked(Block* b, detail::EventBatch& batch);
   // Keeps tc's stash between its low and high marks (engine lock and tc's lock held).
   void refill_stash_locked(detail::ThreadCache& tc);
-  // Gives tc a new lease from the free index for a request of `rounded` on (pool, stream): false
-  // if no free block fits. Engine lock and tc's lock held.
-  bool lease_locked(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded);
+  // Gives tc a new lease from the free index for a request of `rounded` on (pool, stream), of
+  // max(rounded, ThreadCache::kLeaseSmallBytes or kLeaseLargeBytes) where a free block that large
+  // fits, else (small pool only) of the request alone: the lease, or null. Never grows. Engine
+  // lock and tc's lock held.
+  detail::Lease* lease_locked(detail::ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded);
   // Puts a lease's memory back into the region's chain: its sub-blocks take the lease block's
   // place, the free ones merged into the free index. Engine lock and tc's lock held.
   void splice_lease_locked(detail::ThreadCache& tc, detail::Lease* l);

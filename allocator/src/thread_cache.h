@@ -4,21 +4,20 @@
 //
 //   * A cache holds leases. A lease is one range of a region, held by one block of the region's
 //     chain in state `cached` (Lease::block), which the engine never changes, merges with or hands
-//     out while it is leased. Small-pool leases are taken from the engine's free memory; a cache
-//     has at most one large lease (large_lease): a large block the thread freed while it had
-//     none, which serves requests of exactly its size only (never split), handed back on the
-//     thread's next large request that it cannot serve. Returning leases (below) come on top.
+//     out while it is leased. Leases are taken from the engine's free memory: small-pool ones of
+//     kLeaseSmallBytes, and at most one large-pool one (large_lease) of kLeaseLargeBytes,
+//     replaced on the thread's next large request it cannot serve. Returning
+//     leases (below) come on top.
 //   * Inside the range the cache keeps its own chain of sub-blocks (Lease::first, linked through
 //     prev/next, null at the lease's ends, so nothing merges across it) and its own FreeIndex of the
 //     free ones: requests are served by best fit with splitting, frees merge with free neighbours,
 //     by the same code as the engine's regions (block_surgery.h). Allocated sub-blocks are in the
 //     engine's live-block table like every allocated block; free sub-blocks are in no engine
 //     structure.
-//   * A block of no lease that the thread frees while it already holds a large lease (or a small
-//     block) becomes a *returning* lease (Lease::returning): the free takes no engine lock, and the
-//     lease goes back to the engine the next time this thread takes the engine's lock (at most
-//     kMaxReturning of them at once). Its memory serves this thread meanwhile: small requests by
-//     best fit, large ones of exactly its size.
+//   * A block of no lease that the thread frees becomes a *returning* lease (Lease::returning):
+//     the free takes no engine lock, and the lease goes back to the engine the next time this
+//     thread takes the engine's lock (at most kMaxReturning of them at once). Its memory serves
+//     this thread meanwhile, by best fit like any lease.
 //   * Block objects come from the engine's arena through a stash refilled under the engine's lock.
 //
 // Invariants (checked by the engine's check_invariants): each lease's sub-blocks tile its block's
@@ -65,8 +64,15 @@ struct ThreadCache {
   static constexpr std::size_t kStashLow = 8;
   static constexpr std::size_t kStashHigh = 64;
   // How much free memory a new lease takes from the engine (a request larger than this takes
-  // what it needs). Leases serve the small pool only (Note [Thread caches] says why).
+  // what it needs).
   static constexpr std::size_t kLeaseSmallBytes = std::size_t{2} << 20;
+  // How much free memory a thread's large lease takes from the engine's free index (a larger
+  // request takes what it needs); no large lease is taken where no free range this large is at
+  // hand. Large requests are served inside it by best fit, so a thread allocating large blocks of
+  // changing sizes takes the engine lock about once per lease instead of once per request. A
+  // large lease is only ever cut out of free memory the engine already holds: it never makes the
+  // engine grow (Note [Thread caches], "Large leases of free memory").
+  static constexpr std::size_t kLeaseLargeBytes = std::size_t{64} << 20;
   // Returning leases a cache holds at most; a free beyond them takes the engine's lock (and
   // returns them). Each takes a Block object from the stash: kept below kStashLow, so the stash
   // refilled at the thread's last engine lock covers them and the large lease.
@@ -80,7 +86,7 @@ struct ThreadCache {
   SpinLock lock;
   FreeIndex index[2];  // free sub-blocks, by PoolKind
   Lease* leases = nullptr;        // in use, a doubly linked list
-  Lease* large_lease = nullptr;   // the one large-pool lease among them that is not returning, or null
+  Lease* large_lease = nullptr;   // the one large-pool lease that is not returning, or null
   std::size_t lease_count = 0;
   std::size_t returning_count = 0;  // leases with `returning` set
   std::size_t leased_bytes = 0;   // sum of the leases' sizes
@@ -119,12 +125,6 @@ struct ThreadCache {
   Block* take(PoolKind pool, StreamId stream, std::size_t rounded, const policy::SplitLimits& limits) {
     if (stash_count == 0) return nullptr;
     return surgery::take_best_fit(*this, index[static_cast<int>(pool)], pool, stream, rounded, limits);
-  }
-  // Whether a free sub-block of exactly `rounded` bytes on `stream` is at hand: how large requests
-  // are served from a cache (a large block in a cache is handed out whole, never split).
-  bool holds_exactly(PoolKind pool, StreamId stream, std::size_t rounded) noexcept {
-    const Block* b = index[static_cast<int>(pool)].best_fit(stream, rounded);
-    return b != nullptr && b->size_bytes == rounded;
   }
   // x, an allocated sub-block of one of this cache's leases (out of the live table), is free:
   // merged with its free neighbours in the lease.

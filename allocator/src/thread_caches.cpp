@@ -106,16 +106,20 @@ void CachingAllocator::Impl::refill_stash_locked(ThreadCache& tc) {
   while (tc.stash_count > ThreadCache::kStashHigh) map.arena.dispose(tc.make_block());
 }
 
-bool CachingAllocator::Impl::lease_locked(ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded) {
+Lease* CachingAllocator::Impl::lease_locked(ThreadCache& tc, PoolKind pool, StreamId stream, std::size_t rounded) {
   mutex.assert_held();
-  const std::size_t want = std::max(rounded, ThreadCache::kLeaseSmallBytes);
-  // A range of `want` bytes from the best fit for it; else the best fit for the request, whole.
+  const std::size_t want =
+      std::max(rounded, pool == PoolKind::small ? ThreadCache::kLeaseSmallBytes : ThreadCache::kLeaseLargeBytes);
+  // A range of `want` bytes from the best fit for it. Else, small pool: the best fit for the
+  // request alone; large pool: no lease (the engine serves the request itself). A large lease
+  // made of less than a free 64 MiB range (the best fit for the request, split or whole) made the
+  // engine recycle far more often with 4 threads and mixed sizes and was slower on the H200 than no
+  // large lease at all (Note [Thread caches], "Large leases of free memory").
   Block* b = map.take_cached(pool, stream, want, rules.split);
-  if (b == nullptr) b = map.take_cached(pool, stream, rounded, rules.split);
-  if (b == nullptr) return false;
+  if (b == nullptr && pool == PoolKind::small) b = map.take_cached(pool, stream, rounded, rules.split);
+  if (b == nullptr) return nullptr;
   refill_stash_locked(tc);
-  tc.adopt(b);
-  return true;
+  return tc.adopt(b);
 }
 
 void CachingAllocator::Impl::splice_lease_locked(ThreadCache& tc, Lease* l) {

@@ -1,11 +1,13 @@
 // Thread caches (Note [Thread caches]): off until the engine's lock is contended; then a thread
 // allocates mixed sizes inside leases of free memory without the lock, other threads' frees go
 // back to the lease, double frees are still caught, totals and snapshots stay exact, leased memory
-// is used before the engine grows, a thread keeps at most one large lease (a large block it freed),
-// and caches go back to the engine when their thread exits.
+// is used before the engine grows, a thread's one large lease serves large requests by best fit,
+// blocks of no lease a thread frees go back at its next engine lock, and caches go back to the
+// engine when their thread exits.
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "catch.h"
@@ -209,83 +211,106 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
   engine.check_invariants();
 }
 
-TEST_CASE("small leases come from free memory; a thread's one large lease is a block it freed", "[engine][thread_cache]") {
+TEST_CASE("leases come from free memory: a thread's large lease serves large requests by best fit", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
   CachingAllocator engine(source, *events, Config{});
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   const std::size_t leased = engine.totals().thread_cached_bytes;
   REQUIRE(leased > 0);
+  constexpr std::size_t MiB = std::size_t{1} << 20;
 
-  // A large-pool request is the engine's (no lease is taken for it) and its growth drains no
-  // small-pool lease.
-  constexpr std::size_t kLarge = std::size_t{64} << 20;
+  // No large-pool memory is free: a large request grows the engine (a lease is never grown for),
+  // and its growth drains no small-pool lease.
   const std::size_t reserved_before = engine.totals().reserved_bytes;
-  auto big = engine.allocate(kLarge, 0);
-  REQUIRE(big.ok());
+  auto whole = engine.allocate(256 * MiB, 0);
+  REQUIRE(whole.ok());
   EngineTotals t = engine.totals();
-  CHECK(t.reserved_bytes > reserved_before);  // it grew
+  CHECK(t.reserved_bytes > reserved_before);
   CHECK(t.thread_cached_bytes == leased);
-  CHECK(t.allocated_bytes == big.size_bytes);
+  CHECK(t.allocated_bytes == whole.size_bytes);
   engine.check_invariants();
-
-  // Its free makes it this thread's large lease: cached here, counted as freed.
-  REQUIRE(engine.free(big.ptr) == FreeStatus::ok);
+  // Freed by a thread that then exits: the memory is the engine's free memory.
+  std::thread([&] { CHECK(engine.free(whole.ptr) == FreeStatus::ok); }).join();
   t = engine.totals();
-  CHECK(t.thread_cached_bytes == leased + big.size_bytes);
   CHECK(t.allocated_bytes == 0);
-  CHECK(t.cached_free_bytes >= big.size_bytes + leased);
+  CHECK(t.thread_cached_bytes == leased);
+  const std::size_t reserved = t.reserved_bytes;
+
+  // A large request: this thread leases kLeaseLargeBytes (64 MiB) of that free memory (best fit,
+  // lowest address) and is served from it; the next large requests that fit come from the lease.
+  auto a = engine.allocate(8 * MiB, 0);
+  REQUIRE(a.ok());
+  CHECK(a.ptr == whole.ptr);
+  CHECK(engine.totals().thread_cached_bytes == leased + 56 * MiB);
+  auto b = engine.allocate(16 * MiB, 0);
+  REQUIRE(b.ok());
+  CHECK(reinterpret_cast<std::uintptr_t>(b.ptr) == reinterpret_cast<std::uintptr_t>(whole.ptr) + 8 * MiB);
+  t = engine.totals();
+  CHECK(t.thread_cached_bytes == leased + 40 * MiB);
+  CHECK(t.allocated_bytes == a.size_bytes + b.size_bytes);
+  CHECK(t.reserved_bytes == reserved);
+  engine.check_invariants();
+  // Another thread's free goes back to the lease and merges there.
+  std::thread([&] { CHECK(engine.free(a.ptr) == FreeStatus::ok); }).join();
+  CHECK(engine.totals().thread_cached_bytes == leased + 48 * MiB);
   engine.check_invariants();
 
-  // The same size again: served from the lease, no growth; its free goes back to the lease.
-  const std::size_t reserved = t.reserved_bytes;
-  auto again = engine.allocate(kLarge, 0);
-  REQUIRE(again.ok());
-  CHECK(again.ptr == big.ptr);
+  // A request the lease cannot serve: the lease goes back to the engine (its allocated block
+  // becomes the engine's), and a new one is taken for the request from free memory; no growth.
+  auto c = engine.allocate(128 * MiB, 0);
+  REQUIRE(c.ok());
   t = engine.totals();
   CHECK(t.reserved_bytes == reserved);
-  CHECK(t.allocated_bytes == again.size_bytes);
-  CHECK(t.thread_cached_bytes == leased);  // the lease's memory is allocated
+  CHECK(t.allocated_bytes == b.size_bytes + c.size_bytes);
+  CHECK(t.thread_cached_bytes == leased);  // the new lease is the request's size: all allocated
   engine.check_invariants();
-  REQUIRE(engine.free(again.ptr) == FreeStatus::ok);
-  CHECK(engine.totals().thread_cached_bytes == leased + big.size_bytes);
-
-  // Another size is not served from the lease (it is never split): the lease goes back to the
-  // engine first, whose best fit then uses its memory. A second large block freed while the thread
-  // holds a large lease becomes a returning lease (one large lease per thread).
-  auto other = engine.allocate(kLarge / 2, 0);  // the lease goes back; the engine serves it
-  CHECK(engine.totals().thread_cached_bytes == leased);
-  CHECK(other.ptr == big.ptr);                  // best fit: the lease's memory, lowest address
-  auto third = engine.allocate(kLarge, 0);
-  REQUIRE(other.ok());
-  REQUIRE(third.ok());
-  engine.check_invariants();
-  t = engine.totals();
-  CHECK(t.allocated_bytes == other.size_bytes + third.size_bytes);
-  REQUIRE(engine.free(third.ptr) == FreeStatus::ok);  // no large lease now: it becomes one
-  REQUIRE(engine.free(other.ptr) == FreeStatus::ok);  // a block of no lease: a returning lease
-  engine.check_invariants();
+  // b is a block of no lease now: its free makes it a returning lease of this thread's cache; c's
+  // goes back to the large lease.
+  REQUIRE(engine.free(b.ptr) == FreeStatus::ok);
+  REQUIRE(engine.free(c.ptr) == FreeStatus::ok);
   t = engine.totals();
   CHECK(t.allocated_bytes == 0);
-  CHECK(t.thread_cached_bytes == leased + third.size_bytes + other.size_bytes);
+  CHECK(t.thread_cached_bytes == leased + b.size_bytes + c.size_bytes);
+  engine.check_invariants();
 
-  // A request larger than everything cached: the returning lease goes back when the thread takes
-  // the engine's lock, the large lease before the engine grows, so the growth uses their memory
-  // (reserved grows by at most the shortfall).
-  const std::size_t reserved_now = t.reserved_bytes, cached_now = t.cached_free_bytes;
-  auto huge = engine.allocate(4 * kLarge, 0);
+  // A request larger than everything free: the leases of the large pool go back before the engine
+  // grows, so the growth uses their memory (reserved grows by at most the request).
+  auto huge = engine.allocate(512 * MiB, 0);
   REQUIRE(huge.ok());
   t = engine.totals();
   CHECK(t.thread_cached_bytes == leased);
-  CHECK(t.reserved_bytes <= reserved_now + huge.size_bytes);
-  CHECK(t.cached_free_bytes <= cached_now);
+  CHECK(t.reserved_bytes <= reserved + huge.size_bytes);
   engine.check_invariants();
   REQUIRE(engine.free(huge.ptr) == FreeStatus::ok);
   engine.check_invariants();
-  // A double free of a block that went into the large lease is still caught (classifying a bad
-  // pointer hands every lease back first).
+  // Double frees of blocks that went through leases are still caught (classifying a bad pointer
+  // hands every lease back first).
   CHECK(engine.free(huge.ptr) == FreeStatus::double_free);
+  const FreeStatus again = engine.free(b.ptr);
+  CHECK((again == FreeStatus::double_free || again == FreeStatus::foreign_pointer));
   CHECK(engine.totals().thread_cached_bytes == 0);
+  engine.check_invariants();
+}
+
+TEST_CASE("large leases are not taken when max_split_size_mb limits splitting", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  auto parsed = parse_config("max_split_size_mb:64");
+  REQUIRE(std::holds_alternative<Config>(parsed));
+  CachingAllocator engine(source, *events, std::get<Config>(parsed));
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  const std::size_t leased = engine.totals().thread_cached_bytes;
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto whole = engine.allocate(256 * MiB, 0);
+  REQUIRE(whole.ok());
+  std::thread([&] { CHECK(engine.free(whole.ptr) == FreeStatus::ok); }).join();
+  // The engine serves the request under its rules; nothing of the large pool is leased.
+  auto a = engine.allocate(8 * MiB, 0);
+  REQUIRE(a.ok());
+  CHECK(engine.totals().thread_cached_bytes == leased);
+  engine.check_invariants();
+  REQUIRE(engine.free(a.ptr) == FreeStatus::ok);
   engine.check_invariants();
 }
 
@@ -305,18 +330,18 @@ TEST_CASE("blocks of no lease a thread frees go back to the engine at its next e
     REQUIRE(blocks.back().ok());
   }
   engine.check_invariants();
-  // The first free makes the large lease, the next kMaxReturning returning leases: no engine lock,
-  // the memory counted as freed and as cached by this thread.
+  // The first kMaxReturning frees make returning leases: no engine lock, the memory counted as
+  // freed and as cached by this thread.
   std::size_t cached = leased;
-  for (std::size_t i = 0; i < kMaxReturning + 1; ++i) {
+  for (std::size_t i = 0; i < kMaxReturning; ++i) {
     REQUIRE(engine.free(blocks[i].ptr) == FreeStatus::ok);
     cached += blocks[i].size_bytes;
     const EngineTotals t = engine.totals();
     CHECK(t.thread_cached_bytes == cached);
     engine.check_invariants();
   }
-  // A returning lease serves a request of exactly its size (handed out whole); a double free of
-  // that block is still caught.
+  // A returning lease serves this thread's requests by best fit: a request of exactly one's size
+  // gets that block back; a double free of it is still caught.
   auto again = engine.allocate(blocks[3].size_bytes, 0);
   REQUIRE(again.ok());
   CHECK(again.ptr == blocks[3].ptr);
@@ -326,11 +351,15 @@ TEST_CASE("blocks of no lease a thread frees go back to the engine at its next e
   CHECK(engine.totals().thread_cached_bytes == cached);
   engine.check_invariants();
 
-  // The cache is full: the next free takes the engine's lock, which gives the returning leases back
-  // (the large lease stays).
-  REQUIRE(engine.free(blocks[kMaxReturning + 1].ptr) == FreeStatus::ok);
+  // The cache is full: the next free takes the engine's lock, which gives the returning leases
+  // back; the one after becomes a returning lease again.
+  REQUIRE(engine.free(blocks[kMaxReturning].ptr) == FreeStatus::ok);
   EngineTotals t = engine.totals();
-  CHECK(t.thread_cached_bytes == leased + blocks[0].size_bytes);
+  CHECK(t.thread_cached_bytes == leased);
+  engine.check_invariants();
+  REQUIRE(engine.free(blocks[kMaxReturning + 1].ptr) == FreeStatus::ok);
+  t = engine.totals();
+  CHECK(t.thread_cached_bytes == leased + blocks[kMaxReturning + 1].size_bytes);
   CHECK(t.allocated_bytes == 0);
   engine.check_invariants();
   // Every block went back as free memory: a second free of any is refused (double_free where the
