@@ -431,14 +431,22 @@ void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) 
             f();
           }))
         sink = stats;
-  std::lock_guard lock(m.mutex);
-  const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
-  auto next = now ? std::make_unique<Impl::ObserverList>(*now) : std::make_unique<Impl::ObserverList>();
-  next->push_back(std::move(observer));
-  m.observers.store(next.get(), std::memory_order_release);
-  m.observer_lists.push_back(std::move(next));
-  m.has_observers.store(true, std::memory_order_relaxed);
-  if (sink != nullptr) m.stats_sink.store(sink, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(m.mutex);
+    const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
+    auto next = now ? std::make_unique<Impl::ObserverList>(*now) : std::make_unique<Impl::ObserverList>();
+    next->push_back(std::move(observer));
+    m.observers.store(next.get(), std::memory_order_release);
+    m.observer_lists.push_back(std::move(next));
+    m.has_observers.store(true, std::memory_order_relaxed);
+    // Another StatsObserver attached at the same time may have been bound first: this one then
+    // stays on events.
+    if (sink != nullptr && m.stats_sink.load(std::memory_order_relaxed) == nullptr) {
+      m.stats_sink.store(sink, std::memory_order_relaxed);
+      sink = nullptr;
+    }
+  }
+  if (sink != nullptr) sink->unbind_engine();
 }
 
 void CachingAllocator::detach_observer(const AllocObserver* observer) {

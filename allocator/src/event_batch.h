@@ -36,7 +36,7 @@ class EventBatch {
   EventBatch& operator=(const EventBatch&) = delete;
 
   // A recording batch whose hot events the bound StatsObserver `sink` counts in place.
-  EventBatch(StatsObserver* sink) noexcept : recording_(true), needs_(kNeedsNothing), in_place_sink_(sink) {}
+  explicit EventBatch(StatsObserver* sink) noexcept : recording_(true), needs_(kNeedsNothing), in_place_sink_(sink) {}
 
   bool recording() const noexcept { return recording_; }
   unsigned needs() const noexcept { return needs_; }
