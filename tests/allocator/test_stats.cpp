@@ -775,8 +775,12 @@ TEST_CASE("stats: threads on a bound engine and a second engine sharing its obse
   CHECK(v.active_bytes[kAll].current == 0);
   CHECK(v.requested_bytes[kAll].current == 0);
   CHECK(v.allocated_bytes[kAll].allocated == v.allocated_bytes[kAll].freed);
-  CHECK(v.allocation[kAll].peak >= 1);
-  CHECK(v.allocation[kAll].peak <= kThreads * 10);
+  // Each thread holds at most 10 blocks at once (9 kept, one just allocated), and at least once it
+  // does. Across threads a peak is approximate (Note [Stats shards]): a shard's high point is
+  // folded on top of what the other threads hold at the fold, at most 10 each, not at the moment
+  // of the high point.
+  CHECK(v.allocation[kAll].peak >= 10);
+  CHECK(v.allocation[kAll].peak <= kThreads * 10 + (kThreads - 1) * 10);
   CHECK(v.reserved_bytes[kAll].current ==
         static_cast<std::int64_t>(a.totals().reserved_bytes + b.totals().reserved_bytes));
   CHECK(v.num_inconsistent_events == 0);
