@@ -15,6 +15,9 @@
 // gpumem is not installed: libtorch keeps its native allocator, and gpumem's allocator object is
 // driven directly (gpumem::torch::cuda_allocator()), so both run under the same conditions. Each
 // pattern runs R rounds alternating native and gpumem; the table shows the median of the rounds.
+// Every pattern's 1-thread rounds run before any T-thread round: once T threads have contended
+// gpumem's engine it keeps its thread caches and the stats observer its shards for the rest of the
+// process, so a 1-thread column measured after them would not be a single-threaded program's.
 // Before the table, one line says what c10::cuda::current_device() costs (raw_alloc calls it in
 // both allocators: it is the part of every pair that no allocator controls), 1 thread and T.
 //
@@ -204,16 +207,22 @@ int main(int argc, char** argv) {
                 "(1 thread), %zu pairs per thread (%d threads), median of %d rounds\n",
                 ops, thread_ops, threads, rounds);
     std::printf("%-28s %12s   %14s %14s\n", "pattern", "gpumem ns", "gpumem ns/thr", "driver calls");
-    for (const AllocPattern& p : patterns) {
-      const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
-      std::vector<double> g1, gt;
+    std::vector<double> g1(patterns.size());
+    std::vector<long long> calls(patterns.size());
+    for (std::size_t i = 0; i < patterns.size(); ++i) {  // 1 thread first (see the top)
+      const AllocSequence seq = gpumem::bench::make_alloc_sequence(patterns[i], ops, 1);
+      std::vector<double> r1;
       const long long calls0 = driver_calls(ours_allocator);
-      for (int r = 0; r < rounds; ++r) {
-        g1.push_back(run(ours, p, seq, ops, stream));
-        gt.push_back(run_threads(ours, p, thread_ops, threads, false));
-      }
-      std::printf("%-28s %12.1f   %14.1f %14lld\n", p.name, median(g1), median(gt),
-                  driver_calls(ours_allocator) - calls0);
+      for (int r = 0; r < rounds; ++r) r1.push_back(run(ours, patterns[i], seq, ops, stream));
+      g1[i] = median(r1);
+      calls[i] = driver_calls(ours_allocator) - calls0;
+    }
+    for (std::size_t i = 0; i < patterns.size(); ++i) {
+      std::vector<double> gt;
+      const long long calls0 = driver_calls(ours_allocator);
+      for (int r = 0; r < rounds; ++r) gt.push_back(run_threads(ours, patterns[i], thread_ops, threads, false));
+      calls[i] += driver_calls(ours_allocator) - calls0;
+      std::printf("%-28s %12.1f   %14.1f %14lld\n", patterns[i].name, g1[i], median(gt), calls[i]);
       std::fflush(stdout);
     }
     print_gpumem_stats(ours_allocator);
@@ -234,19 +243,31 @@ int main(int argc, char** argv) {
               current_device_ns(0), current_device_ns(threads), threads);
   std::printf("%-28s %12s %12s %8s   %14s %14s %8s %14s\n", "pattern", "native ns", "gpumem ns", "speedup",
               "native ns/thr", "gpumem ns/thr", "speedup", "driver calls");
-  for (const AllocPattern& p : patterns) {
-    const AllocSequence seq = gpumem::bench::make_alloc_sequence(p, ops, 1);
-    std::vector<double> n1, g1, nt, gt;
+  std::vector<double> n1(patterns.size()), g1(patterns.size());
+  std::vector<long long> calls(patterns.size());
+  for (std::size_t i = 0; i < patterns.size(); ++i) {  // 1 thread first (see the top)
+    const AllocSequence seq = gpumem::bench::make_alloc_sequence(patterns[i], ops, 1);
+    std::vector<double> rn, rg;
     const long long calls0 = driver_calls(ours_allocator);
     for (int r = 0; r < rounds; ++r) {
-      n1.push_back(run(native, p, seq, ops, stream));
-      g1.push_back(run(ours, p, seq, ops, stream));
-      nt.push_back(run_threads(native, p, thread_ops, threads, true));
-      gt.push_back(run_threads(ours, p, thread_ops, threads, true));
+      rn.push_back(run(native, patterns[i], seq, ops, stream));
+      rg.push_back(run(ours, patterns[i], seq, ops, stream));
     }
-    const double a = median(n1), b = median(g1), c = median(nt), d = median(gt);
-    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %14lld\n", p.name, a, b, a / b, c, d, c / d,
-                driver_calls(ours_allocator) - calls0);
+    n1[i] = median(rn);
+    g1[i] = median(rg);
+    calls[i] = driver_calls(ours_allocator) - calls0;
+  }
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    std::vector<double> nt, gt;
+    const long long calls0 = driver_calls(ours_allocator);
+    for (int r = 0; r < rounds; ++r) {
+      nt.push_back(run_threads(native, patterns[i], thread_ops, threads, true));
+      gt.push_back(run_threads(ours, patterns[i], thread_ops, threads, true));
+    }
+    calls[i] += driver_calls(ours_allocator) - calls0;
+    const double a = n1[i], b = g1[i], c = median(nt), d = median(gt);
+    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %14lld\n", patterns[i].name, a, b, a / b, c, d,
+                c / d, calls[i]);
     std::fflush(stdout);
   }
   print_gpumem_stats(ours_allocator);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "cap_policy.h"
 #include "engine.h"
@@ -84,6 +85,9 @@ CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, C
 }
 
 CachingAllocator::~CachingAllocator() {
+  // The bound StatsObserver (Note [Stats in place]) may outlive the engine: its hot counters go
+  // back to its own lock while our lock still exists.
+  if (StatsObserver* sink = impl_->stats_sink.exchange(nullptr, std::memory_order_relaxed)) sink->unbind_engine();
   // After this, exiting threads no longer hand caches back to this engine.
   detail::unregister_engine(impl_->thread_caches.id);
   std::lock_guard growth(impl_->growth_mutex);
@@ -402,26 +406,55 @@ void CachingAllocator::set_memory_limit(std::size_t bytes) {
 
 void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mutex);
-  const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
-  auto next = now ? std::make_unique<Impl::ObserverList>(*now) : std::make_unique<Impl::ObserverList>();
-  next->push_back(std::move(observer));
-  m.observers.store(next.get(), std::memory_order_release);
-  m.observer_lists.push_back(std::move(next));
-  m.has_observers.store(true, std::memory_order_relaxed);
+  // Note [Stats in place] (gpumem/alloc/stats.h): the first StatsObserver of an expandable engine
+  // is bound to it (classic segments need the observer to see every event in order). Bound
+  // without the engine lock (the observer takes its own lock, then may take ours).
+  StatsObserver* sink = nullptr;
+  if (m.rules.expandable && m.stats_sink.load(std::memory_order_relaxed) == nullptr)
+    if (auto* stats = dynamic_cast<StatsObserver*>(observer.get()))
+      if (stats->bind_engine([&m](const std::function<void()>& f) {
+            std::lock_guard lock(m.mutex);
+            f();
+          }))
+        sink = stats;
+  {
+    std::lock_guard lock(m.mutex);
+    const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
+    auto next = now ? std::make_unique<Impl::ObserverList>(*now) : std::make_unique<Impl::ObserverList>();
+    next->push_back(std::move(observer));
+    m.observers.store(next.get(), std::memory_order_release);
+    m.observer_lists.push_back(std::move(next));
+    m.has_observers.store(true, std::memory_order_relaxed);
+    // Another StatsObserver attached at the same time may have been bound first: this one then
+    // stays on events.
+    if (sink != nullptr && m.stats_sink.load(std::memory_order_relaxed) == nullptr) {
+      m.stats_sink.store(sink, std::memory_order_relaxed);
+      sink = nullptr;
+    }
+  }
+  if (sink != nullptr) sink->unbind_engine();
 }
 
 void CachingAllocator::detach_observer(const AllocObserver* observer) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mutex);
-  const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
-  auto next = std::make_unique<Impl::ObserverList>();
-  if (now)
-    for (const auto& o : *now)
-      if (o.get() != observer) next->push_back(o);
-  m.has_observers.store(!next->empty(), std::memory_order_relaxed);
-  m.observers.store(next.get(), std::memory_order_release);
-  m.observer_lists.push_back(std::move(next));
+  StatsObserver* unbind = nullptr;
+  {
+    std::lock_guard lock(m.mutex);
+    const Impl::ObserverList* now = m.observers.load(std::memory_order_relaxed);
+    auto next = std::make_unique<Impl::ObserverList>();
+    if (now)
+      for (const auto& o : *now)
+        if (o.get() != observer) next->push_back(o);
+    m.has_observers.store(!next->empty(), std::memory_order_relaxed);
+    m.observers.store(next.get(), std::memory_order_release);
+    m.observer_lists.push_back(std::move(next));
+    if (m.stats_sink.load(std::memory_order_relaxed) == observer) {
+      unbind = m.stats_sink.load(std::memory_order_relaxed);
+      m.stats_sink.store(nullptr, std::memory_order_relaxed);
+    }
+  }
+  // No call counts in place any more; the observer lists keep the observer alive.
+  if (unbind != nullptr) unbind->unbind_engine();
 }
 
 namespace {

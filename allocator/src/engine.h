@@ -58,6 +58,7 @@
 #include "engine_rules.h"
 #include "event_batch.h"
 #include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/stats.h"
 #include "live_table.h"
 #include "region_map.h"
 #include "thread_caches.h"
@@ -133,6 +134,10 @@ struct CachingAllocator::Impl {
   std::atomic<bool> has_observers{false};
   std::vector<std::unique_ptr<ObserverList>> observer_lists{};
   std::atomic<const ObserverList*> observers{nullptr};
+  // Note [Stats in place] (gpumem/alloc/stats.h): the attached StatsObserver bound to this engine,
+  // whose hot counters emit() adds to under the engine lock; null if none. Written under mutex
+  // (attach / detach); the observer is kept alive by the observer lists.
+  std::atomic<StatsObserver*> stats_sink{nullptr};
 
   // Thread caches of recently freed blocks (thread_caches.h); `caches` under mutex.
   detail::ThreadCacheSet thread_caches;
@@ -156,9 +161,17 @@ struct CachingAllocator::Impl {
 
   // Under the engine lock: advances the engine's tick and records the event. Returns the event's
   // seq (0 when nothing is recording).
+  // The hot events of a batch made for the bound StatsObserver alone are counted in place, as
+  // long as it is still bound (detach may have come between new_batch and the lock).
   std::uint64_t emit(detail::EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr,
                      std::size_t size, std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
     ++map.tick;
+    if (StatsObserver* sink = batch.in_place_sink(); sink != nullptr && detail::is_hot(kind)) [[likely]] {
+      if (sink == stats_sink.load(std::memory_order_relaxed)) [[likely]] {
+        sink->count_in_place(kind, pool, size, requested);
+        return 0;
+      }
+    }
     return record(batch, kind, pool, addr, size, requested, stream, pieces);
   }
 
@@ -183,17 +196,25 @@ struct CachingAllocator::Impl {
 
   // An empty batch for one engine call: recording if an observer is awake, with what the awake
   // ones need (one atomic load per observer; asleep ones cost nothing more).
+  // When the only awake observer is the bound StatsObserver, the batch counts the engine's
+  // locked hot events in place (Note [Stats in place]).
   detail::EventBatch new_batch() const noexcept {
     if (!has_observers.load(std::memory_order_relaxed)) return detail::EventBatch(false, kNeedsNothing);
+    StatsObserver* const sink = stats_sink.load(std::memory_order_relaxed);
     unsigned all = kSleeping;  // AND of the sleeping bits: set iff every observer sleeps
     unsigned needs = kNeedsNothing;
+    bool others_awake = false;  // an awake observer besides the sink
     if (const ObserverList* list = observers.load(std::memory_order_acquire))
       for (const auto& o : *list) {
         const unsigned n = o->needs();
         all &= n;
-        if (!(n & kSleeping)) needs |= n;
+        if (!(n & kSleeping)) {
+          needs |= n;
+          others_awake = others_awake || o.get() != sink;
+        }
       }
     if (all & kSleeping) return detail::EventBatch(false, kNeedsNothing);
+    if (sink != nullptr && !others_awake) return detail::EventBatch(sink);
     return detail::EventBatch(true, needs);
   }
 

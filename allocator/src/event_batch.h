@@ -7,6 +7,11 @@
 // null; past that, spill_ holds all of them in order. A push on the fast paths (at most three
 // events per call) is one compare, a copy and an increment.
 //
+// Counting in place (Note [Stats in place], gpumem/alloc/stats.h): when the only awake observer
+// is the StatsObserver bound to the engine, the batch carries it (in_place_sink), and the events
+// the engine emits under its lock that it counts in place (alloc, free_requested, free_completed)
+// are never pushed; the batch holds only what the observer still needs as events.
+//
 // Thread-safety: none; one engine call owns its batch.
 #pragma once
 
@@ -17,6 +22,10 @@
 
 #include "gpumem/alloc/events.h"
 
+namespace gpumem::alloc {
+class StatsObserver;
+}
+
 namespace gpumem::alloc::detail {
 
 class EventBatch {
@@ -26,8 +35,12 @@ class EventBatch {
   EventBatch(const EventBatch&) = delete;
   EventBatch& operator=(const EventBatch&) = delete;
 
+  // A recording batch whose hot events the bound StatsObserver `sink` counts in place.
+  explicit EventBatch(StatsObserver* sink) noexcept : recording_(true), needs_(kNeedsNothing), in_place_sink_(sink) {}
+
   bool recording() const noexcept { return recording_; }
   unsigned needs() const noexcept { return needs_; }
+  StatsObserver* in_place_sink() const noexcept { return in_place_sink_; }
   void push(const AllocEvent& e) {
     if (n_ < kInline) [[likely]] {
       new (&inline_[n_ * sizeof(AllocEvent)]) AllocEvent(e);
@@ -55,6 +68,7 @@ class EventBatch {
   }
   bool recording_;
   unsigned needs_;
+  StatsObserver* in_place_sink_ = nullptr;
   std::size_t n_ = 0;
   alignas(AllocEvent) unsigned char inline_[kInline * sizeof(AllocEvent)];  // AllocEvent is trivially destructible
   std::unique_ptr<std::vector<AllocEvent>> spill_;

@@ -1,30 +1,20 @@
 #include "gpumem/alloc/stats.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "split_segment_tracker.h"
 
 namespace gpumem::alloc {
 namespace {
 
-// An event of a pool changes [all] and [pool] (Stat arrays, and the shards' arrays alike).
-// Always inlined: as calls they were a third of the observer's instructions per event.
-template <class Array>
-[[gnu::always_inline]] inline void increase(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
-  stats[static_cast<std::size_t>(StatType::all)].increase(amount);
-  stats[pool_index].increase(amount);
-}
-
-template <class Array>
-[[gnu::always_inline]] inline void decrease(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
-  stats[static_cast<std::size_t>(StatType::all)].decrease(amount);
-  stats[pool_index].decrease(amount);
-}
+using detail::decrease_pool;
+using detail::increase_pool;
 
 // Adds a signed net change the way PyTorch does: one increase or one decrease.
 void apply_net(StatArray& stats, std::size_t pool_index, std::int64_t delta) noexcept {
-  if (delta > 0) increase(stats, pool_index, static_cast<std::uint64_t>(delta));
-  if (delta < 0) decrease(stats, pool_index, static_cast<std::uint64_t>(-delta));
+  if (delta > 0) increase_pool(stats, pool_index, static_cast<std::uint64_t>(delta));
+  if (delta < 0) decrease_pool(stats, pool_index, static_cast<std::uint64_t>(-delta));
 }
 
 std::int64_t max_split_size_value(std::size_t bytes) noexcept {
@@ -120,46 +110,19 @@ StatsShardSlots::~StatsShardSlots() {
     if (s.shard) s.shard->owned.store(false, std::memory_order_release);
 }
 
-// The hot events: the only ones a shard takes.
-
-// The three events the engine's fast paths emit, applied to the stats they change: one
-// definition for the totals (Target = DeviceStatsView, Stat) and a thread's shard (StatsShard,
-// ShardStat). Returns false, changing nothing, for any other event (the caller applies it in
-// full). Adds the bytes an alloc took to *alloc_bytes (the shard's fold bound). inactive_split is
-// not here: the caller takes the full path while classic segments are tracked.
+// The hot events (detail::apply_hot, stats.h) are the only ones a shard takes.
 template <class Target>
-[[gnu::always_inline]] inline bool apply_hot(Target& t, const AllocEvent& e, std::size_t max_split_size_bytes,
+[[gnu::always_inline]] inline bool apply_hot_event(Target& t, const AllocEvent& e, std::size_t max_split_size_bytes,
                                              std::int64_t* alloc_bytes = nullptr) noexcept {
-  const std::size_t p = static_cast<std::size_t>(stat_type_of(e.pool));
-  switch (e.kind) {
-    case EventKind::alloc:
-      increase(t.allocation, p, 1);
-      increase(t.allocated_bytes, p, e.size_bytes);
-      increase(t.active, p, 1);
-      increase(t.active_bytes, p, e.size_bytes);
-      increase(t.requested_bytes, p, e.requested_bytes);
-      if (e.size_bytes >= max_split_size_bytes) [[unlikely]] t.oversize_allocations.increase(1);
-      if (alloc_bytes) *alloc_bytes += static_cast<std::int64_t>(e.size_bytes);
-      break;
-    case EventKind::free_requested:
-      decrease(t.allocation, p, 1);
-      decrease(t.allocated_bytes, p, e.size_bytes);
-      if (e.size_bytes >= max_split_size_bytes) [[unlikely]] t.oversize_allocations.decrease(1);
-      break;
-    case EventKind::free_completed:
-      decrease(t.active, p, 1);
-      decrease(t.active_bytes, p, e.size_bytes);
-      decrease(t.requested_bytes, p, e.requested_bytes);
-      break;
-    default:
-      return false;
-  }
-  ++t.num_events;
-  return true;
+  return detail::apply_hot(t, e.kind, e.pool, e.size_bytes, e.requested_bytes, max_split_size_bytes, alloc_bytes);
 }
 
-inline bool is_hot(const AllocEvent& e) noexcept {
-  return e.kind == EventKind::alloc || e.kind == EventKind::free_requested || e.kind == EventKind::free_completed;
+inline bool is_hot(const AllocEvent& e) noexcept { return detail::is_hot(e.kind); }
+
+bool any_hot(std::span<const AllocEvent> events) noexcept {
+  for (const AllocEvent& e : events)
+    if (is_hot(e)) return true;
+  return false;
 }
 
 bool shardable(std::span<const AllocEvent> events) noexcept {
@@ -224,8 +187,36 @@ detail::StatsShard* StatsObserver::shard_for_this_thread(bool create) {
   return free_slot->shard.get();
 }
 
+bool StatsObserver::bind_engine(RunLocked run_locked) {
+  std::lock_guard lock(mutex_);
+  if (bound_.load(std::memory_order_relaxed) || !run_locked) return false;
+  // Every writer of hot_ while unbound holds mutex_, and every later one reads bound_ under it (or
+  // writes only its shard): from here on hot_ is the engine's.
+  run_locked_ = std::move(run_locked);
+  bound_.store(true, std::memory_order_release);
+  return true;
+}
+
+void StatsObserver::unbind_engine() {
+  std::lock_guard lock(mutex_);
+  if (!bound_.load(std::memory_order_relaxed)) return;
+  // The engine no longer counts in place; its lock, taken once more, orders its last writes
+  // before this thread's next reads of hot_ under mutex_ alone.
+  run_locked_([] {});
+  run_locked_ = nullptr;
+  bound_.store(false, std::memory_order_release);
+}
+
+template <class F>
+void StatsObserver::with_hot_locked(F&& f) const {
+  if (bound_.load(std::memory_order_relaxed))
+    run_locked_(std::function<void()>(std::ref(f)));
+  else
+    f();
+}
+
 void StatsObserver::fold_locked(detail::StatsShard& sh) const {
-  DeviceStatsView& s = stats_;
+  detail::HotStats& s = hot_;
   std::lock_guard lock(sh.lock);
   if (sh.batches == 0) return;
   detail::fold_array(sh.allocation, s.allocation);
@@ -245,39 +236,53 @@ void StatsObserver::fold_all_locked() const {
 }
 
 void StatsObserver::on_events(std::span<const AllocEvent> events) {
-  if (!contended_.load(std::memory_order_relaxed)) {
+  if (!contended_.load(std::memory_order_relaxed) && !bound_.load(std::memory_order_relaxed)) {
     if (mutex_.try_lock()) {
-      std::lock_guard lock(mutex_, std::adopt_lock);
-      // The hot events with no classic segment tracked change a few counters each (apply_hot);
-      // anything else takes the full switch.
-      if (!tracking_splits_.load(std::memory_order_relaxed)) {
-        for (const AllocEvent& e : events)
-          if (!detail::apply_hot(stats_, e, max_split_size_bytes_)) [[unlikely]] apply_locked(e);
-      } else {
-        for (const AllocEvent& e : events) apply_locked(e);
+      std::unique_lock lock(mutex_, std::adopt_lock);
+      if (!bound_.load(std::memory_order_relaxed)) [[likely]] {
+        // The hot events with no classic segment tracked change a few counters each (apply_hot);
+        // anything else takes the full switch.
+        if (!tracking_splits_.load(std::memory_order_relaxed)) {
+          for (const AllocEvent& e : events)
+            if (!detail::apply_hot_event(hot_, e, max_split_size_bytes_)) [[unlikely]] apply_locked(e);
+        } else {
+          for (const AllocEvent& e : events) apply_locked(e);
+        }
+        return;
       }
-      return;
+      // Bound meanwhile: the engine's lock guards hot_ now.
+    } else {
+      contended_.store(true, std::memory_order_relaxed);
     }
-    contended_.store(true, std::memory_order_relaxed);
   }
   on_events_contended(events);
 }
 
 void StatsObserver::on_events_contended(std::span<const AllocEvent> events) {
+  // Bound to an engine, hot events that reach on_events (its lock-free paths, other engines, or
+  // every event while another observer of the engine is awake) go to the thread's shard too:
+  // taking the engine's lock for each batch would undo what its thread caches save.
   const bool hot = !tracking_splits_.load(std::memory_order_acquire) && detail::shardable(events);
   detail::StatsShard* sh = shard_for_this_thread(hot);
   if (!hot || sh == nullptr) {
-    // Under the lock, after this thread's own unfolded changes (its peaks stay in order).
+    // Under the lock, after this thread's own unfolded changes (its peaks stay in order). The
+    // hot guard (the bound engine's lock) only when the batch or the shard has hot stats.
     std::lock_guard lock(mutex_);
-    if (sh) fold_locked(*sh);
-    for (const AllocEvent& e : events) apply_locked(e);
+    if (sh != nullptr || detail::any_hot(events)) {
+      with_hot_locked([&] {
+        if (sh) fold_locked(*sh);
+        for (const AllocEvent& e : events) apply_locked(e);
+      });
+    } else {
+      for (const AllocEvent& e : events) apply_locked(e);
+    }
     return;
   }
   bool fold_due = false, must_fold = false;
   {
     std::lock_guard lock(sh->lock);
     std::int64_t batch_bytes = 0;
-    for (const AllocEvent& e : events) detail::apply_hot(*sh, e, max_split_size_bytes_, &batch_bytes);
+    for (const AllocEvent& e : events) detail::apply_hot_event(*sh, e, max_split_size_bytes_, &batch_bytes);
     ++sh->batches;
     sh->largest_batch_bytes = std::max(sh->largest_batch_bytes, batch_bytes);
     // The byte bound: growth beyond one (the largest) batch. Counting the batch itself made
@@ -292,10 +297,10 @@ void StatsObserver::on_events_contended(std::span<const AllocEvent> events) {
   }
   if (must_fold) {
     std::lock_guard lock(mutex_);
-    fold_locked(*sh);
+    with_hot_locked([&] { fold_locked(*sh); });
   } else if (fold_due && mutex_.try_lock()) {
     std::lock_guard lock(mutex_, std::adopt_lock);
-    fold_locked(*sh);
+    with_hot_locked([&] { fold_locked(*sh); });
   }
 }
 
@@ -311,8 +316,8 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
     apply_net(s.inactive_split_bytes, q, change.bytes);
   };
   // alloc / free_requested / free_completed: the counters apply_hot keeps (one definition for
-  // every path), then the inactive-split tracking only this path does.
-  if (detail::apply_hot(s, e, max_split_size_bytes_)) {
+  // every path; the caller holds the hot guard), then the inactive-split tracking only this path does.
+  if (detail::apply_hot_event(hot_, e, max_split_size_bytes_)) {
     if (!splits_ || splits_->empty()) return;
     if (e.kind == EventKind::alloc)
       apply_split(splits_->activate(e.addr, e.size_bytes, change));
@@ -329,8 +334,8 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
     case EventKind::free_completed:
       break;  // applied above
     case EventKind::segment_alloc:
-      increase(s.segment, p, 1);
-      increase(s.reserved_bytes, p, e.size_bytes);
+      increase_pool(s.segment, p, 1);
+      increase_pool(s.reserved_bytes, p, e.size_bytes);
       ++s.num_device_alloc;
       if (oversize) s.oversize_segments.increase(1);
       if (splits_ && splits_->add_segment(e.addr, e.size_bytes, e.pool) !=
@@ -339,8 +344,8 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
       if (splits_) tracking_splits_.store(!splits_->empty(), std::memory_order_release);
       break;
     case EventKind::segment_free:
-      decrease(s.segment, p, 1);
-      decrease(s.reserved_bytes, p, e.size_bytes);
+      decrease_pool(s.segment, p, 1);
+      decrease_pool(s.reserved_bytes, p, e.size_bytes);
       ++s.num_device_free;
       if (oversize) s.oversize_segments.decrease(1);
       if (splits_) {
@@ -353,13 +358,13 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
       }
       break;
     case EventKind::segment_map:
-      increase(s.reserved_bytes, p, e.size_bytes);
+      increase_pool(s.reserved_bytes, p, e.size_bytes);
       ++s.num_device_alloc;
       ++s.num_segment_maps;
       s.num_pieces_created += e.pieces_created_or_destroyed;
       break;
     case EventKind::segment_unmap:
-      decrease(s.reserved_bytes, p, e.size_bytes);
+      decrease_pool(s.reserved_bytes, p, e.size_bytes);
       ++s.num_device_free;
       ++s.num_segment_unmaps;
       s.num_pieces_destroyed += e.pieces_created_or_destroyed;
@@ -378,30 +383,46 @@ void StatsObserver::apply_locked(const AllocEvent& e) {
 
 DeviceStatsView StatsObserver::stats() const {
   std::lock_guard lock(mutex_);
-  fold_all_locked();
-  return stats_;
+  DeviceStatsView view = stats_;
+  with_hot_locked([&] {
+    fold_all_locked();
+    view.allocation = hot_.allocation;
+    view.allocated_bytes = hot_.allocated_bytes;
+    view.active = hot_.active;
+    view.active_bytes = hot_.active_bytes;
+    view.requested_bytes = hot_.requested_bytes;
+    view.oversize_allocations = hot_.oversize_allocations;
+    view.num_events += hot_.num_events;
+  });
+  return view;
 }
 
 void StatsObserver::reset_peak() {
   std::lock_guard lock(mutex_);
-  fold_all_locked();
-  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes})
+  for (StatArray* a : {&stats_.segment, &stats_.inactive_split, &stats_.reserved_bytes, &stats_.inactive_split_bytes})
     for (Stat& st : *a) st.reset_peak();
-  stats_.oversize_allocations.reset_peak();
   stats_.oversize_segments.reset_peak();
+  with_hot_locked([&] {
+    fold_all_locked();
+    for (StatArray* a : {&hot_.allocation, &hot_.allocated_bytes, &hot_.active, &hot_.active_bytes,
+                         &hot_.requested_bytes})
+      for (Stat& st : *a) st.reset_peak();
+    hot_.oversize_allocations.reset_peak();
+  });
 }
 
 void StatsObserver::reset_accumulated() {
   std::lock_guard lock(mutex_);
-  fold_all_locked();
-  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes})
+  for (StatArray* a : {&stats_.segment, &stats_.inactive_split, &stats_.reserved_bytes, &stats_.inactive_split_bytes})
     for (Stat& st : *a) st.reset_accumulated();
-  stats_.oversize_allocations.reset_accumulated();
   stats_.oversize_segments.reset_accumulated();
+  with_hot_locked([&] {
+    fold_all_locked();
+    for (StatArray* a : {&hot_.allocation, &hot_.allocated_bytes, &hot_.active, &hot_.active_bytes,
+                         &hot_.requested_bytes})
+      for (Stat& st : *a) st.reset_accumulated();
+    hot_.oversize_allocations.reset_accumulated();
+  });
   stats_.num_alloc_retries = 0;
   stats_.num_ooms = 0;
   stats_.num_sync_all_streams = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <barrier>
 #include <cstdlib>
 #include <fstream>
@@ -16,7 +17,10 @@
 #include <vector>
 
 #include "catch.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/sim_source.h"
 #include "gpumem/alloc/stats.h"
+#include "gpumem/alloc/stream_events.h"
 
 using namespace gpumem::alloc;
 
@@ -610,4 +614,174 @@ TEST_CASE("stats: PyTorch 2.11 traces reproduce PyTorch's reserved numbers", "[s
     check_trace(dir + "/expandable/" + name + ".trace.csv.gz", dir + "/expandable/" + name + ".json", true);
   }
   check_trace(dir + "/native/oom.trace.csv.gz", dir + "/native/oom.json", false);
+}
+
+// ---- Note [Stats in place]: an engine bound to its StatsObserver counts its hot events itself.
+
+namespace {
+
+// Awake, so that an engine it is attached to builds and publishes every event (no counting in
+// place); counts what it sees.
+class EventCounter final : public AllocObserver {
+ public:
+  EventCounter() : AllocObserver(kNeedsNothing) {}
+  void on_events(std::span<const AllocEvent> events) override { seen += static_cast<std::int64_t>(events.size()); }
+  std::atomic<std::int64_t> seen{0};
+};
+
+// A fixed mix of requests on one engine: sizes from 512 B to 48 MiB, a window of live blocks,
+// an empty_cache and a reset of the peaks halfway, and everything freed at the end but `keep`.
+void drive(CachingAllocator& engine, StatsObserver& obs, std::size_t keep) {
+  std::vector<void*> live;
+  std::uint64_t x = 12345;
+  for (int i = 0; i < 3000; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const std::size_t size = std::size_t{512} << ((x >> 33) % 17);  // 512 B .. 32 MiB
+    if (live.size() < 40 || (x >> 20) % 3 != 0) {
+      AllocResult r = engine.allocate(size + (x >> 40) % 500, 0);
+      REQUIRE(r.ok());
+      live.push_back(r.ptr);
+    } else {
+      const std::size_t slot = (x >> 24) % live.size();
+      REQUIRE(engine.free(live[slot]) == FreeStatus::ok);
+      live[slot] = live.back();
+      live.pop_back();
+    }
+    if (i == 1500) {
+      engine.empty_cache();
+      obs.reset_peak();
+    }
+  }
+  while (live.size() > keep) {
+    REQUIRE(engine.free(live.back()) == FreeStatus::ok);
+    live.pop_back();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stats: counted in place, every number is what the events give", "[stats][in_place]") {
+  // Engine a: its observer alone, bound, counting in place. Engine b: the same requests with an
+  // awake observer beside its StatsObserver, so every event is built and published.
+  SimSource source_a, source_b;
+  auto events_a = make_immediate_events(), events_b = make_immediate_events();
+  Config config;
+  config.max_split_size_bytes = 8 * MiB;  // some allocations are oversize
+  CachingAllocator a(source_a, *events_a, config), b(source_b, *events_b, config);
+  auto obs_a = std::make_shared<StatsObserver>(config), obs_b = std::make_shared<StatsObserver>(config);
+  auto counter = std::make_shared<EventCounter>();
+  a.attach_observer(obs_a);
+  b.attach_observer(obs_b);
+  b.attach_observer(counter);
+  drive(a, *obs_a, 7);
+  drive(b, *obs_b, 7);
+  const DeviceStatsView va = obs_a->stats(), vb = obs_b->stats();
+  CHECK(counter->seen.load() == vb.num_events);
+  CHECK(va.allocation[kAll].current == 7);
+  CHECK(va.allocated_bytes[kAll].current == static_cast<std::int64_t>(a.totals().allocated_bytes));
+  CHECK(va.reserved_bytes[kAll].current == static_cast<std::int64_t>(a.totals().reserved_bytes));
+  CHECK(va.oversize_allocations.allocated > 0);
+  check_same(va, vb);
+  obs_a->reset_accumulated();
+  obs_b->reset_accumulated();
+  check_same(obs_a->stats(), obs_b->stats());
+}
+
+TEST_CASE("stats: a bound observer detached, reattached, and outliving its engine stays exact", "[stats][in_place]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  auto obs = std::make_shared<StatsObserver>();
+  void* kept = nullptr;
+  {
+    CachingAllocator engine(source, *events, Config{});
+    engine.attach_observer(obs);
+    kept = engine.allocate(3 * MiB, 0).ptr;
+    REQUIRE(engine.free(engine.allocate(4096, 0).ptr) == FreeStatus::ok);
+    engine.detach_observer(obs.get());
+    // Unseen by the observer now.
+    REQUIRE(engine.free(engine.allocate(4096, 0).ptr) == FreeStatus::ok);
+    DeviceStatsView v = obs->stats();
+    CHECK(v.allocation[kAll] == stat(1, 2, 2, 1));
+    CHECK(v.allocated_bytes[kAll] == stat(3 * MiB, 3 * MiB + 4096, 3 * MiB + 4096, 4096));
+    CHECK(v.num_events == 4 + v.num_segment_maps + v.num_segment_unmaps);  // 2 allocs, 1 free
+    // Attached again: bound again, counting in place from where it stopped.
+    engine.attach_observer(obs);
+    REQUIRE(engine.free(kept) == FreeStatus::ok);
+    v = obs->stats();
+    CHECK(v.allocation[kAll] == stat(0, 2, 2, 2));
+    CHECK(v.active_bytes[kAll] == stat(0, 3 * MiB + 4096, 3 * MiB + 4096, 3 * MiB + 4096));
+    kept = engine.allocate(5000, 0).ptr;
+  }  // the engine goes; the observer keeps its numbers, under its own lock again
+  const DeviceStatsView v = obs->stats();
+  CHECK(v.allocation[kAll] == stat(1, 2, 3, 2));
+  CHECK(v.requested_bytes[kAll].current == 5000);
+  obs->reset_peak();
+  CHECK(obs->stats().allocation[kAll] == stat(1, 1, 3, 2));
+  // Events fed by hand now go to its own counters.
+  feed(*obs, {ev(EventKind::free_requested, PoolKind::small, reinterpret_cast<std::uintptr_t>(kept), 5120, 5000)});
+  CHECK(obs->stats().allocation[kAll] == stat(0, 1, 3, 3));
+}
+
+TEST_CASE("stats: threads on a bound engine and a second engine sharing its observer stay exact",
+          "[stats][in_place][threads]") {
+  // Engine a binds the observer; engine b (a private pool's, say) publishes to it as events.
+  // Four threads allocate and free on both, so the engines' thread caches and the observer's shards
+  // take part; every total is exact once they are done.
+  SimSource source_a, source_b;
+  auto events_a = make_immediate_events(), events_b = make_immediate_events();
+  CachingAllocator a(source_a, *events_a, Config{}), b(source_b, *events_b, Config{});
+  auto obs = std::make_shared<StatsObserver>();
+  a.attach_observer(obs);
+  b.attach_observer(obs);
+  constexpr int kThreads = 4, kPairs = 20000;
+  std::barrier start(kThreads);
+  std::atomic<int> failures{0};  // Catch's assertions are for the main thread
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      std::vector<std::pair<CachingAllocator*, void*>> held;
+      for (int i = 0; i < kPairs; ++i) {
+        CachingAllocator& e = (i + t) % 5 == 0 ? b : a;
+        const std::size_t size = std::size_t{512} << ((i * 7 + t) % 13);
+        AllocResult r = e.allocate(size, 0);
+        if (!r.ok()) {
+          ++failures;
+          continue;
+        }
+        if (i % 16 == 0) {
+          held.emplace_back(&e, r.ptr);
+        } else if (e.free(r.ptr) != FreeStatus::ok) {
+          ++failures;
+        }
+        if (held.size() > 8) {
+          if (held.front().first->free(held.front().second) != FreeStatus::ok) ++failures;
+          held.erase(held.begin());
+        }
+        if (t == 0 && i % 4000 == 0) (void)obs->stats();  // reads fold while the others publish
+      }
+      for (auto [e, p] : held)
+        if (e->free(p) != FreeStatus::ok) ++failures;
+    });
+  for (auto& th : threads) th.join();
+  REQUIRE(failures.load() == 0);
+  const DeviceStatsView v = obs->stats();
+  const std::int64_t allocs = std::int64_t{kThreads} * kPairs;
+  CHECK(v.allocation[kAll].current == 0);
+  CHECK(v.allocation[kAll].allocated == allocs);
+  CHECK(v.allocation[kAll].freed == allocs);
+  CHECK(v.active[kAll] == Stat{0, v.active[kAll].peak, allocs, allocs});
+  CHECK(v.allocated_bytes[kAll].current == 0);
+  CHECK(v.active_bytes[kAll].current == 0);
+  CHECK(v.requested_bytes[kAll].current == 0);
+  CHECK(v.allocated_bytes[kAll].allocated == v.allocated_bytes[kAll].freed);
+  // Each thread holds at most 10 blocks at once (9 kept, one just allocated), and at least once it
+  // does. Across threads a peak is approximate (Note [Stats shards]): a shard's high point is
+  // folded on top of what the other threads hold at the fold, at most 10 each, not at the moment
+  // of the high point.
+  CHECK(v.allocation[kAll].peak >= 10);
+  CHECK(v.allocation[kAll].peak <= kThreads * 10 + (kThreads - 1) * 10);
+  CHECK(v.reserved_bytes[kAll].current ==
+        static_cast<std::int64_t>(a.totals().reserved_bytes + b.totals().reserved_bytes));
+  CHECK(v.num_inconsistent_events == 0);
 }

@@ -37,7 +37,6 @@ struct OwnerTable {
   std::shared_mutex mutex;
   std::unordered_map<int, std::shared_ptr<PrivatePool>> pools;
   std::atomic<int> next_owner{kFirstPoolOwner};
-  std::atomic<int> count{0};
 };
 
 OwnerTable& owners() {
@@ -56,8 +55,6 @@ std::shared_ptr<PrivatePool> find_pool(int owner) {
   return it == t.pools.end() ? nullptr : it->second;
 }
 
-int pool_count() noexcept { return owners().count.load(std::memory_order_acquire); }
-
 GraphPools::GraphPools(DeviceEngine& device, PointerRegistry& registry, std::function<void()> sync_device)
     : device_(device), registry_(registry), sync_device_(std::move(sync_device)) {}
 
@@ -65,7 +62,7 @@ GraphPools::~GraphPools() {
   OwnerTable& t = owners();
   std::unique_lock lock(t.mutex);
   for (const auto& pool : pools_)
-    if (t.pools.erase(pool->owner) != 0) t.count.fetch_sub(1, std::memory_order_release);
+    if (t.pools.erase(pool->owner) != 0) g_pool_count.fetch_sub(1, std::memory_order_release);
 }
 
 std::shared_ptr<PrivatePool> GraphPools::find_locked(PoolId id) const {
@@ -96,7 +93,7 @@ std::shared_ptr<PrivatePool> GraphPools::make_pool_locked(PoolId id) {
   {
     std::unique_lock lock(t.mutex);
     t.pools.emplace(pool->owner, pool);
-    t.count.fetch_add(1, std::memory_order_release);
+    g_pool_count.fetch_add(1, std::memory_order_release);
   }
   pools_.push_back(pool);
   return pool;
@@ -216,7 +213,7 @@ std::size_t GraphPools::empty_cache(PoolId id) {
     OwnerTable& t = owners();
     std::unique_lock lock(t.mutex);
     for (const auto& pool : dropped)
-      if (t.pools.erase(pool->owner) != 0) t.count.fetch_sub(1, std::memory_order_release);
+      if (t.pools.erase(pool->owner) != 0) g_pool_count.fetch_sub(1, std::memory_order_release);
   }
   return released;  // the dropped engines go with the last reference (here, or a free in flight)
 }

@@ -153,7 +153,9 @@ class GraphPools {
 // was dropped). Owner ids of pools are >= kFirstPoolOwner.
 inline constexpr int kFirstPoolOwner = 1 << 20;
 std::shared_ptr<PrivatePool> find_pool(int owner);
-// How many pools exist in the process (frees skip the pool lookup while there are none).
-int pool_count() noexcept;
+// How many pools exist in the process (frees skip the pool lookup while there are none): read on
+// every free, so a variable every translation unit reads directly rather than a call.
+inline std::atomic<int> g_pool_count{0};  // changed under the pool table's lock (graph_pools.cpp)
+inline int pool_count() noexcept { return g_pool_count.load(std::memory_order_acquire); }
 
 }  // namespace gpumem::torch::detail

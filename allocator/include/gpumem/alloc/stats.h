@@ -59,14 +59,27 @@
 // twice its largest batch since its last fold when its last try found the lock free, and at most
 // 8 x kFoldBatches batches.
 //
-// Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> a
-// shard's lock (a shard's lock alone is taken by its thread for each batch).
+// Counting in place (Note [Stats in place], docs/notes/stats-shards.md). A CachingAllocator in
+// expandable mode binds the StatsObserver attached to it first (bind_engine): from then on the
+// counters of alloc / free_requested / free_completed (HotStats) are guarded by that engine's lock
+// instead of the observer's, and the engine adds its locked paths' hot events to them in place,
+// under its lock (count_in_place), without building an AllocEvent or calling on_events, as long as
+// no other observer of the engine is awake. Everything else still arrives as events: segment and
+// OOM events, and the hot events of the engine's lock-free paths (thread caches) and of other
+// engines (private pools), which go through the threads' shards, or, while classic segments are
+// tracked, through apply_locked with the engine's lock taken (run_locked). Every number stays
+// exact for a single thread; across threads the shard bounds above apply.
+//
+// Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> the
+// bound engine's lock (run_locked) -> a shard's lock (a shard's lock alone is taken by its thread
+// for each batch). The bound engine never takes the observer's lock while it holds its own.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -152,7 +165,73 @@ struct StatsObserverOptions {
 class SplitSegmentTracker;  // allocator/src/split_segment_tracker.h
 namespace detail {
 struct StatsShard;
+
+// The stats the engine's fast paths change (alloc, free_requested, free_completed): guarded by the
+// bound engine's lock while the observer is bound, else by the observer's lock.
+struct HotStats {
+  StatArray allocation{};
+  StatArray allocated_bytes{};
+  StatArray active{};
+  StatArray active_bytes{};
+  StatArray requested_bytes{};
+  Stat oversize_allocations{};
+  std::int64_t num_events = 0;
+};
+
+// An event of a pool changes [all] and [pool] (Stat arrays, and the shards' arrays alike).
+// Always inlined: as calls they were a third of the observer's instructions per event.
+template <class Array>
+[[gnu::always_inline]] inline void increase_pool(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
+  stats[static_cast<std::size_t>(StatType::all)].increase(amount);
+  stats[pool_index].increase(amount);
 }
+template <class Array>
+[[gnu::always_inline]] inline void decrease_pool(Array& stats, std::size_t pool_index, std::uint64_t amount) noexcept {
+  stats[static_cast<std::size_t>(StatType::all)].decrease(amount);
+  stats[pool_index].decrease(amount);
+}
+
+inline constexpr bool is_hot(EventKind kind) noexcept {
+  return kind == EventKind::alloc || kind == EventKind::free_requested || kind == EventKind::free_completed;
+}
+
+// The three hot events applied to the stats they change: one definition for the observer's
+// counters (Target = HotStats, Stat) and a thread's shard (StatsShard, ShardStat). Returns false,
+// changing nothing, for any other event. Adds the bytes an alloc took to *alloc_bytes (the shard's
+// fold bound). inactive_split is not here: the caller applies it where classic segments are tracked.
+template <class Target>
+[[gnu::always_inline]] inline bool apply_hot(Target& t, EventKind kind, PoolKind pool, std::size_t size_bytes,
+                                             std::size_t requested_bytes, std::size_t max_split_size_bytes,
+                                             std::int64_t* alloc_bytes = nullptr) noexcept {
+  const std::size_t p = static_cast<std::size_t>(stat_type_of(pool));
+  switch (kind) {
+    case EventKind::alloc:
+      increase_pool(t.allocation, p, 1);
+      increase_pool(t.allocated_bytes, p, size_bytes);
+      increase_pool(t.active, p, 1);
+      increase_pool(t.active_bytes, p, size_bytes);
+      increase_pool(t.requested_bytes, p, requested_bytes);
+      if (size_bytes >= max_split_size_bytes) [[unlikely]] t.oversize_allocations.increase(1);
+      if (alloc_bytes) *alloc_bytes += static_cast<std::int64_t>(size_bytes);
+      break;
+    case EventKind::free_requested:
+      decrease_pool(t.allocation, p, 1);
+      decrease_pool(t.allocated_bytes, p, size_bytes);
+      if (size_bytes >= max_split_size_bytes) [[unlikely]] t.oversize_allocations.decrease(1);
+      break;
+    case EventKind::free_completed:
+      decrease_pool(t.active, p, 1);
+      decrease_pool(t.active_bytes, p, size_bytes);
+      decrease_pool(t.requested_bytes, p, requested_bytes);
+      break;
+    default:
+      return false;
+  }
+  ++t.num_events;
+  return true;
+}
+
+}  // namespace detail
 
 class StatsObserver final : public AllocObserver {
  public:
@@ -180,7 +259,26 @@ class StatsObserver final : public AllocObserver {
   static constexpr unsigned kFoldBatches = 64;
   static constexpr std::int64_t kFoldBytes = std::int64_t{2} << 20;
 
+  // ---- the engine's side (Note [Stats in place]); CachingAllocator calls these.
+  // Runs a function with the bound engine's lock held.
+  using RunLocked = std::function<void(const std::function<void()>&)>;
+  // Makes the engine whose lock run_locked takes the guard of the hot counters, so that it may
+  // call count_in_place. False (nothing changes) if another engine is bound already. Call
+  // without that engine's lock held.
+  bool bind_engine(RunLocked run_locked);
+  // Gives the hot counters back to the observer's lock. Call without the engine's lock held,
+  // after the engine stopped calling count_in_place, and while run_locked still works.
+  void unbind_engine();
+  // A hot event of the bound engine, counted in place. Only the bound engine, under its lock.
+  void count_in_place(EventKind kind, PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept {
+    detail::apply_hot(hot_, kind, pool, size_bytes, requested_bytes, max_split_size_bytes_);
+  }
+
  private:
+  // Runs f with the hot counters' guard held: the bound engine's lock, or nothing more than
+  // mutex_ (which the caller holds) while unbound.
+  template <class F>
+  void with_hot_locked(F&& f) const;
   void apply_locked(const AllocEvent& event);
   // on_events once publishers have met: the calling thread's shard, or the lock (out of line, so
   // that the uncontended path stays a small function).
@@ -199,8 +297,14 @@ class StatsObserver final : public AllocObserver {
   std::unique_ptr<SplitSegmentTracker> splits_;  // null when tracking is off
   std::atomic<bool> tracking_splits_{false};      // splits_ holds a segment (set under mutex_)
   std::atomic<bool> contended_{false};            // shards are in use (never cleared)
+  std::atomic<bool> bound_{false};                // an engine guards hot_ (set under mutex_)
+  // The bound engine's count_in_place writes these on every hot event, under its lock: a line
+  // of their own, away from the fields above that every publisher reads.
+  alignas(64) mutable detail::HotStats hot_;      // under the hot guard (with_hot_locked)
   alignas(64) mutable detail::SpinLock mutex_;    // no futex round trip: contended hand-offs are short
-  mutable DeviceStatsView stats_;                 // under mutex_; shards folded in by reads
+  RunLocked run_locked_;                          // under mutex_; empty while unbound
+  // Under mutex_; shards folded in by reads. Its hot fields stay 0: they are in hot_.
+  mutable DeviceStatsView stats_;
   std::vector<std::shared_ptr<detail::StatsShard>> shards_;  // under mutex_; every shard ever made
 };
 
