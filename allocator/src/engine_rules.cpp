@@ -13,6 +13,7 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
   r.recycle_budget.fraction = config.recycle_budget;
   r.recycle_budget.burst_ns = static_cast<std::int64_t>(config.recycle_burst_ms) * 1'000'000;
   r.recycle_budget.slack = config.recycle_slack;
+  r.recycle_budget.ceiling = config.recycle_ceiling;
   r.recycle_headroom = config.recycle_headroom;
   r.keep_mappings = config.recycle_keep_mappings;
   r.thread_cache = config.thread_cache;

@@ -274,7 +274,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // time, growth creates instead, unless that would pass the cap (below) or the provider refuses
   // (the retry at the end).
   bool recycle_now = may_recycle && (over_budget_ok || recycle_budget.rules().unlimited() ||
-                                     recycle_budget.allows(source.now_ns()));
+                                     recycle_budget.allows(recycle_budget.rules().none() ? 0 : source.now_ns()));
   if (may_recycle) {
     for (int q = 0; q < 2; ++q) {
       if (q != p && !pieces.recycle_across_pools) continue;
@@ -384,7 +384,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
     // not charged (the budget counts what it chose).
     if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
-        !policy::within_slack(bought_bytes, buying_bytes, map.reserved_bytes, rules.recycle_budget.slack))) {
+        !policy::within_guard(bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
+                              rules.recycle_budget))) {
       recycle_now = true;
       chosen = chosen_with;
       buying_bytes = 0;
