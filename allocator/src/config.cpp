@@ -183,6 +183,12 @@ void apply_max_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
   c.max_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
 }
 
+void apply_frontier_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
+  std::uint64_t mib = want_uint(e, k);
+  if (mib % 2 != 0) fail_value(e, k, "is not a multiple of 2 (0 turns it off)");
+  c.frontier_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
+}
+
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
 void apply_recycle_budget(const Entry& e, const KeyInfo& k, Config& c) {
@@ -269,6 +275,10 @@ constexpr Key<Config> kKeys[] = {
     {{"max_piece_size_mb", "", "a positive multiple of 2 MiB: the longest adaptive piece of the large pool",
       "max_piece_size_mb:8"},
      apply_max_piece_size},
+    {{"frontier_piece_size_mb", "",
+      "0 (off) or a multiple of 2 MiB: the longest piece a growth at a region's end creates when it moves none",
+      "frontier_piece_size_mb:32"},
+     apply_frontier_piece_size},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
     {{"recycle_budget", "", "a number in [0, 1]: the share of time recycling may spend (0 = none: the memory guard decides "
       "every growth; 1 = no budget)",
@@ -341,6 +351,7 @@ std::string to_string(const Config& c) {
   put("small_piece_size_mb", mib(c.small_piece_bytes));
   put("pieces", c.pieces == PieceSizing::fixed ? "fixed" : "adaptive");
   put("max_piece_size_mb", mib(c.max_piece_bytes));
+  put("frontier_piece_size_mb", mib(c.frontier_piece_bytes));
   put("recycle", bool_text(c.recycle));
   put("recycle_budget", c.recycle_budget);
   put("recycle_burst_ms", c.recycle_burst_ms);

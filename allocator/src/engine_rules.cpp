@@ -33,6 +33,7 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
     small.mode = large.mode = policy::PieceMode::adaptive;
     small.max_piece_slots = 1;
     large.max_piece_slots = std::max<std::size_t>(config.max_piece_bytes / r.slot_bytes, 1);
+    large.frontier_max_piece_slots = config.frontier_piece_bytes / r.slot_bytes;
     small.overhang = large.overhang = config.recycle_overhang;
   }
   for (int p = 0; p < 2; ++p)

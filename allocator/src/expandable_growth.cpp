@@ -396,6 +396,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     }
   }
   const bool charge_budget = !budget_denied;
+  // Frontier pieces (growth_policy.h): the chosen growth's new pieces, longer where it only builds.
+  planned[chosen].layout = policy::lengthen_frontier_pieces(planned[chosen].layout, planned[chosen].runs,
+                                                            candidates[planned[chosen].place].at_region_end, pieces);
   const Planned& best = planned[chosen];
   const Placement* place = &places[best.place];
   Region& r = *place->region;

@@ -626,6 +626,31 @@ TEST_CASE("the memory guard's ceiling: growth past the budget buys only while th
   }
 }
 
+TEST_CASE("frontier_piece_size_mb: a growth at a region's end that moves nothing creates longer pieces",
+          "[engine][pieces][frontier]") {
+  // 64 MiB in an empty engine: the inside of the request in pieces of at most 8 MiB (8 creates), or
+  // at most 32 MiB at the frontier (2 creates). Freed and requested again as 16 MiB pieces, the
+  // 32 MiB pieces serve from the cache as before: the footprint is the same either way.
+  for (const std::size_t frontier_mib : {0, 32}) {
+    DYNAMIC_SECTION("frontier_piece_size_mb:" << frontier_mib) {
+      Config c = test_config();
+      c.pieces = PieceSizing::adaptive;
+      c.max_piece_bytes = 8 * MiB;
+      c.frontier_piece_bytes = frontier_mib * MiB;
+      ClockedFixture f(c);
+      void* p = f.alloc(64 * MiB);
+      CHECK(f.source.inner.counters().creates == (frontier_mib ? 2u : 8u));
+      CHECK(f.engine.totals().reserved_bytes == 64 * MiB);
+      REQUIRE(f.engine.free(p) == FreeStatus::ok);
+      std::vector<void*> quarters;
+      for (int i = 0; i < 4; ++i) quarters.push_back(f.alloc(16 * MiB));
+      CHECK(f.engine.totals().reserved_bytes == 64 * MiB);
+      f.engine.check_invariants();
+      for (void* q : quarters) REQUIRE(f.engine.free(q) == FreeStatus::ok);
+    }
+  }
+}
+
 TEST_CASE("recycle_budget:0 gives recycling no driver time: the memory guard decides every growth",
           "[engine][recycle][recycle_budget]") {
   // No burst, no refill: the very first growth that could recycle goes to the guard. With slack 0

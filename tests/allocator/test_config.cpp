@@ -42,6 +42,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle_ceiling == 0.015);
     CHECK(c.recycle_keep_mappings);
     CHECK(c.max_piece_bytes == 8 * kMiB);
+    CHECK(c.frontier_piece_bytes == 0);
     CHECK(c.recycle_overhang);
     CHECK(c.recycle_headroom == 0.0);
     CHECK(c.thread_cache);
@@ -226,6 +227,10 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   check_error("small_piece_size_mb:0", {"small_piece_size_mb:0", "positive multiple of 2"});
 
   CHECK(parse_ok("max_piece_size_mb:16").max_piece_bytes == 16 * kMiB);
+  CHECK(parse_ok("frontier_piece_size_mb:32").frontier_piece_bytes == 32 * kMiB);
+  CHECK(parse_ok("frontier_piece_size_mb:0").frontier_piece_bytes == 0);
+  check_error("frontier_piece_size_mb:3", {"frontier_piece_size_mb:3", "multiple of 2", "0 turns it off"});
+  check_error("frontier_piece_size_mb:-2", {"frontier_piece_size_mb:-2"});
   CHECK(parse_ok("recycle_budget:0").recycle_budget == 0.0);  // no driver time for recycling
   CHECK(parse_ok("recycle_budget:1").recycle_budget == 1.0);
   check_error("recycle_budget:-0.001", {"recycle_budget:-0.001", "out of range", "[0, 1]"});
@@ -359,7 +364,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 22);  // 7 PyTorch 2.11 keys + 15 of gpumem's engine
+  CHECK(keys.size() == 23);  // 7 PyTorch 2.11 keys + 16 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

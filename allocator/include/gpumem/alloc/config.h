@@ -67,6 +67,12 @@ struct Config {
   // 2 MiB; rounded down to whole small pieces, at least one). Shorter pieces fit more holes when
   // they move, longer ones need fewer driver calls (docs/notes/allocation-policy.md).
   std::size_t max_piece_bytes = 8 * kMiB;
+  // frontier_piece_size_mb: with pieces:adaptive, the longest piece a growth creates at a region's
+  // end when it moves no free piece (the footprint being built), a multiple of 2 MiB; 0 = off
+  // (max_piece_size_mb applies there too). Fewer, longer driver calls while the footprint grows, at
+  // the cost of pieces that fit fewer holes when they move later (docs/notes/allocation-policy.md,
+  // "How far the whole-run VMM share can go").
+  std::size_t frontier_piece_bytes = 0;
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
