@@ -143,7 +143,7 @@ struct GrowthWork {
   std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
-  std::int64_t recycle_ns = 0;         // source time recycling's unmap and map calls took
+  std::int64_t recycle_ns = 0;         // source time recycling took: its syncs, unmap and map calls
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -164,12 +164,14 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
     p.handle = h.value;
     p.have = true;
   }
-  // cuMemUnmap does not wait for kernels still using the range.
-  for (StreamId s : w.sync_streams) events.synchronize_stream(s);
-  // Recycling's calls are timed (the recycle budget); with none, the clock is not read.
+  // Recycling's work is timed (the recycle budget), the stream synchronizations it needs included:
+  // the wait drains the stream's queue, which costs a step more than the driver calls do. With no
+  // recycling the clock is not read.
   const bool any_recycled =
       !w.ghosts.empty() || std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
+  // cuMemUnmap does not wait for kernels still using the range.
+  for (StreamId s : w.sync_streams) events.synchronize_stream(s);
   for (auto& g : w.ghosts) {
     const SourceStatus st = source.unmap(g.va, g.bytes);
     if (st != SourceStatus::ok) {
