@@ -165,7 +165,7 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
     p.have = true;
   }
   // Recycling's work is timed (the recycle budget), the stream synchronizations it needs included:
-  // the wait drains the stream's queue, which costs a step more than the driver calls do. With no
+  // the wait drains the stream's queue, which can cost more than the driver calls do. With no
   // recycling the clock is not read.
   const bool any_recycled =
       !w.ghosts.empty() || std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
