@@ -13,7 +13,8 @@ any --policy given: they replace gpumem in the gpumem columns) and prints one ro
               (DIR/expandable/NAME.json; '-' when there is none)
   gpumem      gpumem's replayed peak reserved / peak requested, then 'ok' when it is at most the
               expandable measurement, 'OVER' when it is more
-  vmm%        gpumem's driver calls (create/map/unmap/release, H200 costs) as a share of the
+  vmm%        gpumem's driver calls (create/map/unmap/release, H200 costs) and the stream
+              synchronizations recycling makes (1 ms each, call_costs.h) as a share of the
               traced run
   pytorch     the model of PyTorch's native allocator, same ratio
   pt:exp      the model of PyTorch with expandable segments, same ratio

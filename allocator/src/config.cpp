@@ -183,11 +183,17 @@ void apply_max_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
   c.max_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
 }
 
+void apply_frontier_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
+  std::uint64_t mib = want_uint(e, k);
+  if (mib % 2 != 0) fail_value(e, k, "is not a multiple of 2 (0 turns it off)");
+  c.frontier_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
+}
+
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
 void apply_recycle_budget(const Entry& e, const KeyInfo& k, Config& c) {
   double v = want_number(e, k);
-  if (!(v > 0.0 && v <= 1.0)) fail_value(e, k, "is out of range");
+  if (!(v >= 0.0 && v <= 1.0)) fail_value(e, k, "is out of range");
   c.recycle_budget = v;
 }
 
@@ -201,6 +207,12 @@ void apply_recycle_slack(const Entry& e, const KeyInfo& k, Config& c) {
   double v = want_number(e, k);
   if (!(v >= 0.0 && v <= 1.0)) fail_value(e, k, "is out of range");
   c.recycle_slack = v;
+}
+
+void apply_recycle_ceiling(const Entry& e, const KeyInfo& k, Config& c) {
+  double v = want_number(e, k);
+  if (!(v >= 0.0 && v < 1.0)) fail_value(e, k, "is out of range");
+  c.recycle_ceiling = v;
 }
 
 void apply_recycle_headroom(const Entry& e, const KeyInfo& k, Config& c) {
@@ -263,8 +275,13 @@ constexpr Key<Config> kKeys[] = {
     {{"max_piece_size_mb", "", "a positive multiple of 2 MiB: the longest adaptive piece of the large pool",
       "max_piece_size_mb:8"},
      apply_max_piece_size},
+    {{"frontier_piece_size_mb", "",
+      "0 (off) or a multiple of 2 MiB: the longest piece a growth at a region's end creates when it moves none",
+      "frontier_piece_size_mb:32"},
+     apply_frontier_piece_size},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
-    {{"recycle_budget", "", "a number in (0, 1]: the share of time recycling may spend (1 = no budget)",
+    {{"recycle_budget", "", "a number in [0, 1]: the share of time recycling may spend (0 = none: the memory guard decides "
+      "every growth; 1 = no budget)",
       "recycle_budget:0.005"},
      apply_recycle_budget},
     {{"recycle_burst_ms", "", "a whole number of milliseconds (at most 3600000)", "recycle_burst_ms:10"},
@@ -272,6 +289,11 @@ constexpr Key<Config> kKeys[] = {
     {{"recycle_slack", "", "a number in [0, 1]: memory the recycle budget may add, as a share of the footprint",
       "recycle_slack:0.05"},
      apply_recycle_slack},
+    {{"recycle_ceiling", "",
+      "a number in [0, 1): the recycle budget buys memory only while the footprint stays within 1 + this x "
+      "the most memory in use (0 = no such bound)",
+      "recycle_ceiling:0.015"},
+     apply_recycle_ceiling},
     {{"recycle_headroom", "",
       "a number in [0, 1): create instead of recycling while the footprint stays within 1 + this x the most "
       "memory in use (0 = off)",
@@ -329,10 +351,12 @@ std::string to_string(const Config& c) {
   put("small_piece_size_mb", mib(c.small_piece_bytes));
   put("pieces", c.pieces == PieceSizing::fixed ? "fixed" : "adaptive");
   put("max_piece_size_mb", mib(c.max_piece_bytes));
+  put("frontier_piece_size_mb", mib(c.frontier_piece_bytes));
   put("recycle", bool_text(c.recycle));
   put("recycle_budget", c.recycle_budget);
   put("recycle_burst_ms", c.recycle_burst_ms);
   put("recycle_slack", c.recycle_slack);
+  put("recycle_ceiling", c.recycle_ceiling);
   put("recycle_headroom", c.recycle_headroom);
   put("recycle_keep_mappings", bool_text(c.recycle_keep_mappings));
   put("recycle_overhang", bool_text(c.recycle_overhang));

@@ -13,6 +13,7 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
   r.recycle_budget.fraction = config.recycle_budget;
   r.recycle_budget.burst_ns = static_cast<std::int64_t>(config.recycle_burst_ms) * 1'000'000;
   r.recycle_budget.slack = config.recycle_slack;
+  r.recycle_budget.ceiling = config.recycle_ceiling;
   r.recycle_headroom = config.recycle_headroom;
   r.keep_mappings = config.recycle_keep_mappings;
   r.thread_cache = config.thread_cache;
@@ -32,6 +33,7 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
     small.mode = large.mode = policy::PieceMode::adaptive;
     small.max_piece_slots = 1;
     large.max_piece_slots = std::max<std::size_t>(config.max_piece_bytes / r.slot_bytes, 1);
+    large.frontier_max_piece_slots = config.frontier_piece_bytes / r.slot_bytes;
     small.overhang = large.overhang = config.recycle_overhang;
   }
   for (int p = 0; p < 2; ++p)

@@ -143,7 +143,7 @@ struct GrowthWork {
   std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
-  std::int64_t recycle_ns = 0;         // source time recycling's unmap and map calls took
+  std::int64_t recycle_ns = 0;         // source time recycling took: its syncs, unmap and map calls
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -164,12 +164,14 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
     p.handle = h.value;
     p.have = true;
   }
-  // cuMemUnmap does not wait for kernels still using the range.
-  for (StreamId s : w.sync_streams) events.synchronize_stream(s);
-  // Recycling's calls are timed (the recycle budget); with none, the clock is not read.
+  // Recycling's work is timed (the recycle budget), the stream synchronizations it needs included:
+  // the wait drains the stream's queue, which can cost more than the driver calls do. With no
+  // recycling the clock is not read.
   const bool any_recycled =
       !w.ghosts.empty() || std::any_of(w.pieces.begin(), w.pieces.end(), [](const auto& p) { return !p.created; });
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
+  // cuMemUnmap does not wait for kernels still using the range.
+  for (StreamId s : w.sync_streams) events.synchronize_stream(s);
   for (auto& g : w.ghosts) {
     const SourceStatus st = source.unmap(g.va, g.bytes);
     if (st != SourceStatus::ok) {
@@ -274,7 +276,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // time, growth creates instead, unless that would pass the cap (below) or the provider refuses
   // (the retry at the end).
   bool recycle_now = may_recycle && (over_budget_ok || recycle_budget.rules().unlimited() ||
-                                     recycle_budget.allows(source.now_ns()));
+                                     recycle_budget.allows(recycle_budget.rules().none() ? 0 : source.now_ns()));
   if (may_recycle) {
     for (int q = 0; q < 2; ++q) {
       if (q != p && !pieces.recycle_across_pools) continue;
@@ -384,7 +386,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
     // not charged (the budget counts what it chose).
     if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
-        !policy::within_slack(bought_bytes, buying_bytes, map.reserved_bytes, rules.recycle_budget.slack))) {
+        !policy::within_guard(bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
+                              rules.recycle_budget))) {
       recycle_now = true;
       chosen = chosen_with;
       buying_bytes = 0;
@@ -395,6 +398,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     }
   }
   const bool charge_budget = !budget_denied;
+  // Frontier pieces (growth_policy.h): the chosen growth's new pieces, longer where it only builds.
+  planned[chosen].layout = policy::lengthen_frontier_pieces(planned[chosen].layout, planned[chosen].runs,
+                                                            candidates[planned[chosen].place].at_region_end, pieces);
   const Planned& best = planned[chosen];
   const Placement* place = &places[best.place];
   Region& r = *place->region;

@@ -178,4 +178,14 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
   return out;
 }
 
+GrowthLayout lengthen_frontier_pieces(const GrowthLayout& layout, std::span<const TargetRun> runs,
+                                      bool at_region_end, const PieceRules& rules) {
+  const bool on = rules.mode == PieceMode::adaptive && rules.max_piece_slots != 0 &&
+                  rules.frontier_max_piece_slots > rules.max_piece_slots;
+  if (!on || !at_region_end || !layout.recycled.empty() || layout.created.empty()) return layout;
+  PieceRules longer = rules;
+  longer.max_piece_slots = rules.frontier_max_piece_slots;
+  return plan_growth({}, runs, longer, /*recycle=*/false);
+}
+
 }  // namespace gpumem::alloc::policy

@@ -79,6 +79,9 @@ struct PieceRules {
   PieceMode mode = PieceMode::adaptive;
   std::size_t fixed_slots = 1;        // fixed: the length of every piece
   std::size_t max_piece_slots = 0;    // adaptive: the longest piece (0 = no limit)
+  // adaptive: the longest piece of a growth at a region's end that moves no free piece
+  // (lengthen_frontier_pieces); 0 = max_piece_slots there too.
+  std::size_t frontier_max_piece_slots = 0;
   bool recycle_across_pools = true;   // adaptive: the other pool's wholly free pieces may move too
   // Recycling takes the free pieces that border unmapped slots (or their region's end) first:
   // moving one widens a hole instead of opening a new one, and every hole's edges leave partly
@@ -149,6 +152,16 @@ std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tai
 // lie where the request lands. A recycled piece may end past its run only by overhang.
 GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
                          const PieceRules& rules, bool recycle);
+
+// Frontier pieces: a growth at a region's end that moves no free piece builds the footprint (the
+// warm-up, or a new high); every piece costs a create and a map (~43 us on an H200) whatever its
+// length, so there the pieces may be longer: the layout planned again (no recycling: it moved
+// nothing) with frontier_max_piece_slots as the longest piece. Unchanged in fixed mode, when the
+// rule is off (frontier_max_piece_slots not above a limited max_piece_slots), away from a region's
+// end, or when the growth moves pieces. The cost: a longer piece, once free, fits fewer of the
+// holes recycling fills (docs/notes/allocation-policy.md, "How far the whole-run VMM share can go").
+GrowthLayout lengthen_frontier_pieces(const GrowthLayout& layout, std::span<const TargetRun> runs,
+                                      bool at_region_end, const PieceRules& rules);
 
 // ---- which planned growth to take
 

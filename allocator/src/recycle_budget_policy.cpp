@@ -17,6 +17,14 @@ std::size_t bought_estimate(std::size_t counted_bytes, std::size_t reserved_byte
   return std::min(counted_bytes, beyond_in_use);
 }
 
+bool within_guard(std::size_t bought_bytes, std::size_t adding_bytes, std::size_t created_bytes,
+                  std::size_t reserved_bytes, std::size_t in_use_high_bytes, const RecycleBudgetRules& rules) noexcept {
+  if (!within_slack(bought_bytes, adding_bytes, reserved_bytes, rules.slack)) return false;
+  if (!(rules.ceiling > 0.0)) return true;
+  return static_cast<double>(reserved_bytes) + static_cast<double>(created_bytes) <=
+         (1.0 + rules.ceiling) * static_cast<double>(in_use_high_bytes);
+}
+
 bool within_headroom(std::size_t reserved_bytes, std::size_t adding_bytes, std::size_t in_use_high_bytes,
                      double headroom) noexcept {
   if (!(headroom > 0.0)) return false;
@@ -29,6 +37,10 @@ RecycleBudget::RecycleBudget(const RecycleBudgetRules& rules) noexcept
 
 bool RecycleBudget::allows(std::int64_t now_ns) noexcept {
   if (rules_.unlimited()) return true;
+  if (rules_.none()) {
+    ++denials_;
+    return false;
+  }
   if (!started_) {
     started_ = true;
     last_ns_ = now_ns;

@@ -36,7 +36,13 @@ struct RecycleBudgetRules {
   // The memory guard: the most memory growth past the budget may add, as a share of the rest of
   // the footprint (within_slack).
   double slack = 0.0;
+  // The guard's second bound (within_guard): growth past the budget buys memory only while the
+  // footprint stays within (1 + ceiling) x the most memory ever in use; 0 = no such bound.
+  double ceiling = 0.0;
   bool unlimited() const noexcept { return !(fraction < 1.0); }
+  // No time at all for recycling (fraction 0, no burst): every growth goes to the memory guard,
+  // and the clock need not be read.
+  bool none() const noexcept { return !(fraction > 0.0) && burst_ns <= 0; }
 };
 
 // The memory the budget has bought so far: the footprint beyond what recycling alone would have
@@ -60,6 +66,17 @@ std::size_t bought_estimate(std::size_t counted_bytes, std::size_t reserved_byte
 // - bought).
 bool within_slack(std::size_t bought_bytes, std::size_t adding_bytes, std::size_t reserved_bytes,
                   double slack) noexcept;
+
+// The memory guard, both bounds together: growth past the budget may buy adding_bytes (create
+// them instead of moving free pieces) iff within_slack(bought_bytes, adding_bytes, reserved_bytes,
+// slack) and, with ceiling > 0, the footprint after the growth, reserved_bytes + created_bytes
+// (what the growth creates in all without recycling), stays within (1 + ceiling) x
+// in_use_high_bytes. The first bound counts purchases on top of whatever recycling alone reserves;
+// on a small, granule-bound footprint (always a few percent above the memory in use) that is
+// memory added to an already high ratio. The second lets the guard buy only while the footprint is
+// close to what the program has needed. Note [Allocation policy], "The guard's ceiling".
+bool within_guard(std::size_t bought_bytes, std::size_t adding_bytes, std::size_t created_bytes,
+                  std::size_t reserved_bytes, std::size_t in_use_high_bytes, const RecycleBudgetRules& rules) noexcept;
 
 // The headroom rule: whether a growth may create adding_bytes instead of moving free pieces, with
 // reserved_bytes reserved now and in_use_high_bytes the most memory ever in use (the request being

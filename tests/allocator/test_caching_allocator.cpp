@@ -549,6 +549,7 @@ Config budget_config(double slack) {
   c.recycle_budget = 0.01;  // 1% of elapsed time
   c.recycle_burst_ms = 1;
   c.recycle_slack = slack;
+  c.recycle_ceiling = 0.0;  // the slack bound alone (the ceiling has its own case)
   return c;
 }
 
@@ -592,6 +593,80 @@ TEST_CASE("the recycle budget's memory guard: past the slack, recycling goes on 
   CHECK(f.source.inner.counters().creates == before.creates + 5);
   CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
   f.engine.check_invariants();
+}
+
+TEST_CASE("the memory guard's ceiling: growth past the budget buys only while the footprint stays near the most in use",
+          "[engine][recycle][recycle_budget]") {
+  // Round 1 (the burst) recycles: 100 MiB reserved, at most 100 MiB ever in use. Round 2, the
+  // budget spent: creating the 60 MiB request's two missing pieces instead of moving two free ones
+  // would take the footprint to 140 MiB. The slack (1.0) allows it; the ceiling decides.
+  for (const double ceiling : {0.0, 0.5, 0.3}) {
+    DYNAMIC_SECTION("recycle_ceiling:" << ceiling) {
+      Config c = budget_config(/*slack=*/1.0);
+      c.recycle_ceiling = ceiling;
+      ClockedFixture f(c);
+      f.fragment_and_grow();
+      CHECK(f.source.inner.counters().unmaps == 2);
+      CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+      f.engine.empty_cache();
+      const auto before = f.source.inner.counters();
+      f.fragment_and_grow();
+      const bool buys = ceiling == 0.0 || 140.0 <= (1.0 + ceiling) * 100.0;
+      if (buys) {
+        CHECK(f.source.inner.counters().unmaps == before.unmaps);
+        CHECK(f.source.inner.counters().creates == before.creates + 7);
+        CHECK(f.engine.totals().reserved_bytes == 140 * MiB);
+      } else {
+        CHECK(f.source.inner.counters().unmaps == before.unmaps + 2);
+        CHECK(f.source.inner.counters().creates == before.creates + 5);
+        CHECK(f.engine.totals().reserved_bytes == 100 * MiB);
+      }
+      f.engine.check_invariants();
+    }
+  }
+}
+
+TEST_CASE("frontier_piece_size_mb: a growth at a region's end that moves nothing creates longer pieces",
+          "[engine][pieces][frontier]") {
+  // 64 MiB in an empty engine: the inside of the request in pieces of at most 8 MiB (8 creates), or
+  // at most 32 MiB at the frontier (2 creates). Freed and requested again as 16 MiB pieces, the
+  // 32 MiB pieces serve from the cache as before: the footprint is the same either way.
+  for (const std::size_t frontier_mib : {0, 32}) {
+    DYNAMIC_SECTION("frontier_piece_size_mb:" << frontier_mib) {
+      Config c = test_config();
+      c.pieces = PieceSizing::adaptive;
+      c.max_piece_bytes = 8 * MiB;
+      c.frontier_piece_bytes = frontier_mib * MiB;
+      ClockedFixture f(c);
+      void* p = f.alloc(64 * MiB);
+      CHECK(f.source.inner.counters().creates == (frontier_mib ? 2u : 8u));
+      CHECK(f.engine.totals().reserved_bytes == 64 * MiB);
+      REQUIRE(f.engine.free(p) == FreeStatus::ok);
+      std::vector<void*> quarters;
+      for (int i = 0; i < 4; ++i) quarters.push_back(f.alloc(16 * MiB));
+      CHECK(f.engine.totals().reserved_bytes == 64 * MiB);
+      f.engine.check_invariants();
+      for (void* q : quarters) REQUIRE(f.engine.free(q) == FreeStatus::ok);
+    }
+  }
+}
+
+TEST_CASE("recycle_budget:0 gives recycling no driver time: the memory guard decides every growth",
+          "[engine][recycle][recycle_budget]") {
+  // No burst, no refill: the very first growth that could recycle goes to the guard. With slack 0
+  // it may buy nothing, so it recycles (as without a budget); with slack 1 it creates.
+  for (const double slack : {0.0, 1.0}) {
+    DYNAMIC_SECTION("recycle_slack:" << slack) {
+      Config c = budget_config(slack);
+      c.recycle_budget = 0.0;
+      c.recycle_burst_ms = 0;
+      ClockedFixture f(c);
+      f.fragment_and_grow();
+      CHECK(f.source.inner.counters().unmaps == (slack == 0.0 ? 2u : 0u));
+      CHECK(f.engine.totals().reserved_bytes == (slack == 0.0 ? 100 : 140) * MiB);
+      f.engine.check_invariants();
+    }
+  }
 }
 
 TEST_CASE("the memory guard counts as bought only the footprint beyond the most ever in use",

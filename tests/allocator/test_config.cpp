@@ -36,11 +36,13 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.per_process_memory_fraction == 1.0);
     CHECK(c.small_piece_bytes == 2 * kMiB);
     CHECK(c.recycle);
-    CHECK(c.recycle_budget == 0.000001);
+    CHECK(c.recycle_budget == 0.0);
     CHECK(c.recycle_burst_ms == 0);
     CHECK(c.recycle_slack == 0.008);
+    CHECK(c.recycle_ceiling == 0.015);
     CHECK(c.recycle_keep_mappings);
     CHECK(c.max_piece_bytes == 8 * kMiB);
+    CHECK(c.frontier_piece_bytes == 0);
     CHECK(c.recycle_overhang);
     CHECK(c.recycle_headroom == 0.0);
     CHECK(c.thread_cache);
@@ -225,6 +227,18 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   check_error("small_piece_size_mb:0", {"small_piece_size_mb:0", "positive multiple of 2"});
 
   CHECK(parse_ok("max_piece_size_mb:16").max_piece_bytes == 16 * kMiB);
+  CHECK(parse_ok("frontier_piece_size_mb:32").frontier_piece_bytes == 32 * kMiB);
+  CHECK(parse_ok("frontier_piece_size_mb:0").frontier_piece_bytes == 0);
+  check_error("frontier_piece_size_mb:3", {"frontier_piece_size_mb:3", "multiple of 2", "0 turns it off"});
+  check_error("frontier_piece_size_mb:-2", {"frontier_piece_size_mb:-2"});
+  CHECK(parse_ok("recycle_budget:0").recycle_budget == 0.0);  // no driver time for recycling
+  CHECK(parse_ok("recycle_budget:1").recycle_budget == 1.0);
+  check_error("recycle_budget:-0.001", {"recycle_budget:-0.001", "out of range", "[0, 1]"});
+  check_error("recycle_budget:1.5", {"recycle_budget:1.5", "out of range"});
+  CHECK(parse_ok("recycle_ceiling:0.02").recycle_ceiling == 0.02);
+  CHECK(parse_ok("recycle_ceiling:0").recycle_ceiling == 0.0);
+  check_error("recycle_ceiling:1", {"recycle_ceiling:1", "out of range", "[0, 1)"});
+  check_error("recycle_ceiling:-0.1", {"recycle_ceiling:-0.1", "out of range"});
   CHECK(parse_ok("recycle_headroom:0.01").recycle_headroom == 0.01);
   CHECK(parse_ok("recycle_headroom:0").recycle_headroom == 0.0);
   check_error("recycle_headroom:1", {"recycle_headroom:1", "out of range", "[0, 1)"});
@@ -350,7 +364,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 21);  // 7 PyTorch 2.11 keys + 14 of gpumem's engine
+  CHECK(keys.size() == 23);  // 7 PyTorch 2.11 keys + 16 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -176,6 +176,47 @@ TEST_CASE("growth policy: plan_growth recycles the longest fitting free piece be
   CHECK(n.created_slots() == 10);
 }
 
+TEST_CASE("growth policy: a growth at a region's end that moves nothing creates longer frontier pieces",
+          "[policy][growth][pieces][frontier]") {
+  PieceRules r;
+  r.max_piece_slots = 4;            // 8 MiB
+  r.frontier_max_piece_slots = 16;  // 32 MiB
+  // 40 slots, the first shared with memory below: one slot for it, the 39 inside slots in
+  // near-equal pieces of at most 4 (10 pieces) or, at the frontier, at most 16 (3 pieces of 13).
+  const std::vector<TargetRun> runs = {{{100, 140}, true, false}};
+  const GrowthLayout planned = plan_growth({}, runs, r, true);
+  REQUIRE(planned.created.size() == 11);
+  const GrowthLayout g = lengthen_frontier_pieces(planned, runs, /*at_region_end=*/true, r);
+  CHECK(g.recycled.empty());
+  REQUIRE(g.created.size() == 4);
+  CHECK(g.created[0] == SlotRange{100, 101});
+  CHECK(g.created[1] == SlotRange{101, 114});
+  CHECK(g.created[2] == SlotRange{114, 127});
+  CHECK(g.created[3] == SlotRange{127, 140});
+  CHECK(g.created_slots() == planned.created_slots());
+  // Away from a region's end: unchanged.
+  CHECK(lengthen_frontier_pieces(planned, runs, false, r).created == planned.created);
+  // A growth that moves a free piece is not building the footprint: unchanged.
+  const std::vector<FreePiece> free = {{4, 8 * MiB, 0, kBase}};
+  const GrowthLayout moving = plan_growth(free, runs, r, true);
+  REQUIRE(moving.recycled.size() == 1);
+  const GrowthLayout kept = lengthen_frontier_pieces(moving, runs, true, r);
+  CHECK(kept.created == moving.created);
+  CHECK(kept.recycled.size() == 1);
+  // Off (0, or not above the longest piece), and in fixed mode: unchanged.
+  PieceRules off = r;
+  off.frontier_max_piece_slots = 0;
+  CHECK(lengthen_frontier_pieces(planned, runs, true, off).created == planned.created);
+  off.frontier_max_piece_slots = 4;
+  CHECK(lengthen_frontier_pieces(planned, runs, true, off).created == planned.created);
+  PieceRules fixed;
+  fixed.mode = PieceMode::fixed;
+  fixed.fixed_slots = 10;
+  fixed.frontier_max_piece_slots = 20;
+  const GrowthLayout f = plan_growth({}, runs, fixed, false);
+  CHECK(lengthen_frontier_pieces(f, runs, true, fixed).created == f.created);
+}
+
 TEST_CASE("growth policy: recycling takes pieces at a hole's edge first", "[policy][growth][recycle]") {
   PieceRules r;  // hole_edge_first by default
   const std::vector<FreePiece> free = {

@@ -110,6 +110,49 @@ TEST_CASE("bought estimate: the counted purchases, at most the footprint beyond 
   CHECK(within_slack(bought_estimate(counted, reserved, high), 54 * kMiB, reserved, 0.02));
 }
 
+TEST_CASE("memory guard with a ceiling: buys only while the footprint stays near the most ever in use",
+          "[policy][recycle_budget]") {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  RecycleBudgetRules rules;
+  rules.fraction = 0.0;
+  rules.slack = 0.008;
+  rules.ceiling = 0.015;
+  // A large footprint close to the memory in use (1000 MiB reserved, 995 ever in use): buying
+  // 4 MiB passes both bounds (slack: 4 <= 8; ceiling: 1000 + 4 <= 1.015 x 995).
+  CHECK(within_guard(0, 4 * kMiB, 4 * kMiB, 1000 * kMiB, 995 * kMiB, rules));
+  // The slack bound alone still refuses what passes the ceiling (9 MiB > 0.008 x 1000).
+  CHECK_FALSE(within_guard(0, 9 * kMiB, 9 * kMiB, 1000 * kMiB, 995 * kMiB, rules));
+  // A small, granule-bound footprint already 3% above the memory in use (the decoding traces):
+  // the slack would let it buy 4 MiB on top (4 <= 0.008 x 1000), the ceiling does not.
+  CHECK(within_slack(0, 4 * kMiB, 1000 * kMiB, rules.slack));
+  CHECK_FALSE(within_guard(0, 4 * kMiB, 4 * kMiB, 1000 * kMiB, 970 * kMiB, rules));
+  // The ceiling counts all the growth creates without recycling, not only the part bought.
+  CHECK(within_guard(0, 2 * kMiB, 8 * kMiB, 1000 * kMiB, 995 * kMiB, rules));
+  CHECK_FALSE(within_guard(0, 2 * kMiB, 12 * kMiB, 1000 * kMiB, 995 * kMiB, rules));
+  // Ceiling 0: the slack bound alone decides (the rule before the ceiling).
+  rules.ceiling = 0.0;
+  CHECK(within_guard(0, 4 * kMiB, 4 * kMiB, 1000 * kMiB, 970 * kMiB, rules));
+  CHECK(within_guard(0, 4 * kMiB, 4 * kMiB, 1000 * kMiB, 0, rules));
+  // No high mark yet and a ceiling: nothing may be bought.
+  rules.ceiling = 0.5;
+  CHECK_FALSE(within_guard(0, 2 * kMiB, 2 * kMiB, 1000 * kMiB, 0, rules));
+}
+
+TEST_CASE("recycle budget 0 with no burst: no time for recycling, whatever the clock says", "[policy][recycle_budget]") {
+  RecycleBudget b(RecycleBudgetRules{0.0, 0});
+  CHECK(b.rules().none());
+  CHECK_FALSE(b.rules().unlimited());
+  CHECK_FALSE(b.allows(0));
+  CHECK_FALSE(b.allows(std::int64_t{3600} * 1'000'000'000));
+  CHECK(b.denials() == 2);
+  // A burst with no refill: the burst is spent once, then nothing.
+  RecycleBudget burst(RecycleBudgetRules{0.0, 5 * kMs});
+  CHECK_FALSE(burst.rules().none());
+  CHECK(burst.allows(0));
+  burst.charge(5 * kMs);
+  CHECK_FALSE(burst.allows(std::int64_t{3600} * 1'000'000'000));
+}
+
 TEST_CASE("headroom rule: create instead of recycling while the footprint stays within the headroom",
           "[policy][recycle_budget][headroom]") {
   constexpr std::size_t kMiB = std::size_t{1} << 20;

@@ -5,6 +5,7 @@
 
 #include "catch.h"
 #include "forensics_test_support.h"
+#include "gpumem/forensics/call_costs.h"
 #include "gpumem/forensics/error.h"
 #include "gpumem/forensics/policy_factory.h"
 #include "gpumem/forensics/replay.h"
@@ -134,6 +135,32 @@ TEST_CASE("oom entries are probes: would the policy have served the request?", "
   CHECK(free_run.peak_reserved_bytes == 90 * MiB);
 }
 
+TEST_CASE("gpumem's replay counts the stream synchronizations recycling makes and charges them", "[replay]") {
+  // 16 MiB on stream 1, freed: its pieces are wholly free. 16 MiB on stream 0 then grows stream 0's
+  // region, and the default moves stream 1's pieces there (buying would pass the memory guard): a
+  // piece that changes stream waits for its old stream first, one synchronization.
+  const fx::Trace t = make_trace({
+      {TraceAction::alloc, 0x1000, 16 * MiB, 1},
+      {TraceAction::free_requested, 0x1000, 16 * MiB, 1},
+      {TraceAction::free_completed, 0x1000, 16 * MiB, 1},
+      {TraceAction::alloc, 0x2000, 16 * MiB, 0},
+  });
+  const fx::ReplayScript s = fx::compile_replay(t);
+  const fx::PolicyReplay moved = run(t, s, "gpumem");
+  CHECK(moved.peak_reserved_bytes == 16 * MiB);
+  CHECK(moved.counters.maps > moved.counters.creates);  // pieces moved
+  CHECK(moved.counters.syncs == 1);
+  const fx::PolicyReplay created = run(t, s, "gpumem:recycle:False");
+  CHECK(created.peak_reserved_bytes == 32 * MiB);
+  CHECK(created.counters.syncs == 0);
+  // The synchronization is charged (call_costs.h): 1 ms, beyond the driver calls.
+  fx::PolicyCounters calls_only = moved.counters;
+  calls_only.syncs = 0;
+  CHECK(moved.call_seconds == Approx(fx::call_seconds(calls_only, fx::kH200VmmCosts) + 1e-3));
+  // PyTorch's models never unmap while running: no synchronization.
+  CHECK(run(t, s, "pytorch:expandable").counters.syncs == 0);
+}
+
 TEST_CASE("the JSON output has the fields scripts rely on", "[replay]") {
   const fx::Trace t = make_trace({{TraceAction::alloc, 0x1000, 3 * MiB}, {TraceAction::free_completed, 0x1000, 3 * MiB}});
   const fx::ReplayScript s = fx::compile_replay(t);
@@ -143,7 +170,8 @@ TEST_CASE("the JSON output has the fields scripts rely on", "[replay]") {
   for (const char* key : {"\"trace\": \"handmade\"", "\"entries\": 2", "\"skipped_entries\": 0", "\"policies\": [",
                           "\"policy\": \"pytorch\"", "\"policy\": \"pytorch:expandable\"", "\"peak_requested_bytes\": 3145728",
                           "\"peak_allocated_bytes\": 3145728", "\"peak_reserved_bytes\": 20971520", "\"ratio\": 6.66667",
-                          "\"segments\": 1", "\"maps\": 1", "\"unmaps\": 0", "\"creates\": 1", "\"releases\": 0"}) {
+                          "\"segments\": 1", "\"maps\": 1", "\"unmaps\": 0", "\"creates\": 1", "\"releases\": 0",
+                          "\"syncs\": 0"}) {
     INFO(key);
     CHECK(json.find(key) != std::string::npos);
   }

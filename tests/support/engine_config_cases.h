@@ -20,8 +20,8 @@ inline constexpr const char* kEngineKeysAwayFromDefault =
     "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
     "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
     "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
-    "memory_limit_mb:1000,small_piece_size_mb:4,max_piece_size_mb:16,recycle:False,recycle_budget:0.05,"
-    "recycle_burst_ms:25,recycle_slack:0.5,recycle_keep_mappings:False,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
+    "memory_limit_mb:1000,small_piece_size_mb:4,max_piece_size_mb:16,frontier_piece_size_mb:32,recycle:False,recycle_budget:0.05,"
+    "recycle_burst_ms:25,recycle_slack:0.5,recycle_ceiling:0.05,recycle_keep_mappings:False,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
 
 // Checks that every field of c differs from the default's (c parsed from kEngineKeysAwayFromDefault).
 inline void check_engine_fields_away_from_default(const alloc::Config& c) {
@@ -39,8 +39,10 @@ inline void check_engine_fields_away_from_default(const alloc::Config& c) {
   CHECK(c.recycle_budget != d.recycle_budget);
   CHECK(c.recycle_burst_ms != d.recycle_burst_ms);
   CHECK(c.recycle_slack != d.recycle_slack);
+  CHECK(c.recycle_ceiling != d.recycle_ceiling);
   CHECK(c.recycle_keep_mappings != d.recycle_keep_mappings);
   CHECK(c.max_piece_bytes != d.max_piece_bytes);
+  CHECK(c.frontier_piece_bytes != d.frontier_piece_bytes);
   CHECK(c.recycle_overhang != d.recycle_overhang);
   CHECK(c.recycle_headroom != d.recycle_headroom);
   CHECK(c.thread_cache != d.thread_cache);
@@ -63,13 +65,15 @@ inline const std::vector<KeyChoices>& engine_key_choices() {
       {"memory_limit_mb", {"0", "1", "81920"}},
       {"small_piece_size_mb", {"2", "4", "16"}},
       {"max_piece_size_mb", {"2", "8", "20", "64"}},
+      {"frontier_piece_size_mb", {"0", "16", "64"}},
       {"va_reserve_mb", {"0", "65536"}},
       {"recycle", {"True", "False"}},
-      {"recycle_budget", {"1", "0.005", "0.02"}},
+      {"recycle_budget", {"0", "1", "0.005", "0.02"}},
       {"recycle_burst_ms", {"0", "10", "3600000"}},
       {"recycle_slack", {"0", "0.02", "1"}},
       {"recycle_keep_mappings", {"True", "False"}},
       {"recycle_overhang", {"True", "False"}},
+      {"recycle_ceiling", {"0", "0.015", "0.5"}},
       {"recycle_headroom", {"0", "0.01", "0.5"}},
       {"thread_cache", {"True", "False"}},
       {"check_invariants", {"True", "False"}},

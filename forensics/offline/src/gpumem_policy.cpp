@@ -72,6 +72,8 @@ class CountingSource final : public alloc::MemorySource {
     return physical_;
   }
   const PolicyCounters& counters() const { return counters_; }
+  // A stream synchronization the engine made (CountingEvents): counted, and so charged to the clock.
+  void count_sync() { ++counters_.syncs; }
 
  private:
   alloc::SimSource inner_;
@@ -81,12 +83,52 @@ class CountingSource final : public alloc::MemorySource {
   std::int64_t trace_ns_ = 0;
 };
 
+// The replay's stream events. An event completes a fixed lag of (simulated) time after it was
+// recorded, the time the GPU runs behind the CPU: so the engine sees kept mappings and pending frees
+// of recent work as not yet complete, as it would live, and a growth that must unmap such a mapping
+// synchronizes the stream. Every synchronization is counted on the source (its clock then includes
+// its cost, call_costs.h) and completes the stream's events.
+class CountingEvents final : public alloc::StreamEvents {
+ public:
+  CountingEvents(CountingSource& source, std::int64_t lag_ns) : source_(source), lag_ns_(lag_ns) {}
+  alloc::EventToken record(alloc::StreamId stream) override {
+    const alloc::EventToken t = next_++;
+    pending_[t] = Pending{stream, source_.now_ns() + lag_ns_};
+    return t;
+  }
+  bool query(alloc::EventToken token) override {
+    auto it = pending_.find(token);
+    return it == pending_.end() || source_.now_ns() >= it->second.ready_ns;
+  }
+  void synchronize(alloc::EventToken token) override {
+    if (query(token)) return;
+    source_.count_sync();
+    pending_[token].ready_ns = 0;
+  }
+  void release(alloc::EventToken token) override { pending_.erase(token); }
+  void synchronize_stream(alloc::StreamId stream) override {
+    source_.count_sync();
+    for (auto& [t, p] : pending_)
+      if (p.stream == stream) p.ready_ns = 0;
+  }
+
+ private:
+  struct Pending {
+    alloc::StreamId stream = 0;
+    std::int64_t ready_ns = 0;
+  };
+  CountingSource& source_;
+  std::int64_t lag_ns_;
+  alloc::EventToken next_ = 1;
+  std::unordered_map<alloc::EventToken, Pending> pending_;
+};
+
 class GpumemPolicy final : public ReplayPolicy {
  public:
   GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes)
       : name_(std::move(name)),
         source_(make_options(device_total_bytes)),
-        events_(alloc::make_immediate_events()),
+        events_(std::make_unique<CountingEvents>(source_, lag_ns())),
         engine_(source_, *events_, config) {
     live_.reserve(4096);
   }
@@ -177,6 +219,11 @@ class GpumemPolicy final : public ReplayPolicy {
   CallCosts call_costs() const noexcept override { return kH200VmmCosts; }
 
  private:
+  // How far the replay's GPU runs behind its CPU (CountingEvents): 10 ms. The sync counts are the
+  // same for any lag from 2 to 500 ms on gpt2_varlen_train (14) and within 129-163 on
+  // zero3_prefetch; no peak changes with it (docs/notes/allocation-policy.md, "The cost of a stream
+  // synchronization").
+  static constexpr std::int64_t lag_ns() { return 10'000'000; }
   static alloc::SimSourceOptions make_options(std::size_t device_total_bytes) {
     alloc::SimSourceOptions o;
     o.capacity_bytes = device_total_bytes;

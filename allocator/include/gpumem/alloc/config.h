@@ -67,14 +67,21 @@ struct Config {
   // 2 MiB; rounded down to whole small pieces, at least one). Shorter pieces fit more holes when
   // they move, longer ones need fewer driver calls (docs/notes/allocation-policy.md).
   std::size_t max_piece_bytes = 8 * kMiB;
+  // frontier_piece_size_mb: with pieces:adaptive, the longest piece a growth creates at a region's
+  // end when it moves no free piece (the footprint being built), a multiple of 2 MiB; 0 = off
+  // (max_piece_size_mb applies there too). Fewer, longer driver calls while the footprint grows, at
+  // the cost of pieces that fit fewer holes when they move later (docs/notes/allocation-policy.md,
+  // "How far the whole-run VMM share can go").
+  std::size_t frontier_piece_bytes = 0;
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
   // recycle_budget: the share of elapsed time recycling may spend on driver calls (unmap + map of
-  // the pieces it moves), in (0, 1]; 1 = no budget. Past it, growth creates new pieces instead of
-  // moving free ones (docs/notes/allocation-policy.md, "The recycle budget"). The default (1e-6,
-  // with no burst) leaves every growth to the memory guard (recycle_slack): "the guard decides".
-  double recycle_budget = 0.000001;
+  // the pieces it moves), in [0, 1]; 1 = no budget. Past it, growth creates new pieces instead of
+  // moving free ones (docs/notes/allocation-policy.md, "The recycle budget"). The default (0, with
+  // no burst: no driver time for recycling) leaves every growth to the memory guard
+  // (recycle_slack): "the guard decides".
+  double recycle_budget = 0.0;
   // recycle_burst_ms: driver time recycling may spend before the budget applies (the warm-up), and
   // the most the budget saves up while recycling is idle. Whole milliseconds.
   std::size_t recycle_burst_ms = 0;
@@ -82,6 +89,10 @@ struct Config {
   // recycling alone would have, estimated), as a share of the rest of the footprint, in [0, 1];
   // past it, recycling goes on whatever it costs.
   double recycle_slack = 0.008;
+  // recycle_ceiling: the guard's second bound: growth past the recycle budget buys memory only
+  // while the footprint stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = no
+  // such bound (docs/notes/allocation-policy.md, "The guard's ceiling").
+  double recycle_ceiling = 0.015;
   // recycle_headroom: growth creates new memory instead of moving free pieces while the footprint
   // stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = always recycle first
   // (docs/notes/allocation-policy.md, "Recycling only above the headroom").

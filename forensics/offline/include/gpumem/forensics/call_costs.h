@@ -13,6 +13,18 @@
 //
 // A map counts cuMemMap plus its cuMemSetAccess. A move onto a kept mapping (the engine's ghosts)
 // makes no call and is not counted; a move that keeps its old mapping counts a map and no unmap.
+//
+// A stream synchronization (a growth that unmaps a piece or a kept mapping whose last uses may still
+// be queued, or moves a piece to another stream, waits for the stream first: cuMemUnmap does not wait
+// for kernels) is not a driver call: it costs the wait for the work still queued and the CPU/GPU
+// overlap lost with it, which depends on the workload. 1 ms is charged per synchronization: the
+// order of a drained queue when the GPU runs ~10 ms behind (the replay's event lag,
+// gpumem_policy.cpp). It is a model parameter, not a measurement: on the live GPT-2 varlen training
+// run of main 5ade4eb (H200, 4 alternated repetitions) the default was 22 ms a step slower than
+// recycle:False, which the 14 synchronizations the replay counts in that workload's 25-step trace
+// could explain only at ~39 ms each; docs/notes/allocation-policy.md, "The cost of a stream
+// synchronization".
+
 #pragma once
 
 #include "gpumem/forensics/replay_policy.h"
@@ -20,14 +32,15 @@
 namespace gpumem::forensics {
 
 inline constexpr CallCosts kH200VmmCosts{/*create_us=*/14.0, /*release_us=*/12.0,
-                                         /*map_us=*/1.0 + 28.3, /*unmap_us=*/18.5};
+                                         /*map_us=*/1.0 + 28.3, /*unmap_us=*/18.5, /*sync_us=*/1000.0};
 inline constexpr CallCosts kH200CudaMallocCosts{/*create_us=*/37.75, /*release_us=*/37.75,
                                                 /*map_us=*/0.0, /*unmap_us=*/0.0};
 
 // Seconds the counted calls take under costs.
 inline double call_seconds(const PolicyCounters& c, const CallCosts& costs) noexcept {
   return (static_cast<double>(c.creates) * costs.create_us + static_cast<double>(c.releases) * costs.release_us +
-          static_cast<double>(c.maps) * costs.map_us + static_cast<double>(c.unmaps) * costs.unmap_us) *
+          static_cast<double>(c.maps) * costs.map_us + static_cast<double>(c.unmaps) * costs.unmap_us +
+          static_cast<double>(c.syncs) * costs.sync_us) *
          1e-6;
 }
 

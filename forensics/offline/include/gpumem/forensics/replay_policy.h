@@ -34,6 +34,9 @@ struct PolicyCounters {
   std::uint64_t releases = 0;
   std::uint64_t maps = 0;
   std::uint64_t unmaps = 0;
+  // Stream synchronizations a growth made before unmapping (or moving a piece to another stream):
+  // each drains the stream's queued work, and the CPU/GPU overlap with it.
+  std::uint64_t syncs = 0;
   std::uint64_t alloc_retries = 0;  // times the policy freed cached memory and retried
 };
 
@@ -61,6 +64,7 @@ struct CallCosts {
   double release_us = 0;
   double map_us = 0;
   double unmap_us = 0;
+  double sync_us = 0;  // one stream synchronization made for recycling (call_costs.h)
 };
 
 class ReplayPolicy {
