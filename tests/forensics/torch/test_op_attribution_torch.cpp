@@ -25,6 +25,7 @@
 #include "gpumem/forensics/op_attribution.h"
 #include "gpumem/forensics/op_attribution_torch.h"
 #include "gpumem/forensics/snapshot_io.h"
+#include "gpumem/forensics/trace_ring.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
 
@@ -211,4 +212,23 @@ TEST_CASE("attribution 3: the run-time switch turns op names off and on, safely 
   gpumem::forensics::set_record_function_attribution(true);
   auto after = torch::mm(a, a);
   CHECK(op_of(after) == std::optional<std::string>("aten::mm"));
+
+  // A ring configured without record_ops tags events while the switch is on, and only then.
+  auto plain = std::make_shared<gpumem::forensics::TraceRing>(1000, /*record_ops=*/false);
+  alloc::CachingAllocator* engine = gpumem::torch::engine(kCpu);
+  engine->attach_observer(plain);
+  auto tagged = torch::mm(a, a);
+  gpumem::forensics::set_record_function_attribution(false);
+  auto untagged = torch::mm(a, a);
+  gpumem::forensics::set_record_function_attribution(true);
+  engine->detach_observer(plain.get());
+  const auto& names = gpumem::forensics::OpRegistry::global();
+  std::string tagged_op = "?", untagged_op = "?";
+  for (const auto& r : plain->records()) {
+    if (r.event.kind != alloc::EventKind::alloc) continue;
+    if (r.event.addr == reinterpret_cast<std::uintptr_t>(tagged.data_ptr())) tagged_op = names.name(r.op);
+    if (r.event.addr == reinterpret_cast<std::uintptr_t>(untagged.data_ptr())) untagged_op = names.name(r.op);
+  }
+  CHECK(tagged_op == "aten::mm");
+  CHECK(untagged_op.empty());
 }

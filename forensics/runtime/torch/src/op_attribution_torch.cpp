@@ -54,6 +54,7 @@ void enable_locked() {
     g_installed.store(true);
   }
   g_enabled.store(true);
+  OpStack::set_switched_on(true);
 }
 
 }  // namespace
@@ -75,6 +76,7 @@ bool set_record_function_attribution(bool enabled) {
     // and an op that started with the callback still runs its end (every push is popped).
     at::disableCallback(g_handle);
     g_enabled.store(false);
+    OpStack::set_switched_on(false);
   }
   return was;
 }
@@ -85,6 +87,7 @@ void remove_record_function_attribution() {
   at::removeCallback(g_handle);
   g_installed.store(false);
   g_enabled.store(false);
+  OpStack::set_switched_on(false);
 }
 
 bool record_function_attribution_installed() noexcept { return g_enabled.load(); }
