@@ -6,9 +6,10 @@
 #      switched at run time, plus the per-op cost of the attribution callbacks (--micro)
 #   2. PyTorch's allocator: blocks with nothing / _record_memory_history (its defaults: stacks) /
 #      _record_memory_history(context=None) (the trace alone)
-# About GPUMEM_S + NATIVE_S seconds (default 62 + 45) plus a few; nothing compiles here.
+# About GPUMEM_S + NATIVE_S seconds (default 58 + 42) plus a few (each process is stopped 10 s after
+# its budget at the latest); nothing compiles here.
 #
-#   OUT=/dir [GPUMEM_S=62] [NATIVE_S=45] [WORKLOAD=gpt2_varlen_train] scripts/gpu/forensics_cost.sh [PATH/libgpumem_torch.so]
+#   OUT=/dir [GPUMEM_S=58] [NATIVE_S=42] [WORKLOAD=gpt2_varlen_train] scripts/gpu/forensics_cost.sh [PATH/libgpumem_torch.so]
 #
 # The library: the argument, else $BUILD/torch/libgpumem_torch.so (scripts/gpu/env.sh's BUILD).
 # OUT receives gpumem.json, native.json (every block's step times and the statistics),
@@ -21,8 +22,8 @@ source "$here/env.sh"
 mkdir -p "$OUT" || { echo "forensics_cost.sh: cannot create OUT=$OUT" >&2; exit 2; }
 lib=${1:-$BUILD/torch/libgpumem_torch.so}
 [ -f "$lib" ] || { echo "forensics_cost.sh: no $lib (stage a build with scripts/gpu/stage.sh, or pass the library's path)" >&2; exit 2; }
-GPUMEM_S=${GPUMEM_S:-62}
-NATIVE_S=${NATIVE_S:-45}
+GPUMEM_S=${GPUMEM_S:-58}
+NATIVE_S=${NATIVE_S:-42}
 WORKLOAD=${WORKLOAD:-gpt2_varlen_train}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF GPUMEM_ALLOC_CONF
@@ -33,7 +34,7 @@ run() {  # NAME BUDGET args...
   local name=$1 budget=$2 rc
   shift 2
   echo "=== $name ($(date -u +%T), budget ${budget}s): $PY $here/forensics_cost.py $*" | tee -a "$summary"
-  timeout --kill-after=5 $((${budget%.*} + 20)) "$PY" "$here/forensics_cost.py" --budget-s "$budget" \
+  timeout --kill-after=3 $((${budget%.*} + 7)) "$PY" "$here/forensics_cost.py" --budget-s "$budget" \
     --workload "$WORKLOAD" --out "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
