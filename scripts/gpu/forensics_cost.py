@@ -155,10 +155,10 @@ def format_table(result):
             lines.append("  %-14s (the interval's coverage is %.1f%% with %d cycles)" % (
                 "", s["ci_coverage"] * 100, s["cycles"]))
     for kind, m in result.get("micro", {}).items():
-        lines.append("  per op, %-22s callbacks off %7.1f ns, on %7.1f ns: %+7.1f ns (95%% CI %+.1f..%+.1f, "
+        lines.append("  per op, %-22s callbacks off %7.1f ns, on %7.1f ns: %+7.1f ns (%.0f%% CI %+.1f..%+.1f, "
                      "%d paired rounds of %d ops)" % (kind, m["off_ns"], m["on_ns"], m["added_ns_median"],
-                                                      m["added_ns_ci"][0], m["added_ns_ci"][1], m["rounds"],
-                                                      result.get("micro_ops", 0)))
+                                                      m["ci_coverage"] * 100, m["added_ns_ci"][0],
+                                                      m["added_ns_ci"][1], m["rounds"], result.get("micro_ops", 0)))
     return "\n".join(lines)
 
 

@@ -44,7 +44,7 @@ run() {  # NAME BUDGET args...
     { echo "--- $name FAILED (exit $rc); last lines of $name.log:"; tail -25 "$OUT/$name.log" | sed 's/^/  | /'; } >>"$summary"
   fi
 }
-{ date -u; timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1; } | tee -a "$summary"
+{ date -u; timeout 10 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1; } | tee -a "$summary"
 run gpumem "$GPUMEM_S" --allocator gpumem --lib "$lib" --micro
 run native "$NATIVE_S" --allocator native
 cat "$summary"
