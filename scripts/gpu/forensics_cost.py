@@ -6,7 +6,10 @@ the host's CPU speed drifts), so comparing processes cannot settle a 3% question
 process consecutive steps are close. So one process alternates blocks of steps with a recorder on
 and off, switched at run time, many times, and each cycle pairs every arm's block with the "off"
 block of the same cycle (same sequence lengths, same data: the workload's RNGs are reseeded per
-cycle; the arms' order rotates from cycle to cycle, so no arm always runs first):
+cycle; the arms' order rotates from cycle to cycle, so no arm always runs first). The sequence
+lengths come from a pool of --shapes values drawn once from the workload's range (GPT-2 varlen:
+64..1024), each run twice before the blocks start, so that no block meets a shape for the first
+time (ShapePool says why):
 
     gpumem process (GPUMEM_ALLOC_CONF="" unless --conf: plain gpumem)
       off     nothing recorded
@@ -107,6 +110,8 @@ def arm_stats(pairs, steps_per_block):
 def verdict(s, target=TARGET):
     """Whether the CI settles `target` (a ratio): within, over, or not settled."""
     pct = (target - 1.0) * 100.0
+    if s["ci_coverage"] < 0.93:
+        return "not settled: too few cycles for a 95%% interval (%.0f%%)" % (s["ci_coverage"] * 100)
     if s["ratio_ci_high"] <= target:
         return "within %.0f%% (the whole %.0f%% interval is)" % (pct, s["ci_coverage"] * 100)
     if s["ratio_ci_low"] > target:
@@ -191,13 +196,45 @@ def switch_arm(torch, gpumem_ops, allocator, arm, device_type):
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
-class Ctx:
-    """What workloads.py's builders read: device, dry (tiny shapes), rng (shapes), gen (data)."""
+class ShapePool:
+    """Stands in for workloads.py's ctx.rng (shapes only: randint). Each (lo, hi) range gets a
+    fixed pool of `size` values drawn once from it; randint returns one of them, chosen by this
+    object's own RNG (reseeded per cycle, so every arm of a cycle runs the same shapes), or, while
+    `forced` holds indices, those pool entries in turn (the warm-up runs every shape once).
 
-    def __init__(self, torch, device, dry, seed):
+    Why a pool: the first step that meets a new shape pays one-time costs (the allocator reserving
+    memory for a larger peak, libraries' per-shape setup), up to 100 ms on the H200 host; with
+    fresh lengths every cycle that cost lands on whichever arm runs a cycle first and swamps the
+    recorders' cost (the first request's ratios spread 0.40..6.33). With every shape warmed up,
+    blocks of one cycle differ only by the recorder."""
+
+    def __init__(self, seed, size):
+        self.draw = random.Random(seed)
+        self.pick = random.Random(seed)
+        self.size = size
+        self.pools = {}
+        self.forced = []
+
+    def randint(self, lo, hi):
+        pool = self.pools.get((lo, hi))
+        if pool is None:
+            pool = self.pools[(lo, hi)] = [self.draw.randint(lo, hi) for _ in range(self.size)]
+        if self.forced:
+            return pool[self.forced.pop(0) % len(pool)]
+        return pool[self.pick.randrange(len(pool))]
+
+    def seed(self, seed):
+        self.pick.seed(seed)
+
+
+class Ctx:
+    """What workloads.py's builders read: device, dry (tiny shapes), rng (shapes: a ShapePool),
+    gen (data)."""
+
+    def __init__(self, torch, device, dry, seed, shapes):
         self.device = device
         self.dry = dry
-        self.rng = random.Random(seed)
+        self.rng = ShapePool(seed, shapes)
         self.gen = torch.Generator().manual_seed(seed)
 
     def reseed(self, seed):
@@ -301,7 +338,7 @@ def measure(args):
     arms = arms_for(args.allocator, device_type)
     device = torch.device(device_type)
     torch.manual_seed(args.seed)
-    ctx = Ctx(torch, device, args.workload == "mlp" or device_type == "cpu", args.seed)
+    ctx = Ctx(torch, device, args.workload == "mlp" or device_type == "cpu", args.seed, args.shapes)
     t0 = time.monotonic()
     if args.workload == "mlp":
         step = build_mlp(torch, ctx)
@@ -314,12 +351,19 @@ def measure(args):
         built = workloads.WORKLOADS[args.workload].build(ctx)
         step, model = built.step, built.model
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
-    for i in range(args.warmup):
+    # Warm-up: every shape of the pool once (largest last is not needed: the pool is small), then
+    # the extra warm-up steps; the blocks then meet no shape for the first time.
+    ctx.rng.forced = list(range(args.shapes)) + list(range(args.shapes))
+    for i in range(2 * args.shapes):
         step(i)
+    ctx.rng.forced = []
+    for i in range(args.warmup):
+        step(2 * args.shapes + i)
     sync()
     ready_s = time.monotonic() - t_start
-    print("%s process ready in %.1f s (build and %d warm-up steps %.1f s); arms %s; budget %.0f s" % (
-        args.allocator, ready_s, args.warmup, time.monotonic() - t0, "/".join(arms), args.budget_s), flush=True)
+    print("%s process ready in %.1f s (build and %d warm-up steps %.1f s); arms %s; shapes %s; budget %.0f s" % (
+        args.allocator, ready_s, 2 * args.shapes + args.warmup, time.monotonic() - t0, "/".join(arms),
+        {"%d..%d" % k: sorted(v) for k, v in ctx.rng.pools.items()}, args.budget_s), flush=True)
 
     micro_budget = args.micro_s if (args.micro and ops is not None) else 0.0
     blocks = []
@@ -339,14 +383,14 @@ def measure(args):
             ctx.reseed(args.seed * 1_000_003 + cycle)
             sync()
             b0 = time.perf_counter()
-            times = []
+            times, infos = [], []
             for k in range(args.block_steps):
                 ts = time.perf_counter()
-                step(10_000 + cycle * args.block_steps + k)
+                infos.append(step(10_000 + cycle * args.block_steps + k))
                 sync()
                 times.append(time.perf_counter() - ts)
             block_s = time.perf_counter() - b0
-            blocks.append({"cycle": cycle, "arm": arm, "step_s": times})
+            blocks.append({"cycle": cycle, "arm": arm, "step_s": times, "shapes": infos})
             if arm in ("trace", "history", "history_state") and not checked_trace:
                 # Once: the history really recorded (outside the timed steps).
                 n = len(torch.cuda.memory._snapshot()["device_traces"][device.index or 0])
@@ -374,6 +418,7 @@ def measure(args):
         "allocator": args.allocator, "workload": args.workload, "model": model, "device": device_type,
         "conf": args.conf if args.allocator == "gpumem" else None, "arms": arms, "cycles": cycle,
         "block_steps": args.block_steps, "skip_first": args.skip_first, "stats": stats, "blocks": blocks,
+        "shape_pool": {"%d..%d" % k: sorted(v) for k, v in ctx.rng.pools.items()},
         "off_step_ms": 1000 * statistics.median(off_steps) if off_steps else float("nan"),
         "ready_s": ready_s, "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name(device) if device_type == "cuda" else "cpu",
@@ -401,7 +446,9 @@ def parse_args(argv):
     ap.add_argument("--block-steps", type=int, default=4)
     ap.add_argument("--skip-first", type=int, choices=[0, 1], default=1,
                     help="leave each block's first step out of its time (default 1)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2, help="steps after every shape ran twice (default 2)")
+    ap.add_argument("--shapes", type=int, default=6,
+                    help="distinct values per random shape range, each warmed up before the blocks (default 6)")
     ap.add_argument("--min-cycles", type=int, default=3)
     ap.add_argument("--max-cycles", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
@@ -422,6 +469,8 @@ def parse_args(argv):
     if args.block_steps < 1 or args.block_steps - args.skip_first < 1:
         ap.error("--block-steps %d leaves no timed step (with --skip-first %d); use at least %d"
                  % (args.block_steps, args.skip_first, 1 + args.skip_first))
+    if args.shapes < 1:
+        ap.error("--shapes must be at least 1 (the number of distinct sequence lengths), e.g. --shapes 6")
     if args.budget_s <= 0:
         ap.error("--budget-s must be positive seconds, e.g. --budget-s 60")
     return args

@@ -72,6 +72,8 @@ def test_pairs_and_stats():
     check(fc.verdict(over).startswith("OVER 3%"), "1.05..1.09 is over 3%%: %s" % fc.verdict(over))
     mixed = {"ratio_ci_low": 0.99, "ratio_ci_high": 1.05, "ci_coverage": 0.96}
     check(fc.verdict(mixed).startswith("not settled"), "0.99..1.05 is not settled: %s" % fc.verdict(mixed))
+    few = {"ratio_ci_low": 1.0, "ratio_ci_high": 1.0, "ci_coverage": 0.5}
+    check(fc.verdict(few).startswith("not settled: too few"), "a 50%% interval settles nothing: %s" % fc.verdict(few))
 
 
 def test_micro_stats():
@@ -126,6 +128,14 @@ def test_cpu_run(lib):
             orders.setdefault(b["cycle"], []).append(b["arm"])
         check(orders.get(0) == ["off", "ops"] and orders.get(1) == ["ops", "off"], "the order rotates: %r"
               % [orders.get(0), orders.get(1)])
+        shapes = {}
+        for b in res["blocks"]:
+            shapes.setdefault(b["cycle"], []).append(b["shapes"])
+        check(all(len(v) == 2 and v[0] == v[1] for v in shapes.values()),
+              "every arm of a cycle runs the same shapes: %r" % shapes)
+        pool = res["shape_pool"].get("8..64", [])
+        check(len(pool) == 6 and all(b["batch"] in pool for v in shapes.values() for blk in v for b in blk),
+              "the shapes come from the pool of 6: %r" % res["shape_pool"])
         check("ops " in proc.stdout and "verdict" in proc.stdout, "the table prints: %s" % proc.stdout[-500:])
         summ = subprocess.run([sys.executable, os.path.join(HERE, "forensics_cost.py"), "--summarize", out],
                               capture_output=True, text=True)
