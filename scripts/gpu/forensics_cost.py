@@ -119,13 +119,29 @@ def verdict(s, target=TARGET):
     return "not settled: the interval straddles %.3f" % target
 
 
-def cycle_pairs(blocks, arm, skip_first):
-    """[(arm seconds, off seconds)] per cycle that has both blocks."""
-    by_cycle = {}
+def cycle_pairs(blocks, arm, skip_first, not_first=False):
+    """[(arm seconds, off seconds)] per cycle that has both blocks. not_first: only cycles where
+    neither of the two ran first (for runs without a shape pool, whose first block of a cycle
+    met its shapes first; cycle 0 repeats the warm-up's shapes and always counts)."""
+    by_cycle, first = {}, {}
     for b in blocks:
         steps = b["step_s"][1:] if skip_first and len(b["step_s"]) > 1 else b["step_s"]
         by_cycle.setdefault(b["cycle"], {})[b["arm"]] = sum(steps)
-    return [(c[arm], c["off"]) for _, c in sorted(by_cycle.items()) if arm in c and "off" in c]
+        first.setdefault(b["cycle"], b["arm"])
+    return [(c[arm], c["off"]) for k, c in sorted(by_cycle.items())
+            if arm in c and "off" in c and not (not_first and k > 0 and first[k] in (arm, "off"))]
+
+
+def restate(result, not_first):
+    """The result's statistics recomputed from its blocks (--summarize --not-first)."""
+    steps = result["block_steps"] - (1 if result["skip_first"] and result["block_steps"] > 1 else 0)
+    out = dict(result)
+    out["stats"] = {}
+    for arm in result["arms"]:
+        pairs = cycle_pairs(result["blocks"], arm, result["skip_first"], not_first) if arm != "off" else []
+        if pairs:
+            out["stats"][arm] = arm_stats(pairs, steps)
+    return out
 
 
 def micro_stats(rounds):
@@ -150,11 +166,11 @@ def format_table(result):
         result["allocator"], result["workload"], result["cycles"], "/".join(result["arms"]),
         result["block_steps"], "first step after the switch left out" if result["skip_first"] else "all steps timed",
         result.get("off_step_ms", float("nan")))]
-    lines.append("  %-14s %8s %21s %8s %15s %9s  %s" % ("arm", "ratio", "95% CI (order stats)", "geomean",
-                                                       "min..max", "ms/step", "verdict (target 1.03)"))
+    lines.append("  %-14s %4s %8s %21s %8s %15s %9s  %s" % ("arm", "n", "ratio", "95% CI (order stats)", "geomean",
+                                                           "min..max", "ms/step", "verdict (target 1.03)"))
     for arm, s in result["stats"].items():
-        lines.append("  %-14s %8.4f %10.4f..%-10.4f %8.4f %7.3f..%-7.3f %+9.2f  %s" % (
-            arm, s["ratio_median"], s["ratio_ci_low"], s["ratio_ci_high"], s["ratio_geomean"],
+        lines.append("  %-14s %4d %8.4f %10.4f..%-10.4f %8.4f %7.3f..%-7.3f %+9.2f  %s" % (
+            arm, s["cycles"], s["ratio_median"], s["ratio_ci_low"], s["ratio_ci_high"], s["ratio_geomean"],
             s["ratio_min"], s["ratio_max"], s["delta_ms_per_step_median"], verdict(s)))
         if abs(s["ci_coverage"] - 0.95) > 0.02:
             lines.append("  %-14s (the interval's coverage is %.1f%% with %d cycles)" % (
@@ -459,6 +475,9 @@ def parse_args(argv):
     ap.add_argument("--micro-s", type=float, default=6.0, help="time kept for --micro at the end (default 6)")
     ap.add_argument("--out", help="write the result as JSON here")
     ap.add_argument("--summarize", nargs="+", metavar="JSON", help="print the tables of earlier results")
+    ap.add_argument("--not-first", action="store_true",
+                    help="with --summarize: only pairs where neither block ran first in its cycle (runs "
+                         "made before the shape pool, whose first block met new shapes)")
     args = ap.parse_args(argv)
     if args.summarize:
         return args
@@ -483,7 +502,11 @@ def main(argv=None):
             for path in args.summarize:
                 try:
                     with open(path) as f:
-                        print(format_table(json.load(f)))
+                        result = json.load(f)
+                    if args.not_first:
+                        print("(pairs of cycles whose first block was neither of the two)")
+                        result = restate(result, True)
+                    print(format_table(result))
                 except (OSError, ValueError, KeyError) as err:
                     raise ScriptError("cannot summarize %s: %s (give a JSON file written by --out)" % (path, err))
             return 0

@@ -66,6 +66,15 @@ def test_pairs_and_stats():
     check(near(s["delta_ms_per_step_median"], 1.0), "1 ms per step added: %r" % s["delta_ms_per_step_median"])
     check(near(s["off_step_ms_median"], 100.0), "off step 100 ms: %r" % s["off_step_ms_median"])
     check(fc.verdict(s).startswith("within 3%"), "1.01 everywhere is within 3%%: %s" % fc.verdict(s))
+    # not_first: cycle 0 always counts; later cycles only when neither block of the pair ran first.
+    rot = [{"cycle": 0, "arm": "off", "step_s": [1, 1]}, {"cycle": 0, "arm": "trace", "step_s": [1, 2]},
+           {"cycle": 1, "arm": "trace", "step_s": [1, 9]}, {"cycle": 1, "arm": "off", "step_s": [1, 1]},
+           {"cycle": 2, "arm": "ops", "step_s": [1, 9]}, {"cycle": 2, "arm": "off", "step_s": [1, 1]},
+           {"cycle": 2, "arm": "trace", "step_s": [1, 3]}]
+    check(fc.cycle_pairs(rot, "trace", True, not_first=True) == [(2, 1), (3, 1)],
+          "not_first keeps cycle 0 and cycle 2: %r" % fc.cycle_pairs(rot, "trace", True, not_first=True))
+    restated = fc.restate({"arms": ["off", "trace"], "block_steps": 2, "skip_first": 1, "blocks": rot}, True)
+    check(restated["stats"]["trace"]["cycles"] == 2, "restate recomputes from the kept pairs: %r" % restated["stats"])
     with_first = fc.cycle_pairs(blocks, "trace", skip_first=False)
     check(near(with_first[0][0], 9.303), "without skip_first every step counts: %r" % (with_first[0],))
     over = {"ratio_ci_low": 1.05, "ratio_ci_high": 1.09, "ci_coverage": 0.96}
