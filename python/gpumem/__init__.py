@@ -53,6 +53,7 @@ __all__ = [
     "is_installed",
     "library_path",
     "load",
+    "record_ops",
     "report",
     "reset_peak_stats",
     "snapshot",
@@ -299,6 +300,23 @@ def stats(device: DeviceLike = "cuda") -> Dict[str, int]:
     """
     load()
     return {str(k): int(v) for k, v in _torch().ops.gpumem.memory_stats(_device(device)).items()}
+
+
+def record_ops(enabled: bool = True) -> bool:
+    """Turns per-op attribution on or off while the program runs; returns whether it was on.
+
+    On, every allocator event is tagged with the PyTorch operator (and ``record_function`` scope)
+    it happened in, as the ``record_ops:True`` setting does from the start: the tags reach the
+    trace (``torch.cuda.memory._record_memory_history``, ``oom_report_dir``) and, when the
+    process started with ``record_ops:True``, the live blocks of snapshots. Off, libtorch runs
+    its ops without gpumem's callback (no per-op cost) and new events name no op. Use it to
+    attribute a few steps of a long run, or to measure what attribution costs in one process.
+    Works from any thread, with or without gpumem installed.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError("gpumem.record_ops(enabled): enabled must be True or False, not %r" % (enabled,))
+    load()
+    return bool(_torch().ops.gpumem.record_ops(enabled))
 
 
 def reset_peak_stats(device: DeviceLike = "cuda") -> None:

@@ -138,6 +138,29 @@ class PackageTest(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_record_ops_switched_at_run_time(self):
+        # A process configured without record_ops: switched on, the trace names the ops of the
+        # allocations made meanwhile; switched off, it names none again.
+        done = run_python("""
+            import json, torch, gpumem
+            gpumem.install_cpu({"trace_entries": 100000})
+            assert gpumem.record_ops(True) is False
+            a = torch.ones(256, 256)
+            b = torch.mm(a, a)
+            assert gpumem.record_ops(False) is True
+            c = torch.mm(a, a)
+            try:
+                gpumem.record_ops("yes")
+                raise SystemExit("record_ops('yes') was accepted")
+            except TypeError as e:
+                assert "True or False" in str(e), str(e)
+            rows = {r["name"]: r["trace_allocs"] for r in gpumem.report(gpumem.snapshot("cpu"))["op_table"]}
+            print(json.dumps(rows))
+        """)
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        self.assertEqual(rows.get("aten::mm"), 1, rows)  # b only: c came after the switch went off
+        self.assertGreaterEqual(rows.get("(not recorded)", 0), 1, rows)
+
     def test_report_of_the_h200_oom_trace_matches_the_command(self):
         # traces/oom.native.trace.csv.gz: PyTorch 2.11's trace of a real OOM on the H200 (a 200 MiB
         # request while 692 MiB was reserved but unallocated), kept in the repository for CI.

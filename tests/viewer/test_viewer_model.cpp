@@ -8,6 +8,8 @@
 
 #include "catch.h"
 #include "gpumem/forensics/error.h"
+#include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_writer.h"
 #include "gpumem/view/live_groups.h"
 #include "gpumem/view/render.h"
@@ -136,6 +138,28 @@ TEST_CASE("the shared OOM trace in CSV opens on the same verdict", "[viewer][mod
   CHECK(m.oom_report()->verdict == "fragmentation");
   const Summary s = summarize(m, m.state_at(*m.oom_cursor()), *m.oom_cursor());
   CHECK(s.reserved_bytes == 8579448832ull);  // the snapshot's segments at the OOM (gpumem report)
+  // Its blocks are sized as the report's rebuilt segments size them, so the viewer's allocated
+  // bytes at the OOM are the report's of the same CSV and the pickle's of the same run.
+  const auto report = gpumem::forensics::build_report(gpumem::forensics::load_snapshot(*dir + "/traces/native/oom.trace.csv.gz"));
+  CHECK(s.allocated_bytes == report.fragmentation.allocated_bytes);
+  const auto pickle = ViewerModel::open(*dir + "/traces/native/oom.snapshot.pickle");
+  CHECK(s.allocated_bytes == pickle.allocated_at(*pickle.oom_cursor()));
+}
+
+TEST_CASE("a CSV trace's blocks get PyTorch's split rule: a remainder of at most 1 MiB stays in the block",
+          "[viewer][model]") {
+  Trace t;
+  add(t, TraceAction::segment_alloc, kSeg1, 20 * kMiB, 0);
+  add(t, TraceAction::alloc, kSeg1, 19 * kMiB + kMiB / 2, 1, "a.py:1:x");         // 0.5 MiB left: whole segment
+  add(t, TraceAction::segment_alloc, kSeg1 + 64 * kMiB, 20 * kMiB, 2);
+  add(t, TraceAction::alloc, kSeg1 + 64 * kMiB, 10 * kMiB + 100, 3, "a.py:2:y");  // split: rounded to 512 B
+  const auto m = ViewerModel::from(t);
+  CHECK(m.allocated_at(2) == 20 * kMiB);
+  CHECK(m.allocated_at(4) == 20 * kMiB + 10 * kMiB + 512);
+  // Without segment entries nothing can be rebuilt: requests rounded to 512 B.
+  Trace bare;
+  add(bare, TraceAction::alloc, kSeg1, 19 * kMiB + kMiB / 2, 1, "a.py:1:x");
+  CHECK(ViewerModel::from(bare).allocated_at(1) == 19 * kMiB + kMiB / 2);
 }
 
 TEST_CASE("a shared CSV trace opens and replays to PyTorch's peaks", "[viewer][model][shared]") {

@@ -10,6 +10,7 @@
 //   torch.ops.gpumem.check_config(config) -> str   # the parser's error for a bad string, "" if valid
 //   torch.ops.gpumem.cpu_installed() -> bool
 //   torch.ops.gpumem.write_snapshot(device, path)  # gpumem/torch/memory_stats.h's write_snapshot
+//   torch.ops.gpumem.record_ops(enabled) -> bool   # op attribution on/off at run time; was it on
 //
 // The Python package (python/gpumem) is built on these.
 //
@@ -23,6 +24,7 @@
 #include <string>
 #include <variant>
 
+#include "gpumem/forensics/op_attribution_torch.h"
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
@@ -74,6 +76,9 @@ bool op_cpu_installed() { return cpu_installed(); }
 
 void op_write_snapshot(c10::Device device, std::string path) { write_snapshot(device, path); }
 
+// record_ops' run-time switch: the at::RecordFunction callbacks that name each event's op.
+bool op_record_ops(bool enabled) { return forensics::set_record_function_attribution(enabled); }
+
 // Installs at load time when GPUMEM_ALLOC_CONF is set. A failure cannot be thrown out of dlopen:
 // loaded from Python, it raises RuntimeError there as the load returns (python_error.h); loaded
 // from C++, it is printed on stderr. Either way it is kept for torch.ops.gpumem.load_error().
@@ -107,4 +112,5 @@ TORCH_LIBRARY(gpumem, m) {
   m.def("check_config(str config) -> str", &gpumem::torch::op_check_config);
   m.def("cpu_installed() -> bool", &gpumem::torch::op_cpu_installed);
   m.def("write_snapshot(Device device, str path) -> ()", &gpumem::torch::op_write_snapshot);
+  m.def("record_ops(bool enabled) -> bool", &gpumem::torch::op_record_ops);
 }

@@ -11,6 +11,7 @@
 
 #include "gpumem/forensics/csv_trace_reader.h"
 #include "gpumem/forensics/error.h"
+#include "gpumem/forensics/oom_moment.h"
 #include "gpumem/forensics/snapshot_io.h"
 #include "gpumem/forensics/snapshot_reader.h"
 #include "gpumem/view/active_memory.h"
@@ -224,6 +225,11 @@ ViewerModel ViewerModel::build(forensics::Trace trace, const forensics::Snapshot
     }
     for (std::size_t i = n; i-- > 0;) state.undo(entries[i]);
     state.reset_expandable_va();  // undone mappings must not show as unmapped before they happen
+  } else {
+    // A CSV trace records requests only: its blocks get the sizes the report's rebuilt segments
+    // give them (PyTorch's split rule leaves up to 1 MiB more in a large block), so that the
+    // viewer's allocated bytes and Live view are the report's.
+    m.block_bytes_ = forensics::rebuilt_block_bytes(entries, device);
   }
   m.allocated_.resize(n + 1);
   m.reserved_.resize(n + 1);

@@ -427,6 +427,7 @@ std::string render_report_text(const MemoryReport& r) {
   const Fragmentation& f = r.fragmentation;
   s += fmt::format("gpumem report: {} ({}, {} trace entries)\n", r.source, device_label(r.device), r.trace_entries);
   for (const auto& n : r.notes) s += fmt::format("note: {}\n", n);
+  if (r.trace_entries > 0) s += fmt::format("moment: {}\n", r.moment.describe());
   auto list = [&](const char* title, const std::vector<std::string>& items) {
     if (items.empty()) return;
     s += fmt::format("  {}:\n", title);

@@ -50,14 +50,14 @@ void SegmentMap::merge_inactive(SnapshotSegment& seg) {
   seg.blocks = std::move(out);
 }
 
-bool SegmentMap::carve(std::uint64_t addr, std::uint64_t requested_bytes, const std::string& op,
-                       const std::vector<SnapshotFrame>& frames) {
+std::uint64_t SegmentMap::carve(std::uint64_t addr, std::uint64_t requested_bytes, const std::string& op,
+                                const std::vector<SnapshotFrame>& frames) {
   SnapshotSegment* seg = containing(addr);
-  if (!seg) return ++skipped, false;
+  if (!seg) return ++skipped, 0;
   for (std::size_t i = 0; i < seg->blocks.size(); ++i) {
     auto& b = seg->blocks[i];
     if (addr < b.address || addr >= b.address + b.size_bytes) continue;
-    if (b.state != kInactive) return ++skipped, false;
+    if (b.state != kInactive) return ++skipped, 0;
     const std::uint64_t end = b.address + b.size_bytes;
     std::uint64_t size = std::min(round_block(requested_bytes), end - addr);
     // PyTorch's should_split: a remainder too small to split off stays in the block.
@@ -73,9 +73,9 @@ bool SegmentMap::carve(std::uint64_t addr, std::uint64_t requested_bytes, const 
     parts.push_back(std::move(mid));
     if (after.size_bytes) parts.push_back(std::move(after));
     seg->blocks.insert(seg->blocks.begin() + static_cast<std::ptrdiff_t>(i), parts.begin(), parts.end());
-    return true;
+    return size;
   }
-  return ++skipped, false;
+  return ++skipped, 0;
 }
 
 bool SegmentMap::release(std::uint64_t addr) {

@@ -27,7 +27,9 @@ class SegmentMap {
   SegmentMap(int device, const std::vector<SnapshotSegment>& segments);
 
   // Makes [addr, addr + round(requested)) an active_allocated block (carved from an inactive one).
-  bool carve(std::uint64_t addr, std::uint64_t requested_bytes, const std::string& op,
+  // Returns the block's size (the rounded request plus what the split rule leaves in it), 0 when
+  // the state cannot take it (counted in `skipped`).
+  std::uint64_t carve(std::uint64_t addr, std::uint64_t requested_bytes, const std::string& op,
              const std::vector<SnapshotFrame>& frames);
   // The block at addr becomes inactive (merged with inactive neighbours).
   bool release(std::uint64_t addr);

@@ -23,7 +23,7 @@ void FragmentationTracker::on_events(std::span<const alloc::AllocEvent> events) 
   std::uint64_t ticks = 0;
   std::shared_ptr<void> context;
   if (allocates) {
-    if (record_ops_) {
+    if (record_ops_ || OpStack::switched_on()) {
       op = OpStack::current_op();
       scope = OpStack::current_scope();
     }

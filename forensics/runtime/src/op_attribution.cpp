@@ -1,5 +1,6 @@
 #include "gpumem/forensics/op_attribution.h"
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -116,6 +117,12 @@ void OpStack::push_scope_name(const char* name) noexcept { t_scopes.push(name, 0
 std::uint32_t OpStack::current_op() noexcept { return t_ops.top(); }
 std::uint32_t OpStack::current_scope() noexcept { return t_scopes.top(); }
 std::size_t OpStack::op_depth() noexcept { return t_ops.depth; }
+
+namespace {
+std::atomic<bool> g_switched_on{false};
+}  // namespace
+bool OpStack::switched_on() noexcept { return g_switched_on.load(std::memory_order_relaxed); }
+void OpStack::set_switched_on(bool on) noexcept { g_switched_on.store(on, std::memory_order_relaxed); }
 
 ScopedOp::ScopedOp(std::string_view name, bool user_scope) : user_scope_(user_scope) {
   const std::uint32_t id = OpRegistry::global().intern(name);

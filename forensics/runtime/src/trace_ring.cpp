@@ -199,7 +199,7 @@ void TraceRing::on_events(std::span<const alloc::AllocEvent> events) {
   const std::shared_ptr<void>* context = want_context ? &AllocContext::current() : nullptr;
   if (context != nullptr && *context == nullptr) context = nullptr;
   std::uint32_t op = 0, scope = 0;
-  if (record_ops_.load(std::memory_order_relaxed)) {
+  if (record_ops_.load(std::memory_order_relaxed) || OpStack::switched_on()) {
     op = OpStack::current_op();
     scope = OpStack::current_scope();
   }
@@ -274,7 +274,7 @@ void TraceRing::record_oom(const alloc::AllocEvent& fallback, std::size_t device
   }
   if (!active()) return;
   std::uint32_t op = 0, scope = 0;
-  if (record_ops_.load(std::memory_order_relaxed)) {
+  if (record_ops_.load(std::memory_order_relaxed) || OpStack::switched_on()) {
     op = OpStack::current_op();
     scope = OpStack::current_scope();
   }

@@ -11,15 +11,21 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <memory>
+#include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "catch.h"
 #include "gpumem/alloc/config.h"
 #include "gpumem/forensics/engine_forensics.h"
 #include "gpumem/forensics/memory_report.h"
+#include "gpumem/forensics/op_attribution.h"
 #include "gpumem/forensics/op_attribution_torch.h"
 #include "gpumem/forensics/snapshot_io.h"
+#include "gpumem/forensics/trace_ring.h"
 #include "gpumem/torch/install.h"
 #include "gpumem/torch/memory_stats.h"
 
@@ -163,4 +169,66 @@ TEST_CASE("attribution 2: a fragmenting program's OOM postmortem says fragmentat
   CHECK(kept.size() >= 4);
   kept.clear();
   ::rmdir(report_dir().c_str());
+}
+
+TEST_CASE("attribution 3: the run-time switch turns op names off and on, safely while ops run",
+          "[torch][ops]") {
+  EngineForensics& fx = engine_forensics();
+  auto a = torch::ones({64, 64});
+  const auto op_of = [&](const torch::Tensor& t) -> std::optional<std::string> {
+    const Snapshot s = fx.snapshot();
+    std::optional<std::string> op;  // the latest alloc record at t's address
+    for (const auto& e : s.device_traces.at(0)) {
+      if (e.action == TraceAction::alloc && e.addr == reinterpret_cast<std::uintptr_t>(t.data_ptr())) op = e.op;
+    }
+    return op;
+  };
+
+  CHECK(gpumem::forensics::set_record_function_attribution(false));  // it was on
+  CHECK_FALSE(gpumem::forensics::record_function_attribution_installed());
+  auto off = torch::mm(a, a);
+  CHECK(op_of(off) == std::optional<std::string>(""));
+  CHECK_FALSE(gpumem::forensics::set_record_function_attribution(false));  // already off
+
+  CHECK_FALSE(gpumem::forensics::set_record_function_attribution(true));
+  CHECK(gpumem::forensics::record_function_attribution_installed());
+  auto on = torch::mm(a, a);
+  CHECK(op_of(on) == std::optional<std::string>("aten::mm"));
+
+  // Another thread flips the switch while this one runs ops: ops that began with the callback
+  // still end through it, so this thread's op stack is balanced afterwards.
+  std::atomic<bool> stop{false};
+  std::thread flipper([&] {
+    bool enabled = false;
+    while (!stop.load()) {
+      gpumem::forensics::set_record_function_attribution(enabled);
+      enabled = !enabled;
+    }
+  });
+  for (int i = 0; i < 3000; ++i) (void)torch::relu(torch::mm(a, a));
+  stop.store(true);
+  flipper.join();
+  CHECK(gpumem::forensics::OpStack::op_depth() == 0);
+  gpumem::forensics::set_record_function_attribution(true);
+  auto after = torch::mm(a, a);
+  CHECK(op_of(after) == std::optional<std::string>("aten::mm"));
+
+  // A ring configured without record_ops tags events while the switch is on, and only then.
+  auto plain = std::make_shared<gpumem::forensics::TraceRing>(1000, /*record_ops=*/false);
+  alloc::CachingAllocator* engine = gpumem::torch::engine(kCpu);
+  engine->attach_observer(plain);
+  auto tagged = torch::mm(a, a);
+  gpumem::forensics::set_record_function_attribution(false);
+  auto untagged = torch::mm(a, a);
+  gpumem::forensics::set_record_function_attribution(true);
+  engine->detach_observer(plain.get());
+  const auto& names = gpumem::forensics::OpRegistry::global();
+  std::string tagged_op = "?", untagged_op = "?";
+  for (const auto& r : plain->records()) {
+    if (r.event.kind != alloc::EventKind::alloc) continue;
+    if (r.event.addr == reinterpret_cast<std::uintptr_t>(tagged.data_ptr())) tagged_op = names.name(r.op);
+    if (r.event.addr == reinterpret_cast<std::uintptr_t>(untagged.data_ptr())) untagged_op = names.name(r.op);
+  }
+  CHECK(tagged_op == "aten::mm");
+  CHECK(untagged_op.empty());
 }

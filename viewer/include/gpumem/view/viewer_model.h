@@ -150,7 +150,8 @@ class ViewerModel {
   std::shared_ptr<ActiveMemoryCache> active_cache_;  // shared by copies (the data is immutable)
   // checkpoints_[i]: the state after i * kCheckpointEvery entries.
   std::vector<MemoryState> checkpoints_;
-  // Real block sizes of alloc entries, by entry, where a snapshot knows them (empty for CSV).
+  // Real block sizes of alloc entries, by entry: where a snapshot knows them, or (a CSV trace) from
+  // segments rebuilt forward from the trace (forensics::rebuilt_block_bytes); 0 = unknown.
   std::vector<std::uint64_t> block_bytes_;
   std::uint64_t block_bytes_of(std::size_t entry) const noexcept {
     return entry < block_bytes_.size() ? block_bytes_[entry] : 0;

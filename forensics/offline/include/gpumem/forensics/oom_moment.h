@@ -16,11 +16,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <vector>
 
 #include "gpumem/forensics/moment.h"
 #include "gpumem/forensics/snapshot.h"
+#include "gpumem/forensics/trace.h"
 
 namespace gpumem::forensics {
 
@@ -38,5 +40,13 @@ struct StateAtMoment {
 StateAtMoment state_at_moment(const Snapshot& snapshot, int device, const Moment& moment);
 // At the trace's last OOM when it records one, else at its end.
 StateAtMoment state_at_moment(const Snapshot& snapshot, int device);
+
+// For a trace without segments (a CSV trace): the block each alloc entry gets when the segments
+// are rebuilt forward from the trace's segment entries, as state_at_moment rebuilds them (the
+// request rounded to 512 bytes plus what PyTorch's split rule leaves in the block), by entry; 0
+// for other entries and for allocations the rebuild cannot place. Empty when the trace has no
+// segment entries. The viewer sizes a CSV's blocks with it, so that its allocated bytes are the
+// report's.
+std::vector<std::uint64_t> rebuilt_block_bytes(const std::vector<TraceEntry>& trace, int device);
 
 }  // namespace gpumem::forensics

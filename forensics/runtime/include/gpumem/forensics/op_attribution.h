@@ -58,6 +58,13 @@ class OpStack {
   static std::uint32_t current_op() noexcept;     // 0 if none
   static std::uint32_t current_scope() noexcept;  // 0 if none
   static std::size_t op_depth() noexcept;
+
+  // Whether op attribution was switched on while the process runs (the RecordFunction callbacks
+  // enabled through set_record_function_attribution / install_record_function_attribution):
+  // observers configured without record_ops then tag their events too, so the run-time switch
+  // works whatever the configuration said. A relaxed load; set by the switch only.
+  static bool switched_on() noexcept;
+  static void set_switched_on(bool on) noexcept;
 };
 
 // Pushes an op (or a user scope) for the lifetime of the object.
