@@ -22,6 +22,7 @@ plan=(
   "package 55 $here/package.sh"
   "pinned 85 $here/pinned.sh"
   "forensics 75 env BUDGET_S=70 $here/forensics.sh"
+  "forensics_cost 130 $here/forensics_cost.sh"
   "zero 70 env NGPU=1 $here/zero_fsdp2.sh"
 )
 want=("$@")
