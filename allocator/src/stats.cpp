@@ -236,32 +236,42 @@ void StatsObserver::fold_all_locked() const {
 }
 
 void StatsObserver::on_events(std::span<const AllocEvent> events) {
-  if (!contended_.load(std::memory_order_relaxed) && !bound_.load(std::memory_order_relaxed)) {
+  if (!contended_.load(std::memory_order_relaxed)) {
     if (mutex_.try_lock()) {
       std::unique_lock lock(mutex_, std::adopt_lock);
-      if (!bound_.load(std::memory_order_relaxed)) [[likely]] {
-        // The hot events with no classic segment tracked change a few counters each (apply_hot);
-        // anything else takes the full switch.
+      // The hot events with no classic segment tracked change a few counters each (apply_hot);
+      // anything else takes the full switch.
+      auto apply = [&] {
         if (!tracking_splits_.load(std::memory_order_relaxed)) {
           for (const AllocEvent& e : events)
             if (!detail::apply_hot_event(hot_, e, max_split_size_bytes_)) [[unlikely]] apply_locked(e);
         } else {
           for (const AllocEvent& e : events) apply_locked(e);
         }
-        return;
+      };
+      if (!bound_.load(std::memory_order_relaxed)) [[likely]] {
+        apply();
+      } else {
+        // Bound (another observer of the engine is awake, or the events come from a path that
+        // does not count in place): applied in order under the engine's lock, the hot guard, so
+        // that peaks stay exact while publishers have not met. Sending these to the threads'
+        // shards instead made two threads that take turns (a training loop and autograd's
+        // device thread: one allocates, the other frees) fold peaks that never happened,
+        // e.g. a peak allocated above the peak reserved.
+        with_hot_locked(apply);
       }
-      // Bound meanwhile: the engine's lock guards hot_ now.
-    } else {
-      contended_.store(true, std::memory_order_relaxed);
+      return;
     }
+    contended_.store(true, std::memory_order_relaxed);
   }
   on_events_contended(events);
 }
 
 void StatsObserver::on_events_contended(std::span<const AllocEvent> events) {
-  // Bound to an engine, hot events that reach on_events (its lock-free paths, other engines, or
-  // every event while another observer of the engine is awake) go to the thread's shard too:
-  // taking the engine's lock for each batch would undo what its thread caches save.
+  // Publishers have met (contended_): hot events that reach on_events (an engine's lock-free
+  // paths, other engines, or every event while another observer of a bound engine is awake) go
+  // to the thread's shard: taking the observer's (and a bound engine's) lock for each batch would
+  // undo what the thread caches save.
   const bool hot = !tracking_splits_.load(std::memory_order_acquire) && detail::shardable(events);
   detail::StatsShard* sh = shard_for_this_thread(hot);
   if (!hot || sh == nullptr) {

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <barrier>
 #include <cstdlib>
 #include <fstream>
@@ -784,4 +787,69 @@ TEST_CASE("stats: threads on a bound engine and a second engine sharing its obse
   CHECK(v.reserved_bytes[kAll].current ==
         static_cast<std::int64_t>(a.totals().reserved_bytes + b.totals().reserved_bytes));
   CHECK(v.num_inconsistent_events == 0);
+}
+
+TEST_CASE("stats: a bound observer with another observer awake keeps exact peaks when two threads take turns",
+          "[stats][in_place][threads]") {
+  // A training loop allocates and autograd's device thread frees, one after the other, never at
+  // the same time: the observer's lock is never contended, so every number must be exact. With
+  // a trace ring (here: an awake counter) beside the bound StatsObserver, every event is
+  // published; per-thread shards would fold each thread's partial view (only allocations, only
+  // frees) into peaks that never happened.
+  SimSource source;
+  auto events = make_immediate_events();
+  Config config;
+  CachingAllocator engine(source, *events, config);
+  auto obs = std::make_shared<StatsObserver>(config);
+  auto counter = std::make_shared<EventCounter>();
+  engine.attach_observer(obs);
+  engine.attach_observer(counter);
+
+  std::mutex m;
+  std::condition_variable cv;
+  int turn = 0;  // 0: the allocating thread, 1: the freeing thread, 2: done
+  std::vector<void*> to_free;
+  std::int64_t live_bytes = 0, peak_bytes = 0;
+  std::thread freer([&] {
+    for (;;) {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return turn != 0; });
+      if (turn == 2) return;
+      for (void* p : to_free) {
+        const std::optional<BlockLookup> found = engine.lookup(p);
+        REQUIRE(found.has_value());
+        live_bytes -= static_cast<std::int64_t>(found->block_size_bytes);
+        REQUIRE(engine.free(p) == FreeStatus::ok);
+      }
+      to_free.clear();
+      turn = 0;
+      cv.notify_all();
+    }
+  });
+  for (int step = 0; step < 200; ++step) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return turn == 0; });
+    for (int i = 0; i < 8; ++i) {
+      AllocResult r = engine.allocate(std::size_t{1} << (20 + (step + i) % 4), 0);  // 1..8 MiB
+      REQUIRE(r.ok());
+      live_bytes += static_cast<std::int64_t>(engine.lookup(r.ptr)->block_size_bytes);
+      peak_bytes = std::max(peak_bytes, live_bytes);
+      to_free.push_back(r.ptr);
+    }
+    turn = 1;
+    cv.notify_all();
+  }
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return turn == 0; });
+    turn = 2;
+    cv.notify_all();
+  }
+  freer.join();
+  const DeviceStatsView v = obs->stats();
+  CHECK(counter->seen.load() > 0);
+  CHECK(v.allocated_bytes[kAll].current == 0);
+  CHECK(v.allocated_bytes[kAll].peak == peak_bytes);
+  CHECK(v.allocated_bytes[kAll].peak <= v.reserved_bytes[kAll].peak);
+  CHECK(v.reserved_bytes[kAll].current == static_cast<std::int64_t>(engine.totals().reserved_bytes));
 }

@@ -66,9 +66,10 @@
 // under its lock (count_in_place), without building an AllocEvent or calling on_events, as long as
 // no other observer of the engine is awake. Everything else still arrives as events: segment and
 // OOM events, and the hot events of the engine's lock-free paths (thread caches) and of other
-// engines (private pools), which go through the threads' shards, or, while classic segments are
-// tracked, through apply_locked with the engine's lock taken (run_locked). Every number stays
-// exact for a single thread; across threads the shard bounds above apply.
+// engines (private pools), applied in order under the observer's lock and the engine's lock
+// (run_locked) until publishers have met, then through the threads' shards (or, while classic
+// segments are tracked, still in order under both locks). Every number stays exact while the
+// observer's lock is not contended; once it has been, the shard bounds above apply.
 //
 // Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> the
 // bound engine's lock (run_locked) -> a shard's lock (a shard's lock alone is taken by its thread
