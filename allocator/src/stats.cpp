@@ -407,32 +407,28 @@ DeviceStatsView StatsObserver::stats() const {
   return view;
 }
 
-void StatsObserver::reset_peak() {
-  std::lock_guard lock(mutex_);
+template <class F>
+void StatsObserver::reset_each_stat_locked(F&& reset) {
   for (StatArray* a : {&stats_.segment, &stats_.inactive_split, &stats_.reserved_bytes, &stats_.inactive_split_bytes})
-    for (Stat& st : *a) st.reset_peak();
-  stats_.oversize_segments.reset_peak();
+    for (Stat& st : *a) reset(st);
+  reset(stats_.oversize_segments);
   with_hot_locked([&] {
     fold_all_locked();
     for (StatArray* a : {&hot_.allocation, &hot_.allocated_bytes, &hot_.active, &hot_.active_bytes,
                          &hot_.requested_bytes})
-      for (Stat& st : *a) st.reset_peak();
-    hot_.oversize_allocations.reset_peak();
+      for (Stat& st : *a) reset(st);
+    reset(hot_.oversize_allocations);
   });
+}
+
+void StatsObserver::reset_peak() {
+  std::lock_guard lock(mutex_);
+  reset_each_stat_locked([](Stat& st) { st.reset_peak(); });
 }
 
 void StatsObserver::reset_accumulated() {
   std::lock_guard lock(mutex_);
-  for (StatArray* a : {&stats_.segment, &stats_.inactive_split, &stats_.reserved_bytes, &stats_.inactive_split_bytes})
-    for (Stat& st : *a) st.reset_accumulated();
-  stats_.oversize_segments.reset_accumulated();
-  with_hot_locked([&] {
-    fold_all_locked();
-    for (StatArray* a : {&hot_.allocation, &hot_.allocated_bytes, &hot_.active, &hot_.active_bytes,
-                         &hot_.requested_bytes})
-      for (Stat& st : *a) st.reset_accumulated();
-    hot_.oversize_allocations.reset_accumulated();
-  });
+  reset_each_stat_locked([](Stat& st) { st.reset_accumulated(); });
   stats_.num_alloc_retries = 0;
   stats_.num_ooms = 0;
   stats_.num_sync_all_streams = 0;

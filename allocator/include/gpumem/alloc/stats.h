@@ -287,6 +287,10 @@ class StatsObserver final : public AllocObserver {
   // The calling thread's shard (made if `create`), or null (no slot free: the caller applies
   // under the lock).
   detail::StatsShard* shard_for_this_thread(bool create);
+  // Applies `reset` to every Stat (the observer's and the hot ones, the shards folded first);
+  // mutex_ held.
+  template <class F>
+  void reset_each_stat_locked(F&& reset);
   void fold_locked(detail::StatsShard& shard) const;  // mutex_ held
   void fold_all_locked() const;                        // mutex_ held
 
