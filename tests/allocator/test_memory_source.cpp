@@ -840,6 +840,18 @@ TEST_CASE("CudaStreamEvents records, completes and reuses pooled events", "[gpu]
   CHECK(events.query(c));
   events.release(c);
 
+  // Every call that can wait or cost was timed: 7 records, 7 queries, 3 event and 4 stream waits.
+  const CudaEventCallTimes t = events.call_times();
+  CHECK(t.record.calls == 7);
+  CHECK(t.query.calls == 7);
+  CHECK(t.synchronize.calls == 3);
+  CHECK(t.synchronize_stream.calls == 4);
+  for (const CudaCallTime* c : {&t.record, &t.query, &t.synchronize, &t.synchronize_stream}) {
+    CHECK(c->total_ns > 0);
+    CHECK(c->max_ns > 0);
+    CHECK(c->max_ns <= c->total_ns);
+  }
+
   CHECK(cudaFree(buffer) == cudaSuccess);
   CHECK(cudaStreamDestroy(stream) == cudaSuccess);
 }

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,7 +22,28 @@ namespace {
 
 cudaEvent_t as_event(EventToken token) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(token)); }
 
+std::uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+}
+
 }  // namespace
+
+void CudaStreamEvents::AtomicCallTime::add(std::uint64_t ns) noexcept {
+  calls.fetch_add(1, std::memory_order_relaxed);
+  total_ns.fetch_add(ns, std::memory_order_relaxed);
+  std::uint64_t seen = max_ns.load(std::memory_order_relaxed);
+  while (ns > seen && !max_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
+  }
+}
+
+CudaCallTime CudaStreamEvents::AtomicCallTime::load() const noexcept {
+  CudaCallTime t;
+  t.calls = calls.load(std::memory_order_relaxed);
+  t.total_ns = total_ns.load(std::memory_order_relaxed);
+  t.max_ns = max_ns.load(std::memory_order_relaxed);
+  return t;
+}
 
 CudaStreamEvents::CudaStreamEvents(int device) : device_(device) {}
 
@@ -34,6 +57,7 @@ CudaStreamEvents::~CudaStreamEvents() {
 }
 
 EventToken CudaStreamEvents::record(StreamId stream) {
+  const auto t0 = std::chrono::steady_clock::now();
   cudaEvent_t event = nullptr;
   {
     std::lock_guard lock(mutex_);
@@ -53,11 +77,14 @@ EventToken CudaStreamEvents::record(StreamId stream) {
   }
   const cudaError_t err = cudaEventRecord(event, reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream)));
   if (err != cudaSuccess) die("cudaEventRecord", device_, err);
+  record_time_.add(elapsed_ns(t0));
   return static_cast<EventToken>(reinterpret_cast<std::uintptr_t>(event));
 }
 
 bool CudaStreamEvents::query(EventToken token) {
+  const auto t0 = std::chrono::steady_clock::now();
   const cudaError_t err = cudaEventQuery(as_event(token));
+  query_time_.add(elapsed_ns(t0));
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();  // "not ready" is an answer, not an error for the next caller
@@ -67,7 +94,9 @@ bool CudaStreamEvents::query(EventToken token) {
 }
 
 void CudaStreamEvents::synchronize(EventToken token) {
+  const auto t0 = std::chrono::steady_clock::now();
   const cudaError_t err = cudaEventSynchronize(as_event(token));
+  sync_time_.add(elapsed_ns(t0));
   if (err != cudaSuccess) die("cudaEventSynchronize", device_, err);
 }
 
@@ -77,15 +106,26 @@ void CudaStreamEvents::release(EventToken token) {
 }
 
 void CudaStreamEvents::synchronize_stream(StreamId stream) {
+  const auto t0 = std::chrono::steady_clock::now();
   DeviceGuard guard(device_, false);
   if (guard.status() != cudaSuccess) die("cudaSetDevice", device_, guard.status());
   const cudaError_t err = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream)));
+  sync_stream_time_.add(elapsed_ns(t0));
   if (err != cudaSuccess) die("cudaStreamSynchronize", device_, err);
 }
 
 std::size_t CudaStreamEvents::events_created() const {
   std::lock_guard lock(mutex_);
   return created_;
+}
+
+CudaEventCallTimes CudaStreamEvents::call_times() const {
+  CudaEventCallTimes t;
+  t.record = record_time_.load();
+  t.query = query_time_.load();
+  t.synchronize = sync_time_.load();
+  t.synchronize_stream = sync_stream_time_.load();
+  return t;
 }
 
 std::size_t CudaStreamEvents::events_pooled() const {

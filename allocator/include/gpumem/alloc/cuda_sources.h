@@ -29,7 +29,10 @@
 // restores the caller's device afterwards.
 //
 // CudaStreamEvents: StreamEvents on cudaEvents created with cudaEventDisableTiming on one device,
-// kept in a pool so record() does not create and release() does not destroy. A CUDA error in these
+// kept in a pool so record() does not create and release() does not destroy. The calls that can
+// wait or cost (record, query, synchronize, synchronize_stream) are timed like the VMM source's
+// driver calls (call_times(): host wall time of each call, steady_clock around it; the waits are
+// the time the calling thread was blocked). A CUDA error in these
 // calls (other than "not ready") means the context is broken or the caller passed a bad stream:
 // it is reported on stderr and the process aborts.
 //
@@ -41,6 +44,7 @@
 #error "gpumem/alloc/cuda_sources.h needs the CUDA build of gpumem_alloc (GPUMEM_HAVE_CUDA)"
 #endif
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -63,6 +67,14 @@ struct CudaCallTime {
 
 struct CudaVmmCallTimes {
   CudaCallTime address_reserve, address_free, create, release, map, set_access, unmap;
+};
+
+// Time spent in the calls of CudaStreamEvents that can wait or cost.
+struct CudaEventCallTimes {
+  CudaCallTime record;              // cudaEventRecord (and cudaEventCreateWithFlags when the pool is empty)
+  CudaCallTime query;               // cudaEventQuery
+  CudaCallTime synchronize;         // cudaEventSynchronize: waits for one recorded event
+  CudaCallTime synchronize_stream;  // cudaStreamSynchronize: waits for all work queued on a stream
 };
 
 struct CudaVmmOptions {
@@ -166,9 +178,20 @@ class CudaStreamEvents final : public StreamEvents {
 
   std::size_t events_created() const;  // cudaEventCreate calls so far
   std::size_t events_pooled() const;   // created, not in use
+  // Calls, total and longest host time of each timed call so far (each counter is read on its
+  // own: a snapshot taken while calls run may mix a call's count with the previous total).
+  CudaEventCallTimes call_times() const;
 
  private:
+  // One timed call's counters; lock-free so that query() and synchronize() take no lock.
+  struct AtomicCallTime {
+    std::atomic<std::uint64_t> calls{0}, total_ns{0}, max_ns{0};
+    void add(std::uint64_t ns) noexcept;
+    CudaCallTime load() const noexcept;
+  };
+
   int device_;
+  AtomicCallTime record_time_, query_time_, sync_time_, sync_stream_time_;
   mutable std::mutex mutex_;
   std::vector<void*> pool_;  // cudaEvent_t ready for reuse
   std::size_t created_ = 0;
