@@ -284,3 +284,29 @@ TEST_CASE("gpu 7: with caching disabled, allocations go straight to cudaMalloc a
   auto again = torch::empty({1000}, torch::kCUDA);
   CHECK(engine->lookup(again.data_ptr()).has_value());
 }
+
+TEST_CASE("gpu 8: a growth and an empty_cache move the driver and wait keys of memory_stats", "[gpu]") {
+  GPUMEM_REQUIRE_GPU();
+  const c10::Device dev(c10::DeviceType::CUDA, 0);
+  cca::emptyCache();
+  const auto before = gpumem::torch::memory_stats(dev);
+  CHECK(before.at("gpumem.driver.timed") == 1);  // the default source is the CUDA VMM one
+  CHECK(before.at("gpumem.wait.timed") == 1);
+  {
+    auto t = torch::empty({1024 * kMiB}, torch::dtype(torch::kUInt8).device(torch::kCUDA));  // a growth
+    t.fill_(3);
+  }
+  const auto grown = gpumem::torch::memory_stats(dev);
+  for (const char* call : {"create", "map", "set_access"}) {
+    const std::string k = std::string("gpumem.driver.") + call;
+    CHECK(grown.at(k + ".calls") > before.at(k + ".calls"));
+    CHECK(grown.at(k + ".ns") > before.at(k + ".ns"));
+    CHECK(grown.at(k + ".max_ns") <= grown.at(k + ".ns"));
+  }
+  cca::emptyCache();  // gives the gigabyte back: waits for its stream, then unmaps and releases
+  const auto emptied = gpumem::torch::memory_stats(dev);
+  CHECK(emptied.at("gpumem.driver.unmap.calls") > grown.at("gpumem.driver.unmap.calls"));
+  CHECK(emptied.at("gpumem.driver.release.calls") > grown.at("gpumem.driver.release.calls"));
+  CHECK(emptied.at("gpumem.wait.sync_stream.calls") > grown.at("gpumem.wait.sync_stream.calls"));
+  CHECK(emptied.at("gpumem.wait.sync_stream.ns") > grown.at("gpumem.wait.sync_stream.ns"));
+}

@@ -24,6 +24,7 @@
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/cuda_allocator.h"
 #include "gpumem/torch/install.h"
+#include "gpumem/torch/memory_stats.h"
 #include "sim_support.h"
 
 namespace cca = c10::cuda::CUDACachingAllocator;
@@ -302,4 +303,33 @@ TEST_CASE("sim 6: unsupported features raise one error naming the feature; bad p
   // Another configuration cannot replace the one in use.
   gpumem::torch::Config other;
   CHECK(error_of([&] { gpumem::torch::install(other); }).find("already exists with configuration") != std::string::npos);
+}
+
+TEST_CASE("sim 7: the driver and wait keys are present and zero when the source is not CUDA's") {
+  sim_allocator();
+  Live live;
+  live.alloc(40 * kMiB);  // a growth on the simulated device: no driver call, no CUDA event
+  const auto keys = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
+  CHECK(keys.at("gpumem.driver.timed") == 0);
+  CHECK(keys.at("gpumem.wait.timed") == 0);
+  int seen = 0;
+  for (const char* prefix : {"gpumem.driver.address_reserve", "gpumem.driver.address_free", "gpumem.driver.create",
+                             "gpumem.driver.release", "gpumem.driver.map", "gpumem.driver.set_access",
+                             "gpumem.driver.unmap", "gpumem.wait.sync_stream", "gpumem.wait.sync_event",
+                             "gpumem.event.record", "gpumem.event.query"}) {
+    for (const char* field : {".calls", ".ns", ".max_ns"}) {
+      const std::string k = std::string(prefix) + field;
+      INFO(k);
+      REQUIRE(keys.count(k) == 1);
+      CHECK(keys.at(k) == 0);
+      ++seen;
+    }
+  }
+  CHECK(seen == 33);
+  live.free_all();
+  // A device with no engine reads the same keys, zero.
+  const auto none = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 7));
+  CHECK(none.at("gpumem.driver.timed") == 0);
+  CHECK(none.at("gpumem.driver.map.calls") == 0);
+  CHECK(none.at("gpumem.wait.sync_stream.ns") == 0);
 }

@@ -3,10 +3,19 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <utility>
+
 #include "c10_stats.h"
 #include "engines.h"
 #include "gpumem/forensics/engine_snapshot.h"
 #include "gpumem/forensics/snapshot_writer.h"
+#if defined(GPUMEM_HAVE_CUDA)
+#include "gpumem/alloc/cuda_sources.h"
+#endif
 
 namespace gpumem::torch {
 namespace {
@@ -17,6 +26,75 @@ detail::DeviceEngine& existing_engine(c10::Device device) {
               device.is_cpu() ? " (call gpumem::torch::install_cpu() first)"
                               : " (install gpumem and allocate on that device first)");
   return *de;
+}
+
+// Note [Driver and wait keys]: where a step's time goes in the driver and in stream waits.
+// gpumem.driver.<call>.{calls,ns,max_ns}: the CUDA VMM source's driver calls (CudaVmmCallTimes);
+// gpumem.wait.{sync_stream,sync_event}.* and gpumem.event.{record,query}.*: the device's CUDA
+// stream events (CudaEventCallTimes). Host wall time, cumulative since the engine was made (the
+// device's private pools share its source and events, so they are included); not reset by
+// reset_accumulated_stats, so readers take differences. gpumem.driver.timed / gpumem.wait.timed
+// say whether the numbers are measured (1) or the source / events are not CUDA ones (0: the keys
+// are present and zero: source:cuda_malloc, source:sim, the CPU engine, no engine yet).
+struct CallTime {
+  std::uint64_t calls = 0, total_ns = 0, max_ns = 0;
+};
+
+#if defined(GPUMEM_HAVE_CUDA)
+CallTime copy(const alloc::CudaCallTime& t) { return {t.calls, t.total_ns, t.max_ns}; }
+#endif
+
+void add_call_keys(std::map<std::string, std::int64_t>& out, const std::string& prefix,
+                   std::initializer_list<std::pair<const char*, CallTime>> keys) {
+  for (const auto& [name, time] : keys) {
+    const std::string base = prefix + name;
+    out[base + ".calls"] = static_cast<std::int64_t>(time.calls);
+    out[base + ".ns"] = static_cast<std::int64_t>(time.total_ns);
+    out[base + ".max_ns"] = static_cast<std::int64_t>(time.max_ns);
+  }
+}
+
+void add_driver_and_wait_keys(const detail::DeviceEngine* de, std::map<std::string, std::int64_t>& out) {
+  CallTime reserve, address_free, create, release, map, set_access, unmap;
+  CallTime sync_stream, sync_event, record, query;
+  bool driver_timed = false, waits_timed = false;
+#if defined(GPUMEM_HAVE_CUDA)
+  if (de != nullptr) {
+    if (const auto* vmm = dynamic_cast<const alloc::CudaVmmSource*>(&de->source->inner())) {
+      const alloc::CudaVmmCallTimes t = vmm->call_times();
+      reserve = copy(t.address_reserve);
+      address_free = copy(t.address_free);
+      create = copy(t.create);
+      release = copy(t.release);
+      map = copy(t.map);
+      set_access = copy(t.set_access);
+      unmap = copy(t.unmap);
+      driver_timed = true;
+    }
+    if (const auto* events = dynamic_cast<const alloc::CudaStreamEvents*>(de->device_events.get())) {
+      const alloc::CudaEventCallTimes t = events->call_times();
+      sync_stream = copy(t.synchronize_stream);
+      sync_event = copy(t.synchronize);
+      record = copy(t.record);
+      query = copy(t.query);
+      waits_timed = true;
+    }
+  }
+#else
+  (void)de;
+#endif
+  out["gpumem.driver.timed"] = driver_timed ? 1 : 0;
+  out["gpumem.wait.timed"] = waits_timed ? 1 : 0;
+  add_call_keys(out, "gpumem.driver.",
+                {{"address_reserve", reserve},
+                 {"address_free", address_free},
+                 {"create", create},
+                 {"release", release},
+                 {"map", map},
+                 {"set_access", set_access},
+                 {"unmap", unmap}});
+  add_call_keys(out, "gpumem.wait.", {{"sync_stream", sync_stream}, {"sync_event", sync_event}});
+  add_call_keys(out, "gpumem.event.", {{"record", record}, {"query", query}});
 }
 
 }  // namespace
@@ -36,7 +114,8 @@ void reset_accumulated_stats(c10::Device device) {
 
 std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   alloc::DeviceStatsView view;
-  if (detail::DeviceEngine* de = detail::find_engine(device)) {
+  detail::DeviceEngine* de = detail::find_engine(device);
+  if (de != nullptr) {
     view = de->stats->stats();
   } else {
     view.max_split_size = -1;
@@ -44,6 +123,7 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   std::map<std::string, std::int64_t> out;
   for (auto& [key, value] : alloc::to_memory_stats(view)) out.emplace(std::move(key), value);
   for (auto& [key, value] : alloc::to_gpumem_stats(view)) out.emplace(std::move(key), value);
+  add_driver_and_wait_keys(de, out);
   return out;
 }
 
