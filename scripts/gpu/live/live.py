@@ -42,7 +42,9 @@ after every run; the table), OUT/summary.json (its rows, bytes), OUT/live-logs.t
 child's log). The table prints last: per (workload, mode) the median of the runs' step times (training: median of the timed steps;
 generate: mean of the timed calls, the same calls in every mode) with min..max over repetitions,
 the ratio to native within each repetition (median, min..max), the process's CPU time per step
-and its difference to the mode's base within each repetition, peak reserved / requested (bytes
+and its difference to the mode's base within each repetition, the gpumem modes' driver and
+stream-wait milliseconds per timed step (gpumem.driver.* / gpumem.wait.* keys read around every
+step, outside the timed region; a second table breaks them down by call), peak reserved / requested (bytes
 in the JSON, GiB in the table) and their ratio, and whether losses / generated tokens equal
 native's.
 """
@@ -522,6 +524,74 @@ def cuda_available(torch):
     return torch.cuda.is_available()
 
 
+# ---- driver calls and stream waits per step (gpumem modes) --------------------------------------
+# gpumem.stats / torch.ops.gpumem.memory_stats carry cumulative host times of the CUDA VMM source's
+# driver calls and of the CUDA events' waits (docs/torch_adapter.md, "gpumem's own keys"). A gpumem
+# run reads them before its first step and after each step's closing synchronize (outside the timed
+# region) and keeps each step's differences.
+
+DRIVER_CALLS = ("address_reserve", "address_free", "create", "release", "map", "set_access", "unmap")
+WAIT_CALLS = ("sync_stream", "sync_event")
+EVENT_CALLS = ("record", "query")
+CALL_KEYS = (tuple("gpumem.driver." + c for c in DRIVER_CALLS) + tuple("gpumem.wait." + c for c in WAIT_CALLS)
+             + tuple("gpumem.event." + c for c in EVENT_CALLS))
+
+
+def read_call_times(stats):
+    """The driver / wait / event counters of one memory_stats read: {"timed": {"driver", "wait"},
+    "calls": {short key: (calls, ns, max_ns)}} (short key: "driver.map", "wait.sync_stream", ...).
+    Keys that are absent (a gpumem without them) read as 0."""
+    out = {"timed": {"driver": bool(stats.get("gpumem.driver.timed", 0)),
+                     "wait": bool(stats.get("gpumem.wait.timed", 0))}, "calls": {}}
+    for k in CALL_KEYS:
+        out["calls"][k[len("gpumem."):]] = (int(stats.get(k + ".calls", 0)), int(stats.get(k + ".ns", 0)),
+                                           int(stats.get(k + ".max_ns", 0)))
+    return out
+
+
+def step_call_deltas(reads):
+    """reads: one read_call_times() before the first step and one after each step. Per step: the
+    driver ns and calls (all driver calls), the wait ns and calls (sync_stream + sync_event), the
+    event ns and calls (record + query), and each call kind's (calls, ns) difference."""
+    steps = []
+    for a, b in zip(reads, reads[1:]):
+        d = {k: (b["calls"][k][0] - a["calls"][k][0], b["calls"][k][1] - a["calls"][k][1]) for k in b["calls"]}
+        step = {"by_call": d}
+        for group in ("driver", "wait", "event"):
+            step[group + "_calls"] = sum(c for k, (c, _) in d.items() if k.startswith(group + "."))
+            step[group + "_ns"] = sum(ns for k, (_, ns) in d.items() if k.startswith(group + "."))
+        steps.append(step)
+    return steps
+
+
+def call_time_result(reads, warm, step_s):
+    """What a run's result keeps of the per-step reads: per-step lists over every step
+    (driver_ns_all, driver_calls_all, wait_ns_all, wait_calls_all, event_ns_all, event_calls_all),
+    means per timed step in seconds and counts (driver_s, wait_s, event_s, driver_calls_per_step,
+    wait_calls_per_step), their shares of the timed steps' summed wall time (driver_share,
+    wait_share), per call kind over the timed steps {calls, ns, max_ns_run} (calls_timed; max_ns_run
+    is the longest call of the whole run), and whether the keys were measured (calls_timed_by)."""
+    steps = step_call_deltas(reads)
+    out = {}
+    for group in ("driver", "wait", "event"):
+        out[group + "_ns_all"] = [s[group + "_ns"] for s in steps]
+        out[group + "_calls_all"] = [s[group + "_calls"] for s in steps]
+    timed = steps[warm:]
+    n = len(timed)
+    wall = sum(step_s[warm:])
+    for group in ("driver", "wait", "event"):
+        ns = sum(s[group + "_ns"] for s in timed)
+        out[group + "_s"] = ns / 1e9 / n if n else None
+        out[group + "_calls_per_step"] = sum(s[group + "_calls"] for s in timed) / n if n else None
+        out[group + "_share"] = ns / 1e9 / wall if n and wall > 0 else None
+    last = reads[-1]["calls"]
+    out["calls_timed"] = {k: {"calls": sum(s["by_call"][k][0] for s in timed),
+                              "ns": sum(s["by_call"][k][1] for s in timed),
+                              "max_ns_run": last[k][2]} for k in last}
+    out["calls_timed_by"] = reads[-1]["timed"]
+    return out
+
+
 def run_child(spec):
     """One run, in this (fresh) process: returns the result dict. Raises RunError with the reason
     when the run cannot be made."""
@@ -585,6 +655,11 @@ def run_child(spec):
     # time (every thread: the caller, autograd's device threads) and the calling thread's.
     call_s, cpu_s, thread_cpu_s = [], [], []
     allocs_before = None
+    # gpumem modes: the driver / wait counters before the first step and after each step.
+    read_calls = None
+    if mode.kind == "gpumem":
+        read_calls = lambda: read_call_times(torch.ops.gpumem.memory_stats(device))  # noqa: E731
+    call_reads = [read_calls()] if read_calls else []
     t1 = time.monotonic()
     for i in range(steps):
         if cuda and i == warm:
@@ -599,6 +674,8 @@ def run_child(spec):
         step_s.append(time.perf_counter() - ts)
         cpu_s.append(c1 - c0)
         thread_cpu_s.append(tc1 - tc0)
+        if read_calls:
+            call_reads.append(read_calls())
         outs = ctx.take_observed()
         if "loss" in outs:
             losses.append(outs["loss"])
@@ -622,6 +699,8 @@ def run_child(spec):
                     {"kind": "tokens", "values": tokens} if tokens else None),
         "model": built.model, "threads": torch.get_num_threads(),
     })
+    if call_reads:
+        res.update(call_time_result(call_reads, warm, step_s))
     if cuda:
         stats = torch.cuda.memory_stats(device)
         res.update({
@@ -846,6 +925,11 @@ def describe_run(spec, res, native):
             res["cpu_s"] * 1000, res.get("thread_cpu_s", 0) * 1000, res.get("call_s", 0) * 1000))
     if res.get("allocs_per_step") is not None:
         parts.append("%.0f allocations per step" % res["allocs_per_step"])
+    if res.get("driver_s") is not None:
+        parts.append("driver %.2f ms per step (%.1f calls), waits %.2f ms (%.1f), events %.2f ms (%.1f)%s" % (
+            res["driver_s"] * 1000, res["driver_calls_per_step"], res["wait_s"] * 1000, res["wait_calls_per_step"],
+            res["event_s"] * 1000, res["event_calls_per_step"],
+            "" if res.get("calls_timed_by", {}).get("driver") else " (driver calls not timed: not the CUDA VMM source)"))
     if res.get("peak_reserved") is not None:
         parts.append("peak reserved %.3f GiB, requested %.3f GiB (%.4f)" % (
             res["peak_reserved"] / report.GiB, res["peak_requested"] / report.GiB,
@@ -879,6 +963,10 @@ def write_summary(path, header, results, order):
     pr = report.problems(results)
     if pr:
         text += ["", "runs that did not finish ok:"] + ["  " + l for l in pr]
+    dt = report.driver_table(rows)
+    if dt:
+        text += ["", "driver calls and stream waits per timed step (gpumem modes; host wall time in the calls, "
+                 "outside them nothing; share = of the summed step time):", dt]
     text += ["", "where the time went (means per run):", report.phase_table(results)]
     body = "\n".join(text) + "\n"
     tmp = path + ".tmp"

@@ -125,6 +125,28 @@ def outputs_summary(runs, workload, mode, ref):
             "max_abs_diff": max(diffs) if diffs else None}
 
 
+def calls_by_kind(runs):
+    """Per call kind ("driver.map", "wait.sync_stream", ...), over the runs that carry calls_timed:
+    the spread of calls per timed step and of ms per timed step, and the longest call of any run
+    (ms). None when no run carries them."""
+    have = [r for r in runs if r.get("calls_timed") and r.get("steps") is not None]
+    if not have:
+        return None
+    out = {}
+    for kind in have[0]["calls_timed"]:
+        per_run = []
+        for r in have:
+            n = r["steps"] - r.get("warmup", 0)
+            c = r["calls_timed"].get(kind)
+            if c is not None and n > 0:
+                per_run.append((c["calls"] / n, c["ns"] / 1e6 / n, c["max_ns_run"] / 1e6))
+        if per_run:
+            out[kind] = {"calls_per_step": spread([x[0] for x in per_run]),
+                         "ms_per_step": spread([x[1] for x in per_run]),
+                         "max_ms": max(x[2] for x in per_run)}
+    return out
+
+
 def summarize(results, order):
     """One row per (workload, mode) in `order` (a list of (workload, [modes])): counts by status,
     spreads of step time and peaks, ratios to native and to the mode's base, outputs compared."""
@@ -152,6 +174,20 @@ def summarize(results, order):
                 "thread_cpu_vs_base_s": (spread(per_rep_differences(runs, workload, mode, base, "thread_cpu_s"))
                                          if base else None),
                 "allocs_per_step": spread([r.get("allocs_per_step") for r in good]),
+                # gpumem modes: driver calls, stream waits and event calls per timed step (means
+                # over a run's timed steps; their spread over repetitions), and their share of the
+                # run's summed step time.
+                "driver_s": spread([r.get("driver_s") for r in good]),
+                "wait_s": spread([r.get("wait_s") for r in good]),
+                "event_s": spread([r.get("event_s") for r in good]),
+                "driver_calls_per_step": spread([r.get("driver_calls_per_step") for r in good]),
+                "wait_calls_per_step": spread([r.get("wait_calls_per_step") for r in good]),
+                "event_calls_per_step": spread([r.get("event_calls_per_step") for r in good]),
+                "driver_share": spread([r.get("driver_share") for r in good]),
+                "wait_share": spread([r.get("wait_share") for r in good]),
+                "calls_timed": calls_by_kind(good),
+                "driver_timed": (all((r.get("calls_timed_by") or {}).get("driver") for r in good)
+                                 if any(r.get("calls_timed_by") for r in good) else None),
                 "peak_reserved": spread([r.get("peak_reserved") for r in good]),
                 "peak_requested": spread([r.get("peak_requested") for r in good]),
                 "peak_allocated": spread([r.get("peak_allocated") for r in good]),
@@ -195,7 +231,8 @@ def fmt_outputs(o, is_ref):
 
 def format_table(rows):
     head = ("workload", "mode", "ok", "step ms", "vs native", "vs base", "CPU ms/step", "CPU vs base ms",
-            "peak reserved GiB", "peak requested GiB", "reserved/requested", "outputs")
+            "driver ms/step", "wait ms/step", "peak reserved GiB", "peak requested GiB", "reserved/requested",
+            "outputs")
     lines = []
     for r in rows:
         ok = "%d/%d" % (r["ok"], r["runs"])
@@ -207,6 +244,8 @@ def format_table(rows):
         cpu = fmt_spread(r.get("cpu_s"), 1000.0, 1)
         cpu_vs = "-" if not r["base"] else "%s: %s" % (r["base"], fmt_spread(r.get("cpu_vs_base_s"), 1000.0, 2))
         lines.append((r["workload"], r["mode"], ok, step, vs_native, vs_base, cpu, cpu_vs,
+                      fmt_spread(r.get("driver_s"), 1000.0, 2) if r.get("driver_timed") is not False else "not timed",
+                      fmt_spread(r.get("wait_s"), 1000.0, 2),
                       fmt_spread(r["peak_reserved"], 1 / GiB, 3),
                       fmt_spread(r["peak_requested"], 1 / GiB, 3),
                       fmt_spread(r["reserved_over_requested"], digits=4),
@@ -217,6 +256,48 @@ def format_table(rows):
         out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
         if i == 0:
             out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def pct(s):
+    return "-" if s is None else fmt_spread(s, 100.0, 2, "%")
+
+
+def driver_table(rows):
+    """The gpumem modes' driver calls and stream waits per timed step (means over a run's timed
+    steps; median and min..max over repetitions): totals with their share of the step time, then
+    each call kind's calls and ms per step and its longest call. Empty when no row has them."""
+    have = [r for r in rows if r.get("driver_s") or r.get("wait_s")]
+    if not have:
+        return ""
+    head = ("workload", "mode", "step ms", "driver ms/step", "driver share", "driver calls/step",
+            "wait ms/step", "wait share", "waits/step", "event ms/step", "events/step")
+    lines = []
+    for r in have:
+        step = fmt_spread(r["step_s"], 1000.0, 1)
+        driver = fmt_spread(r["driver_s"], 1000.0, 3) if r.get("driver_timed") is not False else "not timed"
+        lines.append((r["workload"], r["mode"], step, driver, pct(r.get("driver_share")),
+                      fmt_spread(r.get("driver_calls_per_step"), digits=1),
+                      fmt_spread(r.get("wait_s"), 1000.0, 3), pct(r.get("wait_share")),
+                      fmt_spread(r.get("wait_calls_per_step"), digits=1),
+                      fmt_spread(r.get("event_s"), 1000.0, 3),
+                      fmt_spread(r.get("event_calls_per_step"), digits=1)))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = []
+    for i, line in enumerate([head] + lines):
+        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    kinds = []
+    for r in have:
+        for kind, c in sorted((r.get("calls_timed") or {}).items()):
+            if c["calls_per_step"]["max"] == 0:
+                continue
+            kinds.append("  %-18s %-14s %-17s %s calls/step, %s ms/step, longest call %.3f ms" % (
+                r["workload"], r["mode"], kind, fmt_spread(c["calls_per_step"], digits=2),
+                fmt_spread(c["ms_per_step"], digits=3), c["max_ms"]))
+    if kinds:
+        out += ["", "by call (timed steps; kinds not listed made no call):"] + kinds
     return "\n".join(out)
 
 

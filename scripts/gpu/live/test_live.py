@@ -136,7 +136,7 @@ class ReportTest(unittest.TestCase):
         self.assertTrue(lines[0].startswith("workload"))
         self.assertRegex(table, r"w\s+native\s+3/3\s+200\.0 \(180\.0\.\.240\.0\)\s+1 \(ref\)")
         self.assertRegex(table, r"w\s+gpumem\s+3/3\s+\S+ \(\S+\)\s+1\.000 \(0\.950\.\.1\.050\)\s+-\s+"
-                                r"50\.0 \(40\.0\.\.60\.0\)\s+-\s+"
+                                r"50\.0 \(40\.0\.\.60\.0\)\s+-\s+-\s+-\s+"
                                 r"24\.500 \(24\.000\.\.25\.000\)\s+23\.000\s+1\.0652 \(1\.0435\.\.1\.0870\)")
         self.assertRegex(table, r"gpumem_trace\s+3/3\s+.*gpumem: 1\.020\s+51\.0 \(41\.5\.\.62\.0\)\s+"
                                 r"gpumem: 1\.50 \(1\.00\.\.2\.00\)\s")
@@ -433,6 +433,86 @@ def spec_for(mode, **kw):
     return s
 
 
+def fake_stats(driver_map=(0, 0, 0), sync_stream=(0, 0, 0), timed=1):
+    """A memory_stats dict with the driver / wait keys: every count 0 but driver.map and
+    wait.sync_stream, given as (calls, ns, max_ns)."""
+    d = {"gpumem.driver.timed": timed, "gpumem.wait.timed": timed}
+    for k in live.CALL_KEYS:
+        for f in (".calls", ".ns", ".max_ns"):
+            d[k + f] = 0
+    for key, v in (("gpumem.driver.map", driver_map), ("gpumem.wait.sync_stream", sync_stream)):
+        d[key + ".calls"], d[key + ".ns"], d[key + ".max_ns"] = v
+    return d
+
+
+class CallTimeTest(unittest.TestCase):
+    """The per-step driver / wait deltas a gpumem run keeps, and how the report shows them."""
+
+    def test_deltas(self):
+        reads = [live.read_call_times(fake_stats()),
+                 live.read_call_times(fake_stats((4, 4000, 2000), (1, 500, 500))),   # warm-up: a growth
+                 live.read_call_times(fake_stats((4, 4000, 2000), (3, 1500, 600))),  # two waits
+                 live.read_call_times(fake_stats((6, 7000, 2000), (3, 1500, 600)))]  # two maps
+        steps = live.step_call_deltas(reads)
+        self.assertEqual([s["driver_ns"] for s in steps], [4000, 0, 3000])
+        self.assertEqual([s["wait_calls"] for s in steps], [1, 2, 0])
+        self.assertEqual(steps[2]["by_call"]["driver.map"], (2, 3000))
+        self.assertEqual(steps[0]["by_call"]["event.record"], (0, 0))
+        res = live.call_time_result(reads, 1, [0.1, 0.001, 0.002])
+        self.assertEqual(res["driver_ns_all"], [4000, 0, 3000])
+        self.assertEqual(res["wait_ns_all"], [500, 1000, 0])
+        self.assertAlmostEqual(res["driver_s"], 1500e-9)          # 3000 ns over 2 timed steps
+        self.assertAlmostEqual(res["wait_s"], 500e-9)
+        self.assertEqual(res["driver_calls_per_step"], 1.0)
+        self.assertAlmostEqual(res["driver_share"], 3000e-9 / 0.003)
+        self.assertEqual(res["calls_timed"]["driver.map"], {"calls": 2, "ns": 3000, "max_ns_run": 2000})
+        self.assertEqual(res["calls_timed"]["wait.sync_stream"]["calls"], 2)
+        self.assertEqual(res["calls_timed_by"], {"driver": True, "wait": True})
+        self.assertEqual(sorted(res["calls_timed"]), sorted(k[len("gpumem."):] for k in live.CALL_KEYS))
+        # A gpumem without the keys (or another source): zeros, said to be untimed.
+        blank = live.read_call_times({})
+        self.assertEqual(blank["timed"], {"driver": False, "wait": False})
+        self.assertEqual(live.call_time_result([blank, blank], 0, [0.01])["driver_s"], 0.0)
+
+    def test_report(self):
+        res = []
+        for rep in range(3):
+            res.append(run_result("w", "native", rep, 0.100, 4 * GiB, 3 * GiB))
+            g = run_result("w", "gpumem", rep, 0.100 + rep * 0.001, 4 * GiB, 3 * GiB, steps=5, warmup=1,
+                           driver_s=0.001 * (rep + 1), wait_s=0.0005, event_s=0.0001, driver_calls_per_step=10.0,
+                           wait_calls_per_step=1.0, event_calls_per_step=2.0, driver_share=0.01 * (rep + 1),
+                           wait_share=0.005, calls_timed_by={"driver": True, "wait": True},
+                           calls_timed={"driver.map": {"calls": 40, "ns": 4_000_000, "max_ns_run": 900_000 * (rep + 1)},
+                                        "driver.unmap": {"calls": 0, "ns": 0, "max_ns_run": 0}})
+            res.append(g)
+        rows = report.summarize(res, [("w", ["native", "gpumem"])])
+        g = rows[1]
+        self.assertEqual(g["driver_s"]["median"], 0.002)
+        self.assertEqual((g["driver_share"]["min"], g["driver_share"]["max"]), (0.01, 0.03))
+        self.assertTrue(g["driver_timed"])
+        self.assertIsNone(rows[0]["driver_s"])
+        self.assertIsNone(rows[0]["driver_timed"])
+        self.assertEqual(g["calls_timed"]["driver.map"]["calls_per_step"]["median"], 10.0)
+        self.assertEqual(g["calls_timed"]["driver.map"]["ms_per_step"]["median"], 1.0)
+        self.assertAlmostEqual(g["calls_timed"]["driver.map"]["max_ms"], 2.7)
+        table = report.format_table(rows)
+        self.assertIn("driver ms/step", table.splitlines()[0])
+        self.assertRegex(table, r"gpumem .* 2\.00 \(1\.00\.\.3\.00\)\s+0\.50\s")
+        dt = report.driver_table(rows)
+        self.assertRegex(dt, r"w\s+gpumem\s+101\.0 \(100\.0\.\.102\.0\)\s+2\.000 \(1\.000\.\.3\.000\)\s+"
+                             r"2\.00% \(1\.00\.\.3\.00\)\s+10\.0\s+0\.500\s+0\.50%\s+1\.0\s+0\.100\s+2\.0")
+        self.assertIn("driver.map        10.00 calls/step, 1.000 ms/step, longest call 2.700 ms", dt)
+        self.assertNotIn("driver.unmap", dt)  # no call of that kind
+        self.assertEqual(report.driver_table(rows[:1]), "")  # native only: no table
+        # Untimed driver (another source): said so instead of a zero.
+        for r in res:
+            if r["mode"] == "gpumem":
+                r["calls_timed_by"] = {"driver": False, "wait": True}
+        rows = report.summarize(res, [("w", ["native", "gpumem"])])
+        self.assertIn("not timed", report.format_table(rows).splitlines()[3])
+        self.assertIn("not timed", report.driver_table(rows))
+
+
 class ChildTest(unittest.TestCase):
     """run_child's GPU path in forked children, torch.cuda stood in (the parent here never runs
     torch's parallel CPU code, as live.py's parent does not: OpenMP does not survive fork)."""
@@ -538,6 +618,13 @@ class ChildTest(unittest.TestCase):
         self.assertEqual(res["backend"], "gpumem")
         self.assertEqual(res["alloc_env"], {"GPUMEM_ALLOC_CONF": "trace_entries:100000"})
         self.assertIn("backend gpumem", res["settings"]["verified"])
+        # The driver / wait counters were read around every step; the CPU stands in for the GPU
+        # here, whose engine gpumem never made: the keys read 0 and say they are not timed.
+        self.assertEqual(len(res["driver_ns_all"]), 3)
+        self.assertEqual(len(res["wait_calls_all"]), 3)
+        self.assertEqual(res["calls_timed_by"], {"driver": False, "wait": False})
+        self.assertEqual(res["driver_s"], 0.0)
+        self.assertIn("driver.set_access", res["calls_timed"])
         bad = live.Mode("gpumem_bad", "gpumem", "expandable_segment:True")
         res, log = self.run_in_child(spec_for(bad))
         self.assertEqual(res["status"], "failed")
@@ -578,6 +665,12 @@ class DryRunTest(unittest.TestCase):
             with open(os.path.join(d, "summary.json")) as f:
                 rows = json.load(f)["rows"]
             self.assertEqual([r["mode"] for r in rows], modes.split(","))
+            for row in rows:  # the driver / wait columns: gpumem modes only (untimed on the CPU)
+                self.assertEqual(row["driver_timed"], False if row["mode"] == "gpumem" else None)
+            if LIB:
+                self.assertTrue(all(len(x["driver_ns_all"]) == 2 for x in results if x["mode"] == "gpumem"))
+                self.assertRegex(summary, r"gpt2_varlen_train\s+gpumem\s+.*not timed")
+                self.assertIn("driver calls and stream waits per timed step", summary)
             self.assertIn("DRY RUN", r.stdout)
             self.assertTrue(r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1]))
 
