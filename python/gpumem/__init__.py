@@ -297,6 +297,14 @@ def stats(device: DeviceLike = "cuda") -> Dict[str, int]:
     Works however gpumem was installed (also under ``CUDAPluggableAllocator``, where
     ``torch.cuda.memory_stats()`` raises) and for the CPU engine (``device="cpu"``). A device gpumem
     has not served yet reads as zeros.
+
+    gpumem's own keys include where time goes outside the allocator's bookkeeping:
+    ``gpumem.driver.<call>.calls`` / ``.ns`` / ``.max_ns`` for the CUDA driver's virtual memory
+    calls (``address_reserve``, ``address_free``, ``create``, ``release``, ``map``, ``set_access``,
+    ``unmap``), ``gpumem.wait.sync_stream.*`` / ``gpumem.wait.sync_event.*`` for stream and event
+    waits and ``gpumem.event.record.*`` / ``gpumem.event.query.*``: cumulative host nanoseconds since
+    the engine was made (take differences). ``gpumem.driver.timed`` / ``gpumem.wait.timed`` are 0,
+    and those keys 0, when the source is not the CUDA VMM one (docs/torch_adapter.md).
     """
     load()
     return {str(k): int(v) for k, v in _torch().ops.gpumem.memory_stats(_device(device)).items()}
