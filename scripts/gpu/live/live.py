@@ -20,6 +20,10 @@ gpt2_varlen_train, llama_train, llama_train_ckpt, gpt2_generate. Modes:
     native_history  native with torch.cuda.memory._record_memory_history(max_entries=100000)
                     started before the model (PyTorch's own history, the anchor of issue 14)
 
+--cpus LIST pins every run (os.sched_setaffinity in the child, before its threads and CUDA start)
+and makes len(LIST) the runs' torch threads unless --threads says otherwise; the header says
+whether the runs were pinned.
+
 --mode-conf NAME=CONF adds a gpumem mode (or redefines one): e.g.
 --mode-conf gpumem_classic=expandable_segments:False. Every workload runs native, expandable and
 gpumem (plus the modes --mode-conf adds); gpt2_varlen_train also runs gpumem_trace, gpumem_ops and
@@ -192,7 +196,10 @@ def parse_args(argv):
                     help="seconds one run may take (default: 4x its estimate, at least 60)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch.set_num_threads in each run (default: torch's default)")
+                    help="torch.set_num_threads in each run (default: the number of --cpus, else torch's default)")
+    ap.add_argument("--cpus", default=None, metavar="LIST",
+                    help="pin every run to these CPUs (e.g. 0-7 or 0,2,4-7; os.sched_setaffinity in the child "
+                         "before it sets its threads or starts CUDA); default: not pinned")
     ap.add_argument("--out", default=os.environ.get("OUT") or "live-out",
                     help="results directory (default: $OUT, else ./live-out)")
     ap.add_argument("--work", default=None,
@@ -227,6 +234,10 @@ def parse_args(argv):
         ap.error("--deadline-s and --run-timeout-s must be positive, --grace-s not negative")
     if args.threads is not None and args.threads < 1:
         ap.error("--threads must be at least 1")
+    try:
+        args.cpu_list = parse_cpu_list(args.cpus) if args.cpus is not None else None
+    except ValueError as err:
+        ap.error(str(err))
     for name, n in list(args.steps_by.items()) + list(args.warmup_by.items()):
         if name not in args.workload_list:
             ap.error("--steps/--warmup name %r, which is not among --workloads (%s)"
@@ -251,6 +262,42 @@ def parse_args(argv):
             ap.error("--modes names a mode twice: %s" % args.modes)
         args.modes_by[w] = modes
     return args
+
+
+def format_cpu_list(cpus):
+    """[0, 1, 2, 3, 6] -> '0-3,6'."""
+    parts, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else "%d-%d" % (cpus[i], cpus[j]))
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_cpu_list(text, allowed=None):
+    """--cpus: '0-7', '0,2,4-7' -> the sorted CPU numbers. Raises ValueError naming the problem and
+    the fix when the list is malformed or names CPUs this process may not run on (allowed: a set,
+    default os.sched_getaffinity(0))."""
+    cpus = set()
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError("--cpus %r: %r is not a CPU number or a range like 0-7; write e.g. --cpus 0-7 or "
+                             "--cpus 0,2,4-7" % (text, part))
+        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+        if hi < lo:
+            raise ValueError("--cpus %r: the range %s runs backwards; write %d-%d" % (text, part, hi, lo))
+        cpus.update(range(lo, hi + 1))
+    if allowed is None:
+        allowed = os.sched_getaffinity(0)
+    missing = sorted(cpus - set(allowed))
+    if missing:
+        raise ValueError("--cpus %r: CPU(s) %s are not available to this process (it may run on %s); "
+                         "choose among those" % (text, format_cpu_list(missing), format_cpu_list(sorted(allowed))))
+    return sorted(cpus)
 
 
 def mode_definitions(mode_confs):
@@ -599,13 +646,17 @@ def run_child(spec):
     t0 = time.monotonic()
     mode = Mode.from_dict(spec["mode_def"])
     apply_mode_env(mode)
+    if spec.get("cpus"):
+        # Before torch's thread pools start and before CUDA: every thread this run makes inherits it.
+        os.sched_setaffinity(0, spec["cpus"])
     import torch
     if torch.cuda.is_initialized():
         raise RunError("CUDA was already initialized when the run began: the forking parent must not use CUDA")
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     res = {"pid": os.getpid(), "alloc_env": {k: v for k, v in mode.env().items() if v is not None},
-           "torch": torch.__version__}
+           "torch": torch.__version__, "cpus": format_cpu_list(sorted(os.sched_getaffinity(0))),
+           "pinned": bool(spec.get("cpus"))}
     phases = {}
     if mode.kind == "gpumem":
         t1 = time.monotonic()
@@ -940,6 +991,8 @@ def describe_run(spec, res, native):
             parts.append("%s %s native's in %d/%d steps%s" % (
                 c["kind"], "equal" if c["equal"] == c["compared"] else "differ from", c["equal"], c["compared"],
                 ", max |diff| %.3g" % c["max_abs_diff"] if c.get("max_abs_diff") else ""))
+    if res.get("pinned"):
+        parts.append("pinned to CPUs %s" % res.get("cpus"))
     s = res.get("settings", {})
     env = ", ".join("%s=%r" % kv for kv in res.get("alloc_env", {}).items()) or "no allocator variables"
     parts.append("%s; backend %s; %s" % (env, s.get("backend"), "; ".join(s.get("verified", []))))
@@ -1065,7 +1118,7 @@ def main(argv=None):
         import workloads
         default_threads = None  # each run keeps torch's default
         versions = "(libraries imported by each run)"
-    threads = args.threads or default_threads
+    threads = args.threads or (len(args.cpu_list) if args.cpu_list else default_threads)
     import_s = time.monotonic() - t0
     unknown = [w for w in args.workload_list if w not in workloads.WORKLOADS
                or workloads.WORKLOADS[w].kind != "python"]
@@ -1085,7 +1138,9 @@ def main(argv=None):
         "live side by side: %s; %s" % (versions, "DRY RUN on the CPU (tiny shapes)" if args.dry_run_cpu else "GPU 0"),
         "%d repetition%s, %s, seed %d, %s per run%s" % (
             args.reps, "" if args.reps == 1 else "s", "each run forked from one parent" if use_fork else "each run a new interpreter",
-            args.seed, "%d threads" % threads if threads else "torch's default threads",
+            args.seed, ("%d threads" % threads if threads else "torch's default threads") + (
+                ", pinned to CPUs %s (%d)" % (format_cpu_list(args.cpu_list), len(args.cpu_list))
+                if args.cpu_list else ", not pinned"),
             "" if not uses_gpumem else "; gpumem: %s" % (
                 args.lib if args.gpumem_via == "library" else "the Python package")),
         "step ms: each run's step time (median of its timed steps; generate: mean of its timed calls), then the "
@@ -1210,7 +1265,7 @@ def one_run(spec, args, runner, prebuild, prebuilt, work, hard_end, now, threads
                 % (w, type(err).__name__, err))
     mode = args.mode_defs[spec["mode"]]
     full = dict(spec, mode_def=mode.as_dict(), seed=args.seed, tiny=args.dry_run_cpu,
-                cuda=not args.dry_run_cpu, threads=threads,
+                cuda=not args.dry_run_cpu, threads=threads, cpus=args.cpu_list,
                 lib=args.lib, gpumem_via=args.gpumem_via, prebuilt=bool(prebuilt.get(w)),
                 history_entries=HISTORY_ENTRIES, history_stacks=args.history_stacks)
     log_name = "%02d-rep%d-%s-%s.log" % (spec["index"] + 1, spec["rep"] + 1, w, spec["mode"])

@@ -445,6 +445,25 @@ def fake_stats(driver_map=(0, 0, 0), sync_stream=(0, 0, 0), timed=1):
     return d
 
 
+class CpuListTest(unittest.TestCase):
+    def test_parse(self):
+        allowed = set(range(16))
+        self.assertEqual(live.parse_cpu_list("0-7", allowed), list(range(8)))
+        self.assertEqual(live.parse_cpu_list("0,2,4-6, 3", allowed), [0, 2, 3, 4, 5, 6])
+        self.assertEqual(live.format_cpu_list([0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9")
+        for text, words in (("x", "is not a CPU number"), ("7-3", "runs backwards; write 3-7"),
+                            ("0-20", "CPU(s) 16-20 are not available"), ("", "is not a CPU number")):
+            with self.assertRaises(ValueError) as cm:
+                live.parse_cpu_list(text, allowed)
+            self.assertIn(words, str(cm.exception))
+
+    def test_args(self):
+        first = min(os.sched_getaffinity(0))
+        args = live.parse_args(["--cpus", str(first), "--workloads", "gpt2_varlen_train"])
+        self.assertEqual(args.cpu_list, [first])
+        self.assertIsNone(live.parse_args(["--workloads", "gpt2_varlen_train"]).cpu_list)
+
+
 class CallTimeTest(unittest.TestCase):
     """The per-step driver / wait deltas a gpumem run keeps, and how the report shows them."""
 
@@ -567,7 +586,15 @@ class ChildTest(unittest.TestCase):
         self.assertEqual(res["outputs"]["kind"], "loss")
         self.assertEqual(len(res["outputs"]["values"]), 3)
         self.assertEqual(res["history_calls"], [])
+        self.assertFalse(res["pinned"])
         native_losses = res["outputs"]["values"]
+        # --cpus: the child pins itself before its threads start.
+        first = min(os.sched_getaffinity(0))
+        res, log = self.run_in_child(spec_for(live.BUILTIN_MODES["native"], cpus=[first]))
+        self.assertEqual(res["status"], "ok", log)
+        self.assertTrue(res["pinned"])
+        self.assertEqual(res["cpus"], str(first))
+        self.assertEqual(res["outputs"]["values"], native_losses)
 
         res, log = self.run_in_child(spec_for(live.BUILTIN_MODES["expandable"]))
         self.assertEqual(res["status"], "ok", log)
