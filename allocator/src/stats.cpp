@@ -215,8 +215,9 @@ void StatsObserver::with_hot_locked(F&& f) const {
     f();
 }
 
-// mutex_ held, or (fold_this_threads_shard) the bound engine's lock: either one excludes every
-// other writer of hot_, and sh.lock the shard's owner.
+// The hot counters' guard held: mutex_ while unbound; while bound, the engine's lock (with_hot_locked
+// takes it after mutex_, fold_this_threads_shard runs under it alone). sh.lock excludes the shard's
+// owner.
 void StatsObserver::fold_locked(detail::StatsShard& sh) const {
   detail::HotStats& s = hot_;
   std::lock_guard lock(sh.lock);
