@@ -162,12 +162,14 @@ struct CachingAllocator::Impl {
   // Under the engine lock: advances the engine's tick and records the event. Returns the event's
   // seq (0 when nothing is recording).
   // The hot events of a batch made for the bound StatsObserver alone are counted in place, as
-  // long as it is still bound (detach may have come between new_batch and the lock).
+  // long as it is still bound (detach may have come between new_batch and the lock); the first
+  // of a call folds this thread's shard first once publishers have met (Note [Stats in place]).
   std::uint64_t emit(detail::EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr,
                      std::size_t size, std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
     ++map.tick;
     if (StatsObserver* sink = batch.in_place_sink(); sink != nullptr && detail::is_hot(kind)) [[likely]] {
       if (sink == stats_sink.load(std::memory_order_relaxed)) [[likely]] {
+        if (batch.take_fold_shard_first()) [[unlikely]] sink->fold_this_threads_shard();
         sink->count_in_place(kind, pool, size, requested);
         return 0;
       }
@@ -214,7 +216,7 @@ struct CachingAllocator::Impl {
         }
       }
     if (all & kSleeping) return detail::EventBatch(false, kNeedsNothing);
-    if (sink != nullptr && !others_awake) return detail::EventBatch(sink);
+    if (sink != nullptr && !others_awake) return detail::EventBatch(sink, sink->publishers_met());
     return detail::EventBatch(true, needs);
   }
 

@@ -10,7 +10,9 @@
 // Counting in place (Note [Stats in place], gpumem/alloc/stats.h): when the only awake observer
 // is the StatsObserver bound to the engine, the batch carries it (in_place_sink), and the events
 // the engine emits under its lock that it counts in place (alloc, free_requested, free_completed)
-// are never pushed; the batch holds only what the observer still needs as events.
+// are never pushed; the batch holds only what the observer still needs as events. Once the
+// observer's publishers have met, the call's first event counted in place folds the calling
+// thread's shard first (fold_shard_first), so the thread's changes stay in its order.
 //
 // Thread-safety: none; one engine call owns its batch.
 #pragma once
@@ -36,11 +38,20 @@ class EventBatch {
   EventBatch& operator=(const EventBatch&) = delete;
 
   // A recording batch whose hot events the bound StatsObserver `sink` counts in place.
-  explicit EventBatch(StatsObserver* sink) noexcept : recording_(true), needs_(kNeedsNothing), in_place_sink_(sink) {}
+  // fold_shard_first: publishers of `sink` have met, so this thread's shard may hold changes that
+  // must reach the counters before the call's first event counted in place.
+  EventBatch(StatsObserver* sink, bool fold_shard_first) noexcept
+      : recording_(true), needs_(kNeedsNothing), in_place_sink_(sink), fold_shard_first_(fold_shard_first) {}
 
   bool recording() const noexcept { return recording_; }
   unsigned needs() const noexcept { return needs_; }
   StatsObserver* in_place_sink() const noexcept { return in_place_sink_; }
+  // True until the first event counted in place asks (and the caller folds the thread's shard).
+  bool take_fold_shard_first() noexcept {
+    if (!fold_shard_first_) [[likely]] return false;
+    fold_shard_first_ = false;
+    return true;
+  }
   void push(const AllocEvent& e) {
     if (n_ < kInline) [[likely]] {
       new (&inline_[n_ * sizeof(AllocEvent)]) AllocEvent(e);
@@ -69,6 +80,7 @@ class EventBatch {
   bool recording_;
   unsigned needs_;
   StatsObserver* in_place_sink_ = nullptr;
+  bool fold_shard_first_ = false;
   std::size_t n_ = 0;
   alignas(AllocEvent) unsigned char inline_[kInline * sizeof(AllocEvent)];  // AllocEvent is trivially destructible
   std::unique_ptr<std::vector<AllocEvent>> spill_;

@@ -215,6 +215,9 @@ void StatsObserver::with_hot_locked(F&& f) const {
     f();
 }
 
+// The hot counters' guard held: mutex_ while unbound; while bound, the engine's lock (with_hot_locked
+// takes it after mutex_, fold_this_threads_shard runs under it alone). sh.lock excludes the shard's
+// owner.
 void StatsObserver::fold_locked(detail::StatsShard& sh) const {
   detail::HotStats& s = hot_;
   std::lock_guard lock(sh.lock);
@@ -229,6 +232,16 @@ void StatsObserver::fold_locked(detail::StatsShard& sh) const {
   sh.num_events = 0;
   sh.batches = 0;
   sh.largest_batch_bytes = 0;
+}
+
+void StatsObserver::fold_this_threads_shard() noexcept {
+  // Called by the bound engine under its lock, which guards hot_ while bound; the shard's own
+  // lock guards the shard. The observer's lock is not needed (and may not be taken: it comes
+  // before the engine's). Without this, a thread that allocated through a path that publishes
+  // (thread caches, another engine) and then freed through the engine's locked path had its free
+  // counted before its allocation: the counters saw its allocations and frees out of order, and
+  // the fold put its shard's high point on top of a current its later frees had already lowered.
+  if (detail::StatsShard* sh = shard_for_this_thread(false)) fold_locked(*sh);
 }
 
 void StatsObserver::fold_all_locked() const {

@@ -69,7 +69,9 @@
 // engines (private pools), applied in order under the observer's lock and the engine's lock
 // (run_locked) until publishers have met, then through the threads' shards (or, while classic
 // segments are tracked, still in order under both locks). Every number stays exact while the
-// observer's lock is not contended; once it has been, the shard bounds above apply.
+// observer's lock is not contended; once it has been, the shard bounds above apply, and the first
+// event a call counts in place folds the calling thread's shard first, so that each thread's
+// changes reach the counters in its own order (fold_this_threads_shard).
 //
 // Thread-safety: all members may be called concurrently. Lock order: the observer's lock -> the
 // bound engine's lock (run_locked) -> a shard's lock (a shard's lock alone is taken by its thread
@@ -274,6 +276,16 @@ class StatsObserver final : public AllocObserver {
   void count_in_place(EventKind kind, PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept {
     detail::apply_hot(hot_, kind, pool, size_bytes, requested_bytes, max_split_size_bytes_);
   }
+  // Whether publishers have met (Note [Stats shards]): from then on a thread's published hot
+  // events may wait in its shard. A thread whose shard holds changes read true before making
+  // them, so its own relaxed read here sees true too.
+  bool publishers_met() const noexcept { return contended_.load(std::memory_order_relaxed); }
+  // Folds the calling thread's shard of this observer, if it holds changes, into the hot counters.
+  // Only the bound engine, under its lock, before it counts the first event of a call in place
+  // once publishers have met: the thread's changes then reach the counters in the order it made
+  // them (its allocations in the shard before its frees counted in place), so no peak of its own
+  // sequence is lost. Takes no observer lock (the engine's lock guards the hot counters).
+  [[gnu::noinline]] void fold_this_threads_shard() noexcept;
 
  private:
   // Runs f with the hot counters' guard held: the bound engine's lock, or nothing more than
