@@ -207,7 +207,7 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
 
 CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_lock(
     Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded, EventBatch& batch, GrowFailure& fail,
-    bool over_budget_ok) {
+    bool over_budget_ok, bool may_sync) {
   growth_mutex.assert_held();
   mutex.assert_held();
   const int p = static_cast<int>(pool);
@@ -216,25 +216,51 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   const std::size_t unit = policy::unit_slots(pieces);
 
   // ---- plan
+  // recycle_wait:fence (Note [Physical page recycling], "Fences instead of waits"): a move that
+  // needs memory idle on the GPU takes only memory the fences show idle, so nothing below waits;
+  // may_sync is the fallback past the cap or the provider, which waits as recycle_wait:sync does.
+  const bool fence = rules.recycle_fence && !may_sync && may_wait();
+  bool fence_limited = false;     // a piece or a place was passed over: not known idle
+  std::uint64_t fence_skips = 0;  // how many (gpumem.num_recycle_fence_skips)
+  const std::uint64_t plan_tick = map.tick;
+  if (fence) fences.poll(events);
   std::vector<Placement> places;
   std::vector<policy::PlacementCandidate> candidates;
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
-  if (!may_wait() && !map.ghosts.empty()) {
-    // Capturing: a kept mapping in the way would have to be unmapped, which waits for its stream
-    // (not allowed now): only places whose slots hold none (a new region if there is no such place).
+  if ((!may_wait() || fence) && !map.ghosts.empty()) {
+    // A kept mapping in the way would have to be unmapped, which waits for its stream unless its
+    // marker has completed. Capturing (no waiting allowed): only places whose slots hold none (a
+    // new region if there is no such place). Fences: only places whose kept mappings are idle, if
+    // there is such a place (else the wait, counted).
+    auto in_the_way = [&](const Region& pr, std::size_t s) {
+      if (!pr.slot_ghost(s)) return false;
+      if (!may_wait()) return true;
+      const EventToken m = map.ghost_marker(pr, pr.slots[s].ghost_first);
+      return m == 0 || !events.query(m);
+    };
+    std::vector<char> clear(places.size(), 1);
     std::size_t kept = 0;
     for (std::size_t i = 0; i < places.size(); ++i) {
       const Region& pr = *places[i].region;
       const policy::SlotRange u = unit_range(pr, places[i].addr, rounded, unit);
-      bool clear = true;
-      for (std::size_t s = u.lo; s < u.hi && clear; ++s) clear = !pr.slot_ghost(s);
-      if (!clear) continue;
-      places[kept] = places[i];
-      candidates[kept] = candidates[i];
-      ++kept;
+      for (std::size_t s = u.lo; s < u.hi && clear[i]; ++s) clear[i] = !in_the_way(pr, s);
+      kept += clear[i] ? 1 : 0;
     }
-    places.resize(kept);
-    candidates.resize(kept);
+    if (fence && kept < places.size()) {
+      fence_skips += places.size() - kept;
+      fence_limited = true;
+    }
+    if (!may_wait() || kept > 0) {
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < places.size(); ++i) {
+        if (!clear[i]) continue;
+        places[k] = places[i];
+        candidates[k] = candidates[i];
+        ++k;
+      }
+      places.resize(kept);
+      candidates.resize(kept);
+    }
   }
   if (places.empty()) {
     if (rounded > rules.region_va_bytes[p]) {
@@ -266,6 +292,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   struct PieceRef {
     Block* block;
     std::size_t first_slot;
+    bool idle;  // fences show its memory idle on the GPU (always, without fences)
   };
   std::vector<PieceRef> refs;
   std::vector<policy::FreePiece> all_pieces;
@@ -287,9 +314,18 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
           if (!br.slot_mapped(s)) break;  // cannot happen inside a free block
           const std::size_t f = br.piece_first(s), n = br.piece_slots(s);
           const std::uintptr_t lo = br.slot_addr(f);
-          if (f == s && lo + n * slot <= b.end()) {
+          const bool idle = !fence || fences.idle(br.stream, b.free_seq);
+          // With fences, a piece not known idle moves only where it needs no wait: kept mappings
+          // on, staying on its stream (nothing is unmapped; its last uses are ordered before the
+          // next on that stream). Others wait for a fence, recorded now if none covers them.
+          const bool movable = idle || (rules.keep_mappings && br.stream == stream);
+          if (f == s && lo + n * slot <= b.end() && !movable) {
+            fences.cover(events, br.stream, b.free_seq, map.tick);
+            ++fence_skips;
+            fence_limited = true;
+          } else if (f == s && lo + n * slot <= b.end()) {
             const bool edge = f == 0 || !br.slot_mapped(f - 1) || f + n >= br.slot_count() || !br.slot_mapped(f + n);
-            refs.push_back({&b, f});
+            refs.push_back({&b, f, idle});
             all_pieces.push_back({n, b.size_bytes, br.stream, lo, edge});
           }
           s = f + n;
@@ -413,6 +449,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     free_pieces.push_back(all_pieces[k]);
   }
   if (policy::exceeds_cap(map.reserved_bytes, layout.created_slots() * slot, cap)) {
+    // What fences passed over may be what keeps the growth within the cap: plan again, waiting.
+    if (fence_limited)
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, over_budget_ok, /*may_sync=*/true);
     fail.cap_reached = true;
     fail.status = SourceStatus::out_of_memory;
     return nullptr;
@@ -533,7 +572,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
     // stays mapped needs it only when it changes stream (as any cached block would: a free block's
     // last uses are ordered on its own stream).
-    if (!piece.keep_old || from.stream != r.stream) note_sync(from.stream);
+    if (!piece.keep_old || from.stream != r.stream) {
+      // A piece fences do not show idle stays mapped where it was, on its stream (above), unless
+      // kept mappings have no room left: then it waits, as it would without fences.
+      if (!candidates_refs[choices[order[k]].piece].idle || !fence) note_sync(from.stream);
+    }
   }
   // ... and the target.
   std::vector<Block*> target;
@@ -545,6 +588,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   lock.lock();
 
   // ---- commit
+  // Each stream synchronized is idle up to the plan's tick (every free before it was queued before).
+  for (StreamId s : w.sync_streams) fences.synchronized(s, plan_tick);
+  if (StatsObserver* sink = stats_sink.load(std::memory_order_relaxed))
+    sink->count_recycle_waits(w.sync_streams.size(), fence_skips);
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
   for (std::size_t i = 0; i < w.ghosts.size(); ++i)
@@ -592,7 +639,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // memory for it: try once more with recycling (created pieces were destroyed, so the state is
     // as before the growth).
     if ((buying_bytes > 0 || headroom_create) && w.fail.status == SourceStatus::out_of_memory)
-      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true);
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true, may_sync);
+    // Fences kept this growth from moving pieces not known idle and the provider had no memory for
+    // it: once more, waiting for them.
+    if (fence_limited && w.fail.status == SourceStatus::out_of_memory)
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, over_budget_ok, /*may_sync=*/true);
     fail = std::move(w.fail);
     return nullptr;
   }
