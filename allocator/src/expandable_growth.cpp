@@ -140,6 +140,7 @@ struct GrowthWork {
     bool unmapped = false;      // result
   };
   std::vector<StreamId> sync_streams;  // streams whose memory is unmapped or changes stream (synchronized first)
+  std::vector<EventToken> wait_markers;  // recycle_wait:fence: markers of kept mappings in the way (waited for first)
   std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
@@ -172,6 +173,7 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
+  for (EventToken m : w.wait_markers) events.synchronize(m);
   for (auto& g : w.ghosts) {
     const SourceStatus st = source.unmap(g.va, g.bytes);
     if (st != SourceStatus::ok) {
@@ -220,47 +222,29 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // needs memory idle on the GPU takes only memory the fences show idle, so nothing below waits;
   // may_sync is the fallback past the cap or the provider, which waits as recycle_wait:sync does.
   const bool fence = rules.recycle_fence && !may_sync && may_wait();
-  bool fence_limited = false;     // a piece or a place was passed over: not known idle
+  bool fence_limited = false;     // a piece was passed over: not known idle
   std::uint64_t fence_skips = 0;  // how many (gpumem.num_recycle_fence_skips)
   const std::uint64_t plan_tick = map.tick;
   if (fence) fences.poll(events);
   std::vector<Placement> places;
   std::vector<policy::PlacementCandidate> candidates;
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
-  if ((!may_wait() || fence) && !map.ghosts.empty()) {
-    // A kept mapping in the way would have to be unmapped, which waits for its stream unless its
-    // marker has completed. Capturing (no waiting allowed): only places whose slots hold none (a
-    // new region if there is no such place). Fences: only places whose kept mappings are idle, if
-    // there is such a place (else the wait, counted).
-    auto in_the_way = [&](const Region& pr, std::size_t s) {
-      if (!pr.slot_ghost(s)) return false;
-      if (!may_wait()) return true;
-      const EventToken m = map.ghost_marker(pr, pr.slots[s].ghost_first);
-      return m == 0 || !events.query(m);
-    };
-    std::vector<char> clear(places.size(), 1);
+  if (!may_wait() && !map.ghosts.empty()) {
+    // Capturing: a kept mapping in the way would have to be unmapped, which waits for its stream
+    // (not allowed now): only places whose slots hold none (a new region if there is no such place).
     std::size_t kept = 0;
     for (std::size_t i = 0; i < places.size(); ++i) {
       const Region& pr = *places[i].region;
       const policy::SlotRange u = unit_range(pr, places[i].addr, rounded, unit);
-      for (std::size_t s = u.lo; s < u.hi && clear[i]; ++s) clear[i] = !in_the_way(pr, s);
-      kept += clear[i] ? 1 : 0;
+      bool clear = true;
+      for (std::size_t s = u.lo; s < u.hi && clear; ++s) clear = !pr.slot_ghost(s);
+      if (!clear) continue;
+      places[kept] = places[i];
+      candidates[kept] = candidates[i];
+      ++kept;
     }
-    if (fence && kept < places.size()) {
-      fence_skips += places.size() - kept;
-      fence_limited = true;
-    }
-    if (!may_wait() || kept > 0) {
-      std::size_t k = 0;
-      for (std::size_t i = 0; i < places.size(); ++i) {
-        if (!clear[i]) continue;
-        places[k] = places[i];
-        candidates[k] = candidates[i];
-        ++k;
-      }
-      places.resize(kept);
-      candidates.resize(kept);
-    }
+    places.resize(kept);
+    candidates.resize(kept);
   }
   if (places.empty()) {
     if (rounded > rules.region_va_bytes[p]) {
@@ -448,6 +432,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     candidates_refs.push_back(refs[k]);
     free_pieces.push_back(all_pieces[k]);
   }
+  // Memory comes first: what fences passed over is created instead only while the footprint stays
+  // within what recycling alone reserves at least (policy::fence_may_create); past it, wait.
+  if (fence_limited && !policy::fence_may_create(map.reserved_bytes, layout.created_slots() * slot, in_use_high_bytes))
+    return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, over_budget_ok, /*may_sync=*/true);
   if (policy::exceeds_cap(map.reserved_bytes, layout.created_slots() * slot, cap)) {
     // What fences passed over may be what keeps the growth within the cap: plan again, waiting.
     if (fence_limited)
@@ -526,7 +514,13 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     const EventToken m = map.ghost_marker(gr, g);
     ghost_at.push_back({&gr, g, 0, m});
     w.ghosts.push_back({gr.slot_addr(g), bytes, false});
-    if (m == 0 || !events.query(m)) note_sync(gr.stream);
+    // Its marker says when the uses of its old place are done: with fences, wait for that marker
+    // alone (the work queued after it keeps running), else for the whole stream.
+    if (m != 0 && fence) {
+      if (!events.query(m)) w.wait_markers.push_back(m);
+    } else if (m == 0 || !events.query(m)) {
+      note_sync(gr.stream);
+    }
     return bytes;
   };
   std::size_t unmapping_bytes = 0;
@@ -591,7 +585,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // Each stream synchronized is idle up to the plan's tick (every free before it was queued before).
   for (StreamId s : w.sync_streams) fences.synchronized(s, plan_tick);
   if (StatsObserver* sink = stats_sink.load(std::memory_order_relaxed))
-    sink->count_recycle_waits(w.sync_streams.size(), fence_skips);
+    sink->count_recycle_waits(w.sync_streams.size(), w.wait_markers.size(), fence_skips);
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
   for (std::size_t i = 0; i < w.ghosts.size(); ++i)

@@ -404,6 +404,7 @@ DeviceStatsView StatsObserver::stats() const {
     view.oversize_allocations = hot_.oversize_allocations;
     view.num_events += hot_.num_events;
     view.num_recycle_syncs = hot_.num_recycle_syncs;
+    view.num_recycle_marker_waits = hot_.num_recycle_marker_waits;
     view.num_recycle_fence_skips = hot_.num_recycle_fence_skips;
   });
   return view;
@@ -443,6 +444,7 @@ void StatsObserver::reset_accumulated() {
   stats_.num_empty_cache = 0;
   with_hot_locked([&] {
     hot_.num_recycle_syncs = 0;
+    hot_.num_recycle_marker_waits = 0;
     hot_.num_recycle_fence_skips = 0;
   });
 }
@@ -503,6 +505,7 @@ std::vector<std::pair<std::string, std::int64_t>> to_gpumem_stats(const DeviceSt
       {"gpumem.num_events", s.num_events},
       {"gpumem.num_inconsistent_events", s.num_inconsistent_events},
       {"gpumem.num_recycle_syncs", s.num_recycle_syncs},
+      {"gpumem.num_recycle_marker_waits", s.num_recycle_marker_waits},
       {"gpumem.num_recycle_fence_skips", s.num_recycle_fence_skips},
   };
 }

@@ -154,11 +154,13 @@ struct DeviceStatsView {
   // free_completed of an unknown block, a segment_free with active blocks): 0 when the engine
   // and the observer agree. Counted, never fatal.
   std::int64_t num_inconsistent_events = 0;
-  // Stream synchronizations growth made before moving pieces (recycling's waits), and the free
-  // pieces and placements growth passed over because fences did not yet show their memory idle on
-  // the GPU (recycle_wait:fence). Counted by the engine the observer is bound to (Note [Stats in
-  // place]); 0 from an unbound observer.
+  // Recycling's waits: stream synchronizations growth made before moving pieces (the whole queue
+  // drains), waits for one marker of a kept mapping in the way (recycle_wait:fence: only the work
+  // before it), and the free pieces growth passed over because fences did not yet show their memory
+  // idle on the GPU (recycle_wait:fence). Counted by the engine the observer is bound to (Note
+  // [Stats in place]); 0 from an unbound observer.
   std::int64_t num_recycle_syncs = 0;
+  std::int64_t num_recycle_marker_waits = 0;
   std::int64_t num_recycle_fence_skips = 0;
 
   friend bool operator==(const DeviceStatsView&, const DeviceStatsView&) = default;
@@ -185,6 +187,7 @@ struct HotStats {
   std::int64_t num_events = 0;
   // Recycling's waits (count_recycle_waits): not events, so only a bound engine counts them.
   std::int64_t num_recycle_syncs = 0;
+  std::int64_t num_recycle_marker_waits = 0;
   std::int64_t num_recycle_fence_skips = 0;
 };
 
@@ -283,10 +286,11 @@ class StatsObserver final : public AllocObserver {
   void count_in_place(EventKind kind, PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept {
     detail::apply_hot(hot_, kind, pool, size_bytes, requested_bytes, max_split_size_bytes_);
   }
-  // A growth of the bound engine waited for `syncs` streams and passed over `skips` pieces or
-  // places fences did not show idle. Only the bound engine, under its lock.
-  void count_recycle_waits(std::uint64_t syncs, std::uint64_t skips) noexcept {
+  // A growth of the bound engine synchronized `syncs` streams, waited for `marker_waits` markers
+  // and passed over `skips` pieces fences did not show idle. Only the bound engine, under its lock.
+  void count_recycle_waits(std::uint64_t syncs, std::uint64_t marker_waits, std::uint64_t skips) noexcept {
     hot_.num_recycle_syncs += static_cast<std::int64_t>(syncs);
+    hot_.num_recycle_marker_waits += static_cast<std::int64_t>(marker_waits);
     hot_.num_recycle_fence_skips += static_cast<std::int64_t>(skips);
   }
 
