@@ -517,7 +517,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // Its marker says when the uses of its old place are done: with fences, wait for that marker
     // alone (the work queued after it keeps running), else for the whole stream.
     if (m != 0 && fence) {
-      if (!events.query(m)) w.wait_markers.push_back(m);
+      if (std::find(w.wait_markers.begin(), w.wait_markers.end(), m) == w.wait_markers.end() && !events.query(m))
+        w.wait_markers.push_back(m);
     } else if (m == 0 || !events.query(m)) {
       note_sync(gr.stream);
     }
