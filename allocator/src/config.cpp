@@ -225,6 +225,17 @@ void apply_recycle_keep_mappings(const Entry& e, const KeyInfo& k, Config& c) {
   c.recycle_keep_mappings = want_bool(e, k);
 }
 
+void apply_recycle_wait(const Entry& e, const KeyInfo& k, Config& c) {
+  const std::string v = want_scalar(e, k);
+  if (v == "fence") {
+    c.recycle_wait = RecycleWait::fence;
+  } else if (v == "sync") {
+    c.recycle_wait = RecycleWait::sync;
+  } else {
+    fail_value(e, k, "is not a way to wait");
+  }
+}
+
 void apply_recycle_overhang(const Entry& e, const KeyInfo& k, Config& c) { c.recycle_overhang = want_bool(e, k); }
 
 void apply_thread_cache(const Entry& e, const KeyInfo& k, Config& c) { c.thread_cache = want_bool(e, k); }
@@ -300,6 +311,11 @@ constexpr Key<Config> kKeys[] = {
       "recycle_headroom:0.008"},
      apply_recycle_headroom},
     {{"recycle_keep_mappings", "", "True or False", "recycle_keep_mappings:True"}, apply_recycle_keep_mappings},
+    {{"recycle_wait", "",
+      "fence (a piece moves only once fence events show its memory idle; no stream synchronization below the cap) "
+      "or sync (synchronize the piece's stream)",
+      "recycle_wait:fence"},
+     apply_recycle_wait},
     {{"recycle_overhang", "", "True or False", "recycle_overhang:True"}, apply_recycle_overhang},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
     {{"va_reserve_mb", "",
@@ -359,6 +375,7 @@ std::string to_string(const Config& c) {
   put("recycle_ceiling", c.recycle_ceiling);
   put("recycle_headroom", c.recycle_headroom);
   put("recycle_keep_mappings", bool_text(c.recycle_keep_mappings));
+  put("recycle_wait", c.recycle_wait == RecycleWait::sync ? "sync" : "fence");
   put("recycle_overhang", bool_text(c.recycle_overhang));
   put("thread_cache", bool_text(c.thread_cache));
   put("va_reserve_mb", mib(c.va_reserve_bytes));

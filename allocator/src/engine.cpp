@@ -179,6 +179,7 @@ BlockState CachingAllocator::Impl::view_state_locked(const Block& b) const {
 }
 
 void CachingAllocator::Impl::release_all_locked() {
+  fences.release_all(events);  // recycle_wait:fence's outstanding markers
   // Kept mappings first: a piece is destroyed only once no mapping of it is left.
   for (const auto& [handle, list] : map.ghosts)
     for (const auto& g : list) source.unmap(g.region->slot_addr(g.first), g.count * g.region->slot_bytes);

@@ -61,6 +61,7 @@
 #include "gpumem/alloc/stats.h"
 #include "live_table.h"
 #include "region_map.h"
+#include "stream_fences.h"
 #include "thread_caches.h"
 
 namespace gpumem::alloc {
@@ -119,6 +120,8 @@ struct CachingAllocator::Impl {
   // The most memory in use at once (allocated + pending, with the request being grown for), seen at
   // growths: what recycling alone would have reserved at least (policy::bought_estimate).
   std::size_t in_use_high_bytes = 0;
+  // recycle_wait:fence: how far the GPU is known to have got on each stream (stream_fences.h).
+  detail::StreamFences fences;
   std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
   // Note [Engine during graph capture] (caching_allocator.h). Written with growth_mutex and the
   // engine lock held, so a reader holding either sees the current value.
@@ -260,10 +263,12 @@ struct CachingAllocator::Impl {
   Block* grow_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                             detail::EventBatch& batch, detail::GrowFailure& fail);
   // expandable_growth.cpp. over_budget_ok: recycle even when the recycle budget is spent (the
-  // retry after a growth the budget kept from recycling ran out of memory).
+  // retry after a growth the budget kept from recycling ran out of memory). may_sync: with
+  // recycle_wait:fence, move pieces not known idle and wait for their streams (the retry after a
+  // growth that fences kept from recycling passed the cap or ran out of memory).
   Block* grow_expandable_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                                        detail::EventBatch& batch, detail::GrowFailure& fail,
-                                       bool over_budget_ok = false);
+                                       bool over_budget_ok = false, bool may_sync = false);
   // classic_growth.cpp
   Block* grow_classic_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                                     detail::EventBatch& batch, detail::GrowFailure& fail);

@@ -16,6 +16,7 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
   r.recycle_budget.ceiling = config.recycle_ceiling;
   r.recycle_headroom = config.recycle_headroom;
   r.keep_mappings = config.recycle_keep_mappings;
+  r.recycle_fence = config.recycle_wait == RecycleWait::fence;
   r.thread_cache = config.thread_cache;
   r.check_invariants = config.check_invariants;
   const std::size_t g = caps.granularity_bytes ? caps.granularity_bytes : policy::kMinBlockBytes;

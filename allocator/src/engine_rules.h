@@ -26,6 +26,7 @@ struct EngineRules {
   policy::RecycleBudgetRules recycle_budget;  // how much time recycling may spend
   double recycle_headroom = 0.0;            // create instead of recycling within this (policy::within_headroom)
   bool keep_mappings = true;               // a recycled piece keeps its old mapping (a ghost)
+  bool recycle_fence = true;               // recycle_wait:fence: move only pieces fences show idle
   bool thread_cache = true;
   bool check_invariants = false;
   std::size_t slot_bytes = 0;              // slot of every expandable region (the smallest piece)

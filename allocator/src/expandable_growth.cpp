@@ -140,6 +140,7 @@ struct GrowthWork {
     bool unmapped = false;      // result
   };
   std::vector<StreamId> sync_streams;  // streams whose memory is unmapped or changes stream (synchronized first)
+  std::vector<EventToken> wait_markers;  // recycle_wait:fence: markers of kept mappings in the way (waited for first)
   std::vector<Ghost> ghosts;
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
@@ -172,6 +173,7 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
   std::int64_t t0 = any_recycled ? source.now_ns() : 0;
   // cuMemUnmap does not wait for kernels still using the range.
   for (StreamId s : w.sync_streams) events.synchronize_stream(s);
+  for (EventToken m : w.wait_markers) events.synchronize(m);
   for (auto& g : w.ghosts) {
     const SourceStatus st = source.unmap(g.va, g.bytes);
     if (st != SourceStatus::ok) {
@@ -207,7 +209,7 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
 
 CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_lock(
     Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded, EventBatch& batch, GrowFailure& fail,
-    bool over_budget_ok) {
+    bool over_budget_ok, bool may_sync) {
   growth_mutex.assert_held();
   mutex.assert_held();
   const int p = static_cast<int>(pool);
@@ -216,6 +218,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   const std::size_t unit = policy::unit_slots(pieces);
 
   // ---- plan
+  // recycle_wait:fence (Note [Physical page recycling], "Fences instead of waits"): a move that
+  // needs memory idle on the GPU takes only memory the fences show idle, so nothing below waits;
+  // may_sync is the fallback past the cap or the provider, which waits as recycle_wait:sync does.
+  const bool fence = rules.recycle_fence && !may_sync && may_wait();
+  bool fence_limited = false;     // a piece was passed over: not known idle
+  std::uint64_t fence_skips = 0;  // how many (gpumem.num_recycle_fence_skips)
+  const std::uint64_t plan_tick = map.tick;
+  if (fence) fences.poll(events);
   std::vector<Placement> places;
   std::vector<policy::PlacementCandidate> candidates;
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
@@ -266,6 +276,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   struct PieceRef {
     Block* block;
     std::size_t first_slot;
+    bool idle;  // fences show its memory idle on the GPU (always, without fences)
   };
   std::vector<PieceRef> refs;
   std::vector<policy::FreePiece> all_pieces;
@@ -287,9 +298,18 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
           if (!br.slot_mapped(s)) break;  // cannot happen inside a free block
           const std::size_t f = br.piece_first(s), n = br.piece_slots(s);
           const std::uintptr_t lo = br.slot_addr(f);
-          if (f == s && lo + n * slot <= b.end()) {
+          const bool idle = !fence || fences.idle(br.stream, b.free_seq);
+          // With fences, a piece not known idle moves only where it needs no wait: kept mappings
+          // on, staying on its stream (nothing is unmapped; its last uses are ordered before the
+          // next on that stream). Others wait for a fence, recorded now if none covers them.
+          const bool movable = idle || (rules.keep_mappings && br.stream == stream);
+          if (f == s && lo + n * slot <= b.end() && !movable) {
+            fences.cover(events, br.stream, b.free_seq, map.tick);
+            ++fence_skips;
+            fence_limited = true;
+          } else if (f == s && lo + n * slot <= b.end()) {
             const bool edge = f == 0 || !br.slot_mapped(f - 1) || f + n >= br.slot_count() || !br.slot_mapped(f + n);
-            refs.push_back({&b, f});
+            refs.push_back({&b, f, idle});
             all_pieces.push_back({n, b.size_bytes, br.stream, lo, edge});
           }
           s = f + n;
@@ -412,7 +432,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     candidates_refs.push_back(refs[k]);
     free_pieces.push_back(all_pieces[k]);
   }
+  // Memory comes first: what fences passed over is created instead only while the footprint stays
+  // within what recycling alone reserves at least (policy::fence_may_create); past it, wait.
+  if (fence_limited && !policy::fence_may_create(map.reserved_bytes, layout.created_slots() * slot, in_use_high_bytes))
+    return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, over_budget_ok, /*may_sync=*/true);
   if (policy::exceeds_cap(map.reserved_bytes, layout.created_slots() * slot, cap)) {
+    // What fences passed over may be what keeps the growth within the cap: plan again, waiting.
+    if (fence_limited)
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, over_budget_ok, /*may_sync=*/true);
     fail.cap_reached = true;
     fail.status = SourceStatus::out_of_memory;
     return nullptr;
@@ -487,7 +514,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     const EventToken m = map.ghost_marker(gr, g);
     ghost_at.push_back({&gr, g, 0, m});
     w.ghosts.push_back({gr.slot_addr(g), bytes, false});
-    if (m == 0 || !events.query(m)) note_sync(gr.stream);
+    // Its marker says when the uses of its old place are done: with fences, wait for that marker
+    // alone (the work queued after it keeps running), else for the whole stream.
+    if (m != 0 && fence) {
+      if (std::find(w.wait_markers.begin(), w.wait_markers.end(), m) == w.wait_markers.end() && !events.query(m))
+        w.wait_markers.push_back(m);
+    } else if (m == 0 || !events.query(m)) {
+      note_sync(gr.stream);
+    }
     return bytes;
   };
   std::size_t unmapping_bytes = 0;
@@ -533,7 +567,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // Unmapping needs the piece's stream idle (cuMemUnmap does not wait for kernels); a piece that
     // stays mapped needs it only when it changes stream (as any cached block would: a free block's
     // last uses are ordered on its own stream).
-    if (!piece.keep_old || from.stream != r.stream) note_sync(from.stream);
+    if (!piece.keep_old || from.stream != r.stream) {
+      // A piece fences do not show idle stays mapped where it was, on its stream (above), unless
+      // kept mappings have no room left: then it waits, as it would without fences.
+      if (!candidates_refs[choices[order[k]].piece].idle || !fence) note_sync(from.stream);
+    }
   }
   // ... and the target.
   std::vector<Block*> target;
@@ -545,6 +583,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   lock.lock();
 
   // ---- commit
+  // Each stream synchronized is idle up to the plan's tick (every free before it was queued before).
+  for (StreamId s : w.sync_streams) fences.synchronized(s, plan_tick);
+  if (StatsObserver* sink = stats_sink.load(std::memory_order_relaxed))
+    sink->count_recycle_waits(w.sync_streams.size(), w.wait_markers.size(), fence_skips);
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
   for (std::size_t i = 0; i < w.ghosts.size(); ++i)
@@ -592,7 +634,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // memory for it: try once more with recycling (created pieces were destroyed, so the state is
     // as before the growth).
     if ((buying_bytes > 0 || headroom_create) && w.fail.status == SourceStatus::out_of_memory)
-      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true);
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, /*over_budget_ok=*/true, may_sync);
+    // Fences kept this growth from moving pieces not known idle and the provider had no memory for
+    // it: once more, waiting for them.
+    if (fence_limited && w.fail.status == SourceStatus::out_of_memory)
+      return grow_expandable_dropping_lock(lock, pool, stream, rounded, batch, fail, over_budget_ok, /*may_sync=*/true);
     fail = std::move(w.fail);
     return nullptr;
   }

@@ -32,6 +32,10 @@ bool within_headroom(std::size_t reserved_bytes, std::size_t adding_bytes, std::
          (1.0 + headroom) * static_cast<double>(in_use_high_bytes);
 }
 
+bool fence_may_create(std::size_t reserved_bytes, std::size_t adding_bytes, std::size_t in_use_high_bytes) noexcept {
+  return adding_bytes == 0 || reserved_bytes + adding_bytes <= in_use_high_bytes;
+}
+
 RecycleBudget::RecycleBudget(const RecycleBudgetRules& rules) noexcept
     : rules_(rules), tokens_ns_(static_cast<double>(std::max<std::int64_t>(rules.burst_ns, 0))) {}
 

@@ -416,6 +416,9 @@ DeviceStatsView StatsObserver::stats() const {
     view.requested_bytes = hot_.requested_bytes;
     view.oversize_allocations = hot_.oversize_allocations;
     view.num_events += hot_.num_events;
+    view.num_recycle_syncs = hot_.num_recycle_syncs;
+    view.num_recycle_marker_waits = hot_.num_recycle_marker_waits;
+    view.num_recycle_fence_skips = hot_.num_recycle_fence_skips;
   });
   return view;
 }
@@ -452,6 +455,11 @@ void StatsObserver::reset_accumulated() {
   stats_.num_pieces_created = 0;
   stats_.num_pieces_destroyed = 0;
   stats_.num_empty_cache = 0;
+  with_hot_locked([&] {
+    hot_.num_recycle_syncs = 0;
+    hot_.num_recycle_marker_waits = 0;
+    hot_.num_recycle_fence_skips = 0;
+  });
 }
 
 void StatsObserver::add_alloc_retries(std::int64_t count) {
@@ -509,6 +517,9 @@ std::vector<std::pair<std::string, std::int64_t>> to_gpumem_stats(const DeviceSt
       {"gpumem.num_empty_cache", s.num_empty_cache},
       {"gpumem.num_events", s.num_events},
       {"gpumem.num_inconsistent_events", s.num_inconsistent_events},
+      {"gpumem.num_recycle_syncs", s.num_recycle_syncs},
+      {"gpumem.num_recycle_marker_waits", s.num_recycle_marker_waits},
+      {"gpumem.num_recycle_fence_skips", s.num_recycle_fence_skips},
   };
 }
 

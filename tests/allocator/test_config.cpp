@@ -41,6 +41,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle_slack == 0.008);
     CHECK(c.recycle_ceiling == 0.015);
     CHECK(c.recycle_keep_mappings);
+    CHECK(c.recycle_wait == RecycleWait::fence);
     CHECK(c.max_piece_bytes == 8 * kMiB);
     CHECK(c.frontier_piece_bytes == 0);
     CHECK(c.recycle_overhang);
@@ -243,6 +244,10 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   CHECK(parse_ok("recycle_headroom:0").recycle_headroom == 0.0);
   check_error("recycle_headroom:1", {"recycle_headroom:1", "out of range", "[0, 1)"});
   check_error("recycle_headroom:-0.1", {"recycle_headroom:-0.1", "out of range"});
+  CHECK(parse_ok("recycle_wait:sync").recycle_wait == RecycleWait::sync);
+  CHECK(parse_ok("recycle_wait:fence").recycle_wait == RecycleWait::fence);
+  check_error("recycle_wait:always", {"recycle_wait:always", "not a way to wait", "fence", "sync"});
+  check_error("recycle_wait:Fence", {"recycle_wait:Fence", "fence", "sync"});
   check_error("max_piece_size_mb:5", {"max_piece_size_mb:5", "positive multiple of 2"});
   check_error("max_piece_size_mb:0", {"max_piece_size_mb:0", "positive multiple of 2"});
 
@@ -364,7 +369,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 23);  // 7 PyTorch 2.11 keys + 16 of gpumem's engine
+  CHECK(keys.size() == 24);  // 7 PyTorch 2.11 keys + 17 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -264,9 +264,10 @@ TEST_CASE("allocate_at finds memory a thread cache holds", "[engine][restore]") 
 
 namespace {
 
-Config fixed_pieces() {
+Config fixed_pieces(RecycleWait wait = RecycleWait::fence) {
   Config c = test_config();
   c.pieces = PieceSizing::fixed;  // 20 MiB pieces
+  c.recycle_wait = wait;
   return c;
 }
 
@@ -300,18 +301,24 @@ void give_back(Fixture& f, std::initializer_list<void*> blocks) {
 
 TEST_CASE("kept mappings: a move on its own stream synchronizes nothing; unmapping and changing stream do",
           "[engine][recycle][kept_mappings]") {
-  Fixture f(fixed_pieces());
+  const bool fence = GENERATE(true, false);
+  Fixture f(fixed_pieces(fence ? RecycleWait::fence : RecycleWait::sync));
   // X's moves kept their old mappings: nothing to wait for on their stream.
   const KeptThree k = kept_three(f);
   void* const a = k.a;
   CHECK(f.source.counters().unmaps == 0);
   CHECK(f.events.stream_syncs == 0);
-  // 60 MiB more lands where A was: its kept mappings are unmapped first, after the stream's work.
+  CHECK(f.events.syncs == 0);
+  // 60 MiB more lands where A was: its kept mappings are unmapped first, after the work before
+  // their marker (recycle_wait:fence: a wait for that marker) or the stream's work (sync).
   void* y = f.alloc(60 * MiB);
   CHECK(y == a);
   CHECK(f.source.counters().unmaps == 3);
-  CHECK(f.events.stream_syncs == 1);
-  // A request on stream 1 takes stream 0's free pieces: their last uses must be done first.
+  CHECK(f.events.stream_syncs == (fence ? 0 : 1));
+  CHECK(f.events.syncs == (fence ? 1 : 0));
+  // A request on stream 1 takes stream 0's free pieces: their last uses must be done first (with
+  // fences: no fence shows them idle, and creating instead would pass the most memory ever in use,
+  // so growth falls back to the synchronization).
   REQUIRE(f.engine.free(y) == FreeStatus::ok);
   const int syncs = f.events.stream_syncs.load();
   void* z = f.alloc(60 * MiB, 1);
@@ -340,7 +347,9 @@ TEST_CASE("capturing: growth lands where no kept mapping is in the way (unmappin
 
 TEST_CASE("kept mappings: unmapping one waits for its stream only while its marker is outstanding",
           "[engine][recycle][kept_mappings]") {
-  Fixture f(fixed_pieces());
+  const bool fence = GENERATE(true, false);
+  Fixture f(fixed_pieces(fence ? RecycleWait::fence : RecycleWait::sync));
+  auto waits = [&] { return f.events.stream_syncs.load() + f.events.syncs.load(); };
   // Rounds of ever longer blocks, each followed by a live block and then freed: growth moves the
   // freed pieces, keeps their old mappings, lands on kept mappings and passes the footprint.
   std::vector<void*> pins;
@@ -352,19 +361,21 @@ TEST_CASE("kept mappings: unmapping one waits for its stream only while its mark
     CHECK(t.kept_mapping_bytes <= t.reserved_bytes);
     CHECK(f.source.mapped_bytes() == f.source.physical_bytes() + t.kept_mapping_bytes);
   };
-  // Markers outstanding (ManualStreamEvents): every kept mapping unmapped waits for the stream.
+  // Markers outstanding (ManualStreamEvents): every kept mapping unmapped waits for the stream
+  // (recycle_wait:sync) or for its marker (fence).
   for (int k = 0; k < 6; ++k) round(k);
   CHECK(f.source.counters().unmaps > 0);
-  CHECK(f.events.stream_syncs > 0);
+  CHECK(waits() > 0);
+  if (fence) CHECK(f.events.syncs > 0);
   // Every marker complete before each growth: kept mappings go without any wait.
   const auto unmaps = f.source.counters().unmaps;
-  const int syncs = f.events.stream_syncs.load();
+  const int syncs = waits();
   for (int k = 6; k < 14; ++k) {
     f.events.inner.complete_all();
     round(k);
   }
   CHECK(f.source.counters().unmaps > unmaps);
-  CHECK(f.events.stream_syncs == syncs);
+  CHECK(waits() == syncs);
   for (void* p : pins) REQUIRE(f.engine.free(p) == FreeStatus::ok);
   give_back(f, {});
   CHECK(f.events.inner.outstanding() == 0);  // every marker released

@@ -74,6 +74,11 @@ class CountingSource final : public alloc::MemorySource {
   const PolicyCounters& counters() const { return counters_; }
   // A stream synchronization the engine made (CountingEvents): counted, and so charged to the clock.
   void count_sync() { ++counters_.syncs; }
+  // A wait for one marker that had left_ns of lag to go (CountingEvents::synchronize).
+  void count_marker_wait(std::int64_t left_ns) {
+    ++counters_.marker_waits;
+    counters_.marker_wait_ns += static_cast<std::uint64_t>(std::max<std::int64_t>(left_ns, 0));
+  }
 
  private:
   alloc::SimSource inner_;
@@ -100,10 +105,19 @@ class CountingEvents final : public alloc::StreamEvents {
     auto it = pending_.find(token);
     return it == pending_.end() || source_.now_ns() >= it->second.ready_ns;
   }
+  // Waits for one marker: charged the lag it had left (the clock then includes it), at most a
+  // stream synchronization's charge (call_costs.h), since the work queued after the marker is not
+  // waited for. A stream's markers complete in order: those recorded before it complete with it; a
+  // wait as long as a synchronization's charge counts as one and completes the stream's markers,
+  // as synchronize_stream does.
   void synchronize(alloc::EventToken token) override {
     if (query(token)) return;
-    source_.count_sync();
-    pending_[token].ready_ns = 0;
+    const Pending p = pending_[token];
+    const std::int64_t left_ns = p.ready_ns - source_.now_ns();
+    const bool drained = left_ns >= kSyncChargeNs;
+    source_.count_marker_wait(drained ? kSyncChargeNs : left_ns);
+    for (auto& [t, q] : pending_)
+      if (q.stream == p.stream && (drained || q.ready_ns <= p.ready_ns)) q.ready_ns = 0;
   }
   void release(alloc::EventToken token) override { pending_.erase(token); }
   void synchronize_stream(alloc::StreamId stream) override {
@@ -113,6 +127,7 @@ class CountingEvents final : public alloc::StreamEvents {
   }
 
  private:
+  static constexpr std::int64_t kSyncChargeNs = static_cast<std::int64_t>(kH200VmmCosts.sync_us * 1000.0);
   struct Pending {
     alloc::StreamId stream = 0;
     std::int64_t ready_ns = 0;

@@ -94,6 +94,9 @@ std::string format_table(const ReplayReport& report) {
   row("unmap calls", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.unmaps); });
   row("release calls (cudaFree/cuMemRelease)", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.releases); });
   row("stream syncs for recycling", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.syncs); });
+  row("marker waits (their lag)", [](const PolicyReplay& p) {
+    return fmt::format("{} ({})", p.counters.marker_waits, duration(static_cast<double>(p.counters.marker_wait_ns) * 1e-9));
+  });
   row("their time on an H200", [](const PolicyReplay& p) { return duration(p.call_seconds); });
   row("  share of the run with them", [](const PolicyReplay& p) { return percent(p.call_share); });
   row("retries (freed cache, tried again)", [](const PolicyReplay& p) { return fmt::format("{}", p.counters.alloc_retries); });
@@ -153,10 +156,11 @@ std::string format_json(const ReplayReport& report) {
                        json_string(p.policy), p.peak_requested_bytes, p.peak_allocated_bytes,
                        p.peak_reserved_bytes, json_double(p.ratio));
     out += fmt::format("\"segments\": {}, \"maps\": {}, \"unmaps\": {}, \"creates\": {}, \"releases\": {}, "
-                       "\"syncs\": {}, \"alloc_retries\": {}, \"failed_allocations\": {}, \"trace_ooms_served\": {}, "
-                       "\"segments_at_peak\": {}, ",
+                       "\"syncs\": {}, \"marker_waits\": {}, \"marker_wait_ns\": {}, \"alloc_retries\": {}, "
+                       "\"failed_allocations\": {}, \"trace_ooms_served\": {}, \"segments_at_peak\": {}, ",
                        p.counters.segments, p.counters.maps, p.counters.unmaps, p.counters.creates,
-                       p.counters.releases, p.counters.syncs, p.counters.alloc_retries, p.failed_allocations,
+                       p.counters.releases, p.counters.syncs, p.counters.marker_waits, p.counters.marker_wait_ns,
+                       p.counters.alloc_retries, p.failed_allocations,
                        p.trace_ooms_served, p.segments_at_peak);
     out += fmt::format("\"peak_entry\": {}, \"peak_time_us\": {}, ",
                        s.steps.empty() ? 0 : s.steps[p.peak_step].entry, p.peak_time_us);

@@ -762,6 +762,10 @@ def run_child(spec):
             "num_ooms": stats.get("num_ooms"),
             "memory_stats": {k: v for k, v in stats.items() if k.endswith(".all.peak") or k.startswith("num_")},
         })
+        if mode.kind == "gpumem":
+            # gpumem's own counters (driver calls, recycling's waits): not in torch's memory_stats.
+            res["gpumem_stats"] = {k: int(v) for k, v in torch.ops.gpumem.memory_stats(device).items()
+                                   if k.startswith("gpumem.")}
         allocs_after = stats.get("allocation.all.allocated")
         if allocs_before is not None and allocs_after is not None and len(timed) > 0:
             res["allocs_per_step"] = (allocs_after - allocs_before) / len(timed)

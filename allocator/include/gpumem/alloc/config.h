@@ -33,6 +33,15 @@ enum class PieceSizing : std::uint8_t {
   fixed,     // PyTorch's pages: large_segment_size_mb in the large pool, small_piece_size_mb in the small
 };
 
+// How recycling learns that a wholly free piece's memory is idle on the GPU before it unmaps the
+// piece or hands it to another stream (the `recycle_wait` key; Note [Physical page recycling],
+// "Fences instead of waits").
+enum class RecycleWait : std::uint8_t {
+  fence,  // fence events recorded at growths and queried (never waited for): a piece not known idle
+          // is not moved, growth creates instead; the stream synchronization only past the cap
+  sync,   // synchronize the piece's stream before the move (the behaviour before fences)
+};
+
 struct Config {
   // ---- PyTorch 2.11 keys ----
   // expandable_segments:True|False. gpumem defaults to True: one growing virtual region per
@@ -103,6 +112,12 @@ struct Config {
   // False: unmap at once, so a stale pointer into the old place faults instead of reading the
   // piece's new block (a debugging setting).
   bool recycle_keep_mappings = true;
+  // recycle_wait:fence|sync: how a move that needs the piece idle on the GPU (an unmap, a change
+  // of stream, a kept mapping in the way) learns it is: `fence` queries fence events recorded at
+  // earlier growths and leaves a piece not yet known idle where it is (growth creates instead; it
+  // waits only when creating would pass the cap or the provider refuses); `sync` synchronizes the
+  // stream, draining its queue (Note [Physical page recycling], "Fences instead of waits").
+  RecycleWait recycle_wait = RecycleWait::fence;
   // recycle_overhang:True|False: with pieces:adaptive, when no wholly free piece fits the rest of
   // what a growth maps, a longer one may move there if the slots after it are unmapped, covering
   // the rest and reaching into the hole, instead of new memory being created for the rest

@@ -156,6 +156,14 @@ struct DeviceStatsView {
   // free_completed of an unknown block, a segment_free with active blocks): 0 when the engine
   // and the observer agree. Counted, never fatal.
   std::int64_t num_inconsistent_events = 0;
+  // Recycling's waits: stream synchronizations growth made before moving pieces (the whole queue
+  // drains), waits for one marker of a kept mapping in the way (recycle_wait:fence: only the work
+  // before it), and the free pieces growth passed over because fences did not yet show their memory
+  // idle on the GPU (recycle_wait:fence). Counted by the engine the observer is bound to (Note
+  // [Stats in place]); 0 from an unbound observer.
+  std::int64_t num_recycle_syncs = 0;
+  std::int64_t num_recycle_marker_waits = 0;
+  std::int64_t num_recycle_fence_skips = 0;
 
   friend bool operator==(const DeviceStatsView&, const DeviceStatsView&) = default;
 };
@@ -179,6 +187,10 @@ struct HotStats {
   StatArray requested_bytes{};
   Stat oversize_allocations{};
   std::int64_t num_events = 0;
+  // Recycling's waits (count_recycle_waits): not events, so only a bound engine counts them.
+  std::int64_t num_recycle_syncs = 0;
+  std::int64_t num_recycle_marker_waits = 0;
+  std::int64_t num_recycle_fence_skips = 0;
 };
 
 // An event of a pool changes [all] and [pool] (Stat arrays, and the shards' arrays alike).
@@ -286,6 +298,14 @@ class StatsObserver final : public AllocObserver {
   // them (its allocations in the shard before its frees counted in place), so no peak of its own
   // sequence is lost. Takes no observer lock (the engine's lock guards the hot counters).
   [[gnu::noinline]] void fold_this_threads_shard() noexcept;
+
+  // A growth of the bound engine synchronized `syncs` streams, waited for `marker_waits` markers
+  // and passed over `skips` pieces fences did not show idle. Only the bound engine, under its lock.
+  void count_recycle_waits(std::uint64_t syncs, std::uint64_t marker_waits, std::uint64_t skips) noexcept {
+    hot_.num_recycle_syncs += static_cast<std::int64_t>(syncs);
+    hot_.num_recycle_marker_waits += static_cast<std::int64_t>(marker_waits);
+    hot_.num_recycle_fence_skips += static_cast<std::int64_t>(skips);
+  }
 
  private:
   // Runs f with the hot counters' guard held: the bound engine's lock, or nothing more than

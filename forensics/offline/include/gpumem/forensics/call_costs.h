@@ -24,6 +24,11 @@
 // recycle:False, which the 14 synchronizations the replay counts in that workload's 25-step trace
 // could explain only at ~39 ms each; docs/notes/allocation-policy.md, "The cost of a stream
 // synchronization".
+//
+// A wait for one marker (recycle_wait:fence) waits only for the work queued before the marker, which
+// was recorded at an earlier growth: the replay charges the lag it had left (the marker completes
+// 10 ms of simulated time after it was recorded), at most the 1 ms of a stream synchronization, so
+// a marker wait never costs more than the synchronization it replaces (PolicyCounters::marker_wait_ns).
 
 #pragma once
 
@@ -41,7 +46,8 @@ inline double call_seconds(const PolicyCounters& c, const CallCosts& costs) noex
   return (static_cast<double>(c.creates) * costs.create_us + static_cast<double>(c.releases) * costs.release_us +
           static_cast<double>(c.maps) * costs.map_us + static_cast<double>(c.unmaps) * costs.unmap_us +
           static_cast<double>(c.syncs) * costs.sync_us) *
-         1e-6;
+             1e-6 +
+         static_cast<double>(c.marker_wait_ns) * 1e-9;
 }
 
 }  // namespace gpumem::forensics

@@ -37,6 +37,11 @@ struct PolicyCounters {
   // Stream synchronizations a growth made before unmapping (or moving a piece to another stream):
   // each drains the stream's queued work, and the CPU/GPU overlap with it.
   std::uint64_t syncs = 0;
+  // Waits for one marker (recycle_wait:fence: a kept mapping in the way waits for the marker
+  // recorded when its piece moved away, not for its stream), and the time they waited in all: the
+  // replay's lag left before the marker completes, at most a synchronization's charge each.
+  std::uint64_t marker_waits = 0;
+  std::uint64_t marker_wait_ns = 0;
   std::uint64_t alloc_retries = 0;  // times the policy freed cached memory and retried
 };
 
