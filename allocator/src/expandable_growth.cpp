@@ -144,13 +144,19 @@ struct GrowthWork {
   GrowFailure fail;                    // status ok iff every step succeeded
   std::int64_t recycle_ns = 0;         // source time recycling took: its syncs, unmap and map calls
 
-  // Empty, as a new one (the lists keep their capacity).
+  // As a new one, except that these lists keep their capacity: every other member (one added
+  // later included) gets its initial value.
   void reset() {
-    sync_streams.clear();
-    ghosts.clear();
-    pieces.clear();
-    fail = GrowFailure{};
-    recycle_ns = 0;
+    GrowthWork fresh;
+    fresh.sync_streams = cleared(sync_streams);
+    fresh.ghosts = cleared(ghosts);
+    fresh.pieces = cleared(pieces);
+    *this = std::move(fresh);
+  }
+  template <class List>
+  static List cleared(List& list) {
+    list.clear();
+    return std::move(list);
   }
 };
 
@@ -367,7 +373,15 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
       const std::size_t i = shortlist[k];
       const Placement& pl = places[i];
       const Region& r = *pl.region;
+      // A new plan, its two lists reused (every other member, one added later included, starts
+      // from its initial value).
       Planned& x = planned[k];
+      {
+        Planned fresh;
+        fresh.runs = std::move(x.runs);
+        fresh.piece_refs = std::move(x.piece_refs);
+        x = std::move(fresh);
+      }
       x.place = i;
       target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded, x.runs);
       x.piece_refs.clear();
