@@ -124,6 +124,7 @@ struct Block {
   // chain; allocated ones in the live table, free ones in the cache's index). Null otherwise.
   AtomicLease lease;
   AtomicState state;
+  std::uint16_t free_class = 0;     // in a FreeIndex: the size class it is indexed in (free_index.h)
   SetHook set_hook;                 // FreeIndex (free) or Region::unmapped (unmapped)
   LiveHook live_hook;               // LiveTable (allocated, pending_free, cached)
 

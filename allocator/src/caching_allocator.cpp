@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 #include "cap_policy.h"
 #include "engine.h"
@@ -230,10 +231,12 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
     if (!m.pending.empty() && m.may_wait()) m.process_pending_locked(batch);
     Block* b = nullptr;
     bool leased = false;
-    GrowFailure fail;
+    // Why the request failed: made only on the paths that can fail (its text is a std::string).
+    std::optional<GrowFailure> fail;
     if (too_large) {
-      fail.status = SourceStatus::out_of_memory;
-      fail.detail = "requests of 1 EiB or more are refused";
+      fail.emplace();
+      fail->status = SourceStatus::out_of_memory;
+      fail->detail = "requests of 1 EiB or more are refused";
     } else {
       if (tc != nullptr) {
         // The cache missed: its returning leases go back, and for a large request its large lease
@@ -257,10 +260,10 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
       // Best fit in the free index; else the slow path: the recovery steps (grow, release cached
       // memory, retry), engine.cpp.
       if (!b) b = m.map.take_cached(pool, stream, rounded, m.rules.split);
-      if (!b) b = m.allocate_slow_dropping_lock(lock, pool, stream, rounded, batch, fail);
+      if (!b) b = m.allocate_slow_dropping_lock(lock, pool, stream, rounded, batch, fail.emplace());
     }
     if (!b) {
-      result.oom = m.make_oom_locked(size_bytes, rounded, stream, pool, fail);
+      result.oom = m.make_oom_locked(size_bytes, rounded, stream, pool, *fail);
       m.emit(batch, EventKind::oom, pool, 0, rounded, size_bytes, stream);
       m.maybe_check_locked();
       obs = m.observers_for(batch);

@@ -77,6 +77,14 @@ struct GrowFailure {
 
 std::uint64_t now_ns() noexcept;
 
+// expandable_growth.cpp's working storage (defined there): the lists one growth builds, kept by
+// the engine between growths (cleared, capacity kept), so a growth allocates no heap memory of its
+// own once the lists have reached their working size.
+struct GrowthScratch;
+struct GrowthScratchDelete {
+  void operator()(GrowthScratch* s) const noexcept;
+};
+
 }  // namespace detail
 
 struct CachingAllocator::Impl {
@@ -269,6 +277,8 @@ struct CachingAllocator::Impl {
   Block* grow_expandable_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                                        detail::EventBatch& batch, detail::GrowFailure& fail,
                                        bool over_budget_ok = false, bool may_sync = false);
+  // Under growth_mutex (one growth at a time; a growth's retry reuses it after the first is done).
+  std::unique_ptr<detail::GrowthScratch, detail::GrowthScratchDelete> growth_scratch;
   // classic_growth.cpp
   Block* grow_classic_dropping_lock(Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded,
                                     detail::EventBatch& batch, detail::GrowFailure& fail);

@@ -93,10 +93,10 @@ void gather_placements(RegionMap& map, PoolKind pool, StreamId stream, std::size
 constexpr std::size_t kOverhangScanSlots = 64;
 
 // The maximal runs of unmapped slots in `range`, with whether their ends hold memory outside
-// [addr, addr + size), and for the last, the unmapped slots after `range` (room_after).
-std::vector<policy::TargetRun> target_runs(const Region& r, policy::SlotRange range, std::uintptr_t addr,
-                                           std::size_t size) {
-  std::vector<policy::TargetRun> runs;
+// [addr, addr + size), and for the last, the unmapped slots after `range` (room_after): into `runs`.
+void target_runs(const Region& r, policy::SlotRange range, std::uintptr_t addr, std::size_t size,
+                 std::vector<policy::TargetRun>& runs) {
+  runs.clear();
   const std::uintptr_t end = addr + size;
   for (std::size_t s = range.lo; s < range.hi;) {
     if (r.slot_mapped(s)) {
@@ -116,7 +116,6 @@ std::vector<policy::TargetRun> target_runs(const Region& r, policy::SlotRange ra
     runs.push_back(run);
     s = e;
   }
-  return runs;
 }
 
 // The driver work of one growth, as plain values: the act phase touches no engine structure.
@@ -145,6 +144,37 @@ struct GrowthWork {
   std::vector<Piece> pieces;           // the created ones first, then the recycled ones
   GrowFailure fail;                    // status ok iff every step succeeded
   std::int64_t recycle_ns = 0;         // source time recycling took: its syncs, unmap and map calls
+
+  // As a new one, except that these lists keep their capacity: every other member (one added
+  // later included) gets its initial value.
+  void reset() {
+    GrowthWork fresh;
+    fresh.sync_streams = cleared(sync_streams);
+    fresh.ghosts = cleared(ghosts);
+    fresh.pieces = cleared(pieces);
+    *this = std::move(fresh);
+  }
+  template <class List>
+  static List cleared(List& list) {
+    list.clear();
+    return std::move(list);
+  }
+};
+
+// A wholly free piece that could move, with the block holding it.
+struct PieceRef {
+  Block* block;
+  std::size_t first_slot;
+  bool idle;  // fences show its memory idle on the GPU (always, without fences)
+};
+
+// The growth planned at one shortlisted place.
+struct Planned {
+  std::size_t place = 0;
+  std::vector<policy::TargetRun> runs;
+  std::uintptr_t claim_lo = 0, claim_hi = 0;  // the request and the slots it maps
+  std::vector<std::size_t> piece_refs;         // the free pieces offered (indices into refs)
+  policy::GrowthLayout layout;
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -207,6 +237,35 @@ void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork&
 
 }  // namespace
 
+namespace detail {
+
+// Every list one growth builds (see grow_expandable_dropping_lock for what each holds). The
+// engine keeps one, under growth_mutex; each growth clears what it uses.
+struct GrowthScratch {
+  std::vector<Placement> places;
+  std::vector<policy::PlacementCandidate> candidates;
+  std::vector<PieceRef> refs;
+  std::vector<policy::FreePiece> all_pieces;
+  // Planned growths: those of the last plan, and the two sets kept aside while the headroom and
+  // budget rules compare plans (swapped, so every set keeps its entries' lists).
+  std::vector<Planned> planned, planned_aside, planned_aside2;
+  std::vector<policy::GrowthOption> options, options_aside, options_aside2;
+  std::vector<policy::FreePiece> offered;
+  std::vector<PieceRef> candidates_refs;
+  std::vector<policy::FreePiece> free_pieces;
+  GrowthWork work;
+  std::vector<policy::RecycleChoice> choices;
+  std::vector<std::size_t> order;
+  std::vector<Block*> recycled;
+  std::vector<RegionMap::GhostRef> ghost_at;
+  std::vector<Block*> target;
+  std::vector<std::pair<StreamId, EventToken>> markers;
+};
+
+void GrowthScratchDelete::operator()(GrowthScratch* s) const noexcept { delete s; }
+
+}  // namespace detail
+
 CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_lock(
     Lock& lock, PoolKind pool, StreamId stream, std::size_t rounded, EventBatch& batch, GrowFailure& fail,
     bool over_budget_ok, bool may_sync) {
@@ -217,6 +276,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   const policy::PieceRules& pieces = rules.pieces[p];
   const std::size_t unit = policy::unit_slots(pieces);
 
+  if (!growth_scratch) growth_scratch.reset(new detail::GrowthScratch);
+  detail::GrowthScratch& scratch = *growth_scratch;
+
   // ---- plan
   // recycle_wait:fence (Note [Physical page recycling], "Fences instead of waits"): a move that
   // needs memory idle on the GPU takes only memory the fences show idle, so nothing below waits;
@@ -226,8 +288,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::uint64_t fence_skips = 0;  // how many (gpumem.num_recycle_fence_skips)
   const std::uint64_t plan_tick = map.tick;
   if (fence) fences.poll(events);
-  std::vector<Placement> places;
-  std::vector<policy::PlacementCandidate> candidates;
+  std::vector<Placement>& places = scratch.places;
+  std::vector<policy::PlacementCandidate>& candidates = scratch.candidates;
+  places.clear();
+  candidates.clear();
   gather_placements(map, pool, stream, rounded, unit, places, candidates);
   if (!may_wait() && !map.ghosts.empty()) {
     // Capturing: a kept mapping in the way would have to be unmapped, which waits for its stream
@@ -273,13 +337,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
 
   // Wholly free pieces that could move (the growing pool's, and the other pool's when the rules
   // allow it), each with the block holding it.
-  struct PieceRef {
-    Block* block;
-    std::size_t first_slot;
-    bool idle;  // fences show its memory idle on the GPU (always, without fences)
-  };
-  std::vector<PieceRef> refs;
-  std::vector<policy::FreePiece> all_pieces;
+  std::vector<PieceRef>& refs = scratch.refs;
+  std::vector<policy::FreePiece>& all_pieces = scratch.all_pieces;
+  refs.clear();
+  all_pieces.clear();
   // Recycling synchronizes the streams of the pieces that move: never while capturing or holding
   // (Note [Engine during graph capture]).
   const bool may_recycle = rules.recycle && may_release();
@@ -319,27 +380,31 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   }
 
   // Plan the growth at the most promising places; take the best.
-  struct Planned {
-    std::size_t place = 0;
-    std::vector<policy::TargetRun> runs;
-    std::uintptr_t claim_lo = 0, claim_hi = 0;  // the request and the slots it maps
-    std::vector<std::size_t> piece_refs;         // the free pieces offered (indices into refs)
-    policy::GrowthLayout layout;
-  };
-  std::vector<Planned> planned;
-  std::vector<policy::GrowthOption> options;
-  std::vector<policy::FreePiece> offered;
+  std::vector<Planned>& planned = scratch.planned;
+  std::vector<policy::GrowthOption>& options = scratch.options;
+  std::vector<policy::FreePiece>& offered = scratch.offered;
   const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
   // Plans the growth at each shortlisted place (with or without recycling); the best one's index.
+  // planned[k] is the plan at shortlist[k]; entries are reused with their lists.
   auto plan_all = [&](bool recycle) {
-    planned.clear();
+    planned.resize(shortlist.size());
     options.clear();
-    for (std::size_t i : shortlist) {
+    for (std::size_t k = 0; k < shortlist.size(); ++k) {
+      const std::size_t i = shortlist[k];
       const Placement& pl = places[i];
       const Region& r = *pl.region;
-      Planned x;
+      // A new plan, its two lists reused (every other member, one added later included, starts
+      // from its initial value).
+      Planned& x = planned[k];
+      {
+        Planned fresh;
+        fresh.runs = std::move(x.runs);
+        fresh.piece_refs = std::move(x.piece_refs);
+        x = std::move(fresh);
+      }
       x.place = i;
-      x.runs = target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded);
+      target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded, x.runs);
+      x.piece_refs.clear();
       x.claim_lo = pl.addr;
       x.claim_hi = pl.addr + rounded;
       if (!x.runs.empty()) {
@@ -362,7 +427,6 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
         x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.target_slot + offered[c.piece].slots));
       options.push_back({x.layout.created_slots(),
                          x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
-      planned.push_back(std::move(x));
     }
     return *policy::choose_growth(options);
   };
@@ -374,8 +438,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   bool headroom_create = false;
   if (recycle_now && !over_budget_ok && rules.recycle_headroom > 0 && !planned[chosen].layout.recycled.empty()) {
     const std::size_t chosen_with = chosen;
-    std::vector<Planned> planned_with = std::move(planned);
-    std::vector<policy::GrowthOption> options_with = std::move(options);
+    std::vector<Planned>& planned_with = scratch.planned_aside;
+    std::vector<policy::GrowthOption>& options_with = scratch.options_aside;
+    planned_with.swap(planned);
+    options_with.swap(options);
     const std::size_t chosen_without = plan_all(false);
     const std::size_t adding = planned[chosen_without].layout.created_slots() * slot;
     if (policy::within_headroom(map.reserved_bytes, adding, in_use_high_bytes, rules.recycle_headroom) &&
@@ -384,8 +450,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
       recycle_now = false;
       headroom_create = true;
     } else {
-      planned = std::move(planned_with);
-      options = std::move(options_with);
+      planned.swap(planned_with);
+      options.swap(options_with);
       chosen = chosen_with;
     }
   }
@@ -397,8 +463,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   if (budget_denied && !refs.empty()) {
     const std::size_t without = planned[chosen].layout.created_slots();
     const std::size_t chosen_without = chosen;
-    std::vector<Planned> planned_without = std::move(planned);
-    std::vector<policy::GrowthOption> options_without = std::move(options);
+    std::vector<Planned>& planned_without = scratch.planned_aside2;
+    std::vector<policy::GrowthOption>& options_without = scratch.options_aside2;
+    planned_without.swap(planned);
+    options_without.swap(options);
     const std::size_t chosen_with = plan_all(true);
     const std::size_t with = planned[chosen_with].layout.created_slots();
     buying_bytes = (without - std::min(without, with)) * slot;
@@ -412,8 +480,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
       chosen = chosen_with;
       buying_bytes = 0;
     } else {
-      planned = std::move(planned_without);
-      options = std::move(options_without);
+      planned.swap(planned_without);
+      options.swap(options_without);
       chosen = chosen_without;
     }
   }
@@ -426,8 +494,10 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   Region& r = *place->region;
   const std::uintptr_t claim_lo = best.claim_lo, claim_hi = best.claim_hi;
   const policy::GrowthLayout& layout = best.layout;
-  std::vector<PieceRef> candidates_refs;
-  std::vector<policy::FreePiece> free_pieces;
+  std::vector<PieceRef>& candidates_refs = scratch.candidates_refs;
+  std::vector<policy::FreePiece>& free_pieces = scratch.free_pieces;
+  candidates_refs.clear();
+  free_pieces.clear();
   for (std::size_t k : best.piece_refs) {
     candidates_refs.push_back(refs[k]);
     free_pieces.push_back(all_pieces[k]);
@@ -445,7 +515,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     return nullptr;
   }
 
-  GrowthWork w;
+  GrowthWork& w = scratch.work;
+  w.reset();
   for (const policy::SlotRange& c : layout.created) {
     GrowthWork::Piece piece;
     piece.bytes = c.size() * slot;
@@ -457,7 +528,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // interchangeable, so each goes, where it can, to a target slot that holds its own kept mapping
   // (a move there makes no driver call). Only which handle goes where changes: the slots mapped,
   // the pieces freed and every later decision are those of the plan.
-  std::vector<policy::RecycleChoice> choices = layout.recycled;
+  std::vector<policy::RecycleChoice>& choices = scratch.choices;
+  choices.assign(layout.recycled.begin(), layout.recycled.end());
   if (rules.keep_mappings && r.ghosts > 0) {
     auto handle_of = [&](std::size_t piece) {
       const PieceRef& ref = candidates_refs[piece];
@@ -479,12 +551,14 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   }
   // Claim the pieces to recycle, the highest first: claim_piece keeps the part of the block below
   // the piece in the same Block, so a lower piece of the same free block is still found through it.
-  std::vector<std::size_t> order(choices.size());
+  std::vector<std::size_t>& order = scratch.order;
+  order.resize(choices.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return free_pieces[choices[a].piece].addr > free_pieces[choices[b].piece].addr;
   });
-  std::vector<Block*> recycled;  // parallel to the recycled entries of w.pieces
+  std::vector<Block*>& recycled = scratch.recycled;  // parallel to the recycled entries of w.pieces
+  recycled.clear();
   auto note_sync = [&](StreamId s) {
     if (std::find(w.sync_streams.begin(), w.sync_streams.end(), s) == w.sync_streams.end()) w.sync_streams.push_back(s);
   };
@@ -506,7 +580,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // Kept mappings to unmap: those where pieces land (other than a piece's own), and old ones evicted
   // below. Unmapping one waits for its region's stream (kernels may still use it from before its
   // piece moved) unless the marker recorded when it was made has completed.
-  std::vector<RegionMap::GhostRef> ghost_at;  // parallel to w.ghosts (region, first slot)
+  std::vector<RegionMap::GhostRef>& ghost_at = scratch.ghost_at;  // parallel to w.ghosts (region, first slot)
+  ghost_at.clear();
   auto unmap_ghost = [&](Region& gr, std::size_t g) {
     for (const RegionMap::GhostRef& x : ghost_at)
       if (x.region == &gr && x.first == g) return std::size_t{0};
@@ -574,7 +649,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     }
   }
   // ... and the target.
-  std::vector<Block*> target;
+  std::vector<Block*>& target = scratch.target;
+  target.clear();
   map.claim_range(place->hole_first, claim_lo, claim_hi, target);
 
   // ---- act
@@ -594,7 +670,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
       if (const EventToken m = map.remove_ghost(*ghost_at[i].region, ghost_at[i].first)) events.release(m);
   // One marker per stream that pieces moved away from keeping their old mappings: it completes once
   // the work queued there so far (all uses of the old places) is done.
-  std::vector<std::pair<StreamId, EventToken>> markers;
+  std::vector<std::pair<StreamId, EventToken>>& markers = scratch.markers;
+  markers.clear();
   auto marker_for = [&](StreamId st) {
     for (const auto& [ms, m] : markers)
       if (ms == st) return m;

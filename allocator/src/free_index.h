@@ -78,6 +78,8 @@ struct SizeClasses {
     unsigned sub;
     unsigned index() const noexcept { return level * kSubClasses + sub; }
   };
+  static_assert(kClasses <= 65536, "a class index fits Block::free_class");
+  static Class at_index(unsigned index) noexcept { return {index / kSubClasses, index % kSubClasses}; }
 
   // Monotonic: a <= b implies of(a).index() <= of(b).index(). Classes are closed above, (lo, hi]:
   // a block of a power of two (a 2 MiB piece, 16 KiB) shares its class with the blocks a little
@@ -109,8 +111,10 @@ class FreeIndex {
 
     ClassSet& set_of(SizeClasses::Class c) noexcept { return classes[c.index()]; }
     void add(Block& b) noexcept { add(b, SizeClasses::of(b.size_bytes)); }
-    // c: the class of b's size.
+    // c: the class of b's size (remembered in b.free_class, so that taking b out or resizing it
+    // does not compute it again).
     void add(Block& b, SizeClasses::Class c) noexcept {
+      b.free_class = static_cast<std::uint16_t>(c.index());
       ClassSet& set = classes[c.index()];
       // Most classes hold one block or none: linking into an empty tree needs no search.
       if (set.empty()) set.push_back(b);
@@ -119,7 +123,7 @@ class FreeIndex {
       level_bits |= std::uint64_t{1} << c.level;
       ++blocks;
     }
-    void remove(Block& b, std::size_t indexed_size) noexcept { remove(b, SizeClasses::of(indexed_size)); }
+    void remove(Block& b) noexcept { remove(b, SizeClasses::at_index(b.free_class)); }
     // c: the class b is indexed in.
     void remove(Block& b, SizeClasses::Class c) noexcept {
       ClassSet& set = classes[c.index()];
@@ -179,13 +183,14 @@ class FreeIndex {
   // common case of a split or a merge, where the block keeps its rank.
   void replace(Block& old, std::size_t old_size, Block& fresh) {
     Bins& bins = bins_for(old.stream);
-    const SizeClasses::Class c = SizeClasses::of(old_size);
+    const SizeClasses::Class c = SizeClasses::at_index(old.free_class);
     ClassSet& set = bins.set_of(c);
     auto it = set.iterator_to(old);
     if (SizeClasses::of(fresh.size_bytes).index() == c.index() && (only_node(set, old) || fits_at(set, it, fresh))) {
       set.replace_node(it, fresh);
+      fresh.free_class = old.free_class;
     } else {
-      bins.remove(old, old_size);
+      bins.remove(old, c);
       bins.add(fresh);
     }
     bytes_ = bytes_ - old_size + fresh.size_bytes;
@@ -195,12 +200,12 @@ class FreeIndex {
   // a merge into it, once per engine call) is inline and touches neither the bins nor the tree.
   void resized(Block& b, std::size_t old_size) {
     bytes_ = bytes_ - old_size + b.size_bytes;
-    const SizeClasses::Class was = SizeClasses::of(old_size), now = SizeClasses::of(b.size_bytes);
+    const SizeClasses::Class was = SizeClasses::at_index(b.free_class), now = SizeClasses::of(b.size_bytes);
     if (was.index() == now.index() && alone_in_tree(b)) return;
     move_resized(b, was, now);
   }
   void erase(Block& b) noexcept {
-    bins_of(b.stream)->remove(b, b.size_bytes);
+    bins_of(b.stream)->remove(b);
     --size_;
     bytes_ -= b.size_bytes;
   }
@@ -376,7 +381,7 @@ inline bool FreeIndex::check_order() const noexcept {
       if (bit != !set.empty()) return false;
       const Block* prev = nullptr;
       for (const Block& b : set) {
-        if (b.stream != bins->stream || SizeClasses::of(b.size_bytes).index() != c) return false;
+        if (b.stream != bins->stream || SizeClasses::of(b.size_bytes).index() != c || b.free_class != c) return false;
         if (prev && !ClassOrder{}(*prev, b)) return false;
         prev = &b;
         bytes += b.size_bytes;

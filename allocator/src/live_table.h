@@ -44,9 +44,12 @@ class LiveTable {
   LiveTable& operator=(const LiveTable&) = delete;
 
   // b (not in the table; no block of its address is) goes in.
-  void insert(Block& b) {
+  void insert(Block& b) { insert_hashed(b, BlockAddrHash::mix(b.addr)); }
+  // The same with hash == BlockAddrHash::mix(b.addr), computed by the caller (ShardedLiveTable
+  // picks the shard from it too).
+  void insert_hashed(Block& b, std::size_t hash) {
     if (size_ + 1 > mask_ + 1) grow();
-    link(b, buckets_[BlockAddrHash::mix(b.addr) & mask_]);
+    link(b, buckets_[hash & mask_]);
     ++size_;
   }
   // b (in the table) goes out.
@@ -58,8 +61,9 @@ class LiveTable {
     h.pprev = nullptr;
     --size_;
   }
-  Block* find(std::uintptr_t addr) const noexcept {
-    for (Block* b = buckets_[BlockAddrHash::mix(addr) & mask_]; b != nullptr; b = b->live_hook.next)
+  Block* find(std::uintptr_t addr) const noexcept { return find_hashed(addr, BlockAddrHash::mix(addr)); }
+  Block* find_hashed(std::uintptr_t addr, std::size_t hash) const noexcept {
+    for (Block* b = buckets_[hash & mask_]; b != nullptr; b = b->live_hook.next)
       if (b->addr == addr) return b;
     return nullptr;
   }
@@ -114,10 +118,11 @@ class ShardedLiveTable {
   // `locked`: take the shard's lock (needed once thread caches are active; before that every
   // access happens under the engine's lock).
   void insert(Block& b, bool locked) {
-    Shard& s = shard(b.addr);
-    if (!locked) return s.table.insert(b);
+    const std::size_t hash = BlockAddrHash::mix(b.addr);
+    Shard& s = shard_of_hash(hash);
+    if (!locked) return s.table.insert_hashed(b, hash);
     std::lock_guard lock(s.lock);
-    s.table.insert(b);
+    s.table.insert_hashed(b, hash);
   }
   void erase(Block& b, bool locked) noexcept {
     Shard& s = shard(b.addr);
@@ -126,10 +131,11 @@ class ShardedLiveTable {
     s.table.erase(b);
   }
   Block* find(std::uintptr_t addr, bool locked) noexcept {
-    Shard& s = shard(addr);
-    if (!locked) return s.table.find(addr);
+    const std::size_t hash = BlockAddrHash::mix(addr);
+    Shard& s = shard_of_hash(hash);
+    if (!locked) return s.table.find_hashed(addr, hash);
     std::lock_guard lock(s.lock);
-    return s.table.find(addr);
+    return s.table.find_hashed(addr, hash);
   }
   template <class Fn>
   decltype(auto) with_shard(std::uintptr_t addr, Fn&& fn) {
@@ -153,7 +159,8 @@ class ShardedLiveTable {
     SpinLock lock;
     LiveTable table;
   };
-  Shard& shard(std::uintptr_t addr) noexcept { return shards_[(BlockAddrHash::mix(addr) >> 7) % kShards]; }
+  Shard& shard(std::uintptr_t addr) noexcept { return shard_of_hash(BlockAddrHash::mix(addr)); }
+  Shard& shard_of_hash(std::size_t hash) noexcept { return shards_[(hash >> 7) % kShards]; }
   const Shard& shard_c(std::uintptr_t addr) const noexcept { return shards_[(BlockAddrHash::mix(addr) >> 7) % kShards]; }
   std::array<Shard, kShards> shards_;
 };

@@ -49,11 +49,13 @@ struct ThreadCacheSet {
 
   const std::uint64_t id;  // tells this engine apart in threads' slots (never reused)
   const bool enabled;      // Config::thread_cache
-  std::atomic<bool> active{false};
+  std::atomic<bool> active{false};  // set (never cleared) once the engine lock is contended, only if enabled
   std::vector<std::unique_ptr<ThreadCache>> caches;  // owned by live threads
   std::vector<std::unique_ptr<ThreadCache>> spare;   // drained, of threads that exited; reused
 
-  bool in_use() const noexcept { return enabled && active.load(std::memory_order_relaxed); }
+  // One load: `active` is set only when `enabled` (lock_noting_contention), and this is read several
+  // times per allocation and free.
+  bool in_use() const noexcept { return active.load(std::memory_order_relaxed); }
 
   // The calling thread's cache for this engine, or null. No lock.
   ThreadCache* find_for_this_thread() const noexcept {

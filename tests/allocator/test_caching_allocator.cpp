@@ -826,6 +826,35 @@ TEST_CASE("out of memory is a value with the facts, and frees recover", "[engine
   REQUIRE(f.engine.free(b) == FreeStatus::ok);
 }
 
+TEST_CASE("the reason a request failed reaches its OomInfo on every failing path", "[engine][oom]") {
+  // allocate() makes its failure record only on the paths that can fail (a request too large to
+  // try, the slow path): each of them still reports its own cause and detail.
+  SimSourceOptions o;
+  o.capacity_bytes = 200 * MiB;
+  Fixture f(test_config(), o);
+  auto huge = f.engine.allocate(std::size_t{1} << 60, 0);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.oom->cause == SourceStatus::out_of_memory);
+  CHECK(huge.oom->detail == "requests of 1 EiB or more are refused");
+  CHECK_FALSE(huge.oom->cap_reached);
+  void* a = f.alloc(150 * MiB);
+  auto over = f.engine.allocate(100 * MiB, 0);  // the provider has 50 MiB left
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.oom->cause == SourceStatus::out_of_memory);
+  CHECK(over.oom->detail.find("1 EiB") == std::string::npos);  // nothing left over from the request before
+  f.engine.set_memory_limit(160 * MiB);
+  auto capped = f.engine.allocate(20 * MiB, 0);
+  REQUIRE_FALSE(capped.ok());
+  CHECK(capped.oom->cap_reached);
+  CHECK(capped.oom->detail.empty());
+  f.engine.set_memory_limit(0);
+  auto fits = f.engine.allocate(20 * MiB, 0);  // a success after failures
+  REQUIRE(fits.ok());
+  CHECK_FALSE(fits.oom);
+  REQUIRE(f.engine.free(fits.ptr) == FreeStatus::ok);
+  REQUIRE(f.engine.free(a) == FreeStatus::ok);
+}
+
 TEST_CASE("the memory cap refuses growth and reports it", "[engine][oom]") {
   Fixture f;
   f.engine.set_memory_limit(100 * MiB);
