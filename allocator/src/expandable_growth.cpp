@@ -245,6 +245,7 @@ struct GrowthScratch {
   std::vector<policy::PlacementCandidate> candidates;
   std::vector<PieceRef> refs;
   std::vector<policy::FreePiece> all_pieces;
+  std::vector<std::size_t> shortlist;  // indices into places, planned in full
   // Planned growths: those of the last plan, and the two sets kept aside while the headroom and
   // budget rules compare plans (swapped, so every set keeps its entries' lists).
   std::vector<Planned> planned, planned_aside, planned_aside2;
@@ -382,7 +383,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   std::vector<Planned>& planned = scratch.planned;
   std::vector<policy::GrowthOption>& options = scratch.options;
   std::vector<std::uint8_t>& skip = scratch.skip;
-  const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
+  std::vector<std::size_t>& shortlist = scratch.shortlist;
+  policy::shortlist_placements(candidates, kPlacementsPlanned, shortlist);
   // The order in which recycling takes the free pieces is the same at every place: sorted once,
   // at the first plan that recycles (RecyclePlanner, growth_policy.h).
   bool pieces_ordered = false;

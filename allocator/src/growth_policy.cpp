@@ -40,7 +40,15 @@ PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t ho
 }
 
 std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit) {
-  std::vector<std::size_t> order(candidates.size());
+  std::vector<std::size_t> out;
+  shortlist_placements(candidates, limit, out);
+  return out;
+}
+
+void shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit,
+                          std::vector<std::size_t>& out) {
+  std::vector<std::size_t>& order = out;  // sorted in place, then the tail compacted
+  order.resize(candidates.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto key = [&](std::size_t i) {
     const PlacementCandidate& c = candidates[i];
@@ -49,10 +57,11 @@ std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate
   const std::size_t n = std::min(limit, order.size());
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
                     [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
-  std::vector<std::size_t> out(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n));
+  // The first n, then the frontier candidates among the rest, in the order partial_sort left them.
+  std::size_t kept = n;
   for (std::size_t k = n; k < order.size(); ++k)
-    if (candidates[order[k]].at_region_end) out.push_back(order[k]);
-  return out;
+    if (candidates[order[k]].at_region_end) order[kept++] = order[k];
+  order.resize(kept);
 }
 
 std::optional<std::size_t> choose_growth(std::span<const GrowthOption> options) noexcept {

@@ -55,6 +55,9 @@ struct PlacementCandidate {
 // needing the fewest new slots (ties: the smaller hole, then the lower address), and every
 // candidate at a region's end, where any free piece fits. Indices, without repeats.
 std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit);
+// The same indices, in the same order, into `out` (its capacity kept; no list of its own).
+void shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit,
+                          std::vector<std::size_t>& out);
 
 // ---- pieces: how the slots a request needs are backed
 

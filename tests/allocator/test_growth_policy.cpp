@@ -160,6 +160,12 @@ TEST_CASE("growth policy: the shortlist keeps the fewest new slots and every fro
   CHECK(s[2] == 3u);
   CHECK(shortlist_placements({}, 4).empty());
   CHECK(shortlist_placements(c, 100).size() == c.size());  // no repeats
+  // Into a list that held another shortlist: the same indices, nothing of the old ones left.
+  std::vector<std::size_t> reused = {7, 7, 7, 7, 7, 7, 7, 7};
+  shortlist_placements(c, 2, reused);
+  CHECK(reused == s);
+  shortlist_placements({}, 4, reused);
+  CHECK(reused.empty());
 }
 
 TEST_CASE("growth policy: the growth creating least, then moving fewest pieces, then the smaller hole wins",
