@@ -173,8 +173,7 @@ struct Planned {
   std::size_t place = 0;
   std::vector<policy::TargetRun> runs;
   std::uintptr_t claim_lo = 0, claim_hi = 0;  // the request and the slots it maps
-  std::vector<std::size_t> piece_refs;         // the free pieces offered (indices into refs)
-  policy::GrowthLayout layout;
+  policy::GrowthLayout layout;                 // its recycled pieces index the growth's free pieces (refs)
 };
 
 void run_growth_unlocked(MemorySource& source, StreamEvents& events, GrowthWork& w) {
@@ -246,13 +245,14 @@ struct GrowthScratch {
   std::vector<policy::PlacementCandidate> candidates;
   std::vector<PieceRef> refs;
   std::vector<policy::FreePiece> all_pieces;
+  std::vector<std::size_t> shortlist;  // indices into places, planned in full
   // Planned growths: those of the last plan, and the two sets kept aside while the headroom and
   // budget rules compare plans (swapped, so every set keeps its entries' lists).
   std::vector<Planned> planned, planned_aside, planned_aside2;
   std::vector<policy::GrowthOption> options, options_aside, options_aside2;
-  std::vector<policy::FreePiece> offered;
-  std::vector<PieceRef> candidates_refs;
-  std::vector<policy::FreePiece> free_pieces;
+  // The free pieces in recycling's order, once per growth, and the pieces each plan leaves out.
+  policy::RecyclePlanner planner;
+  std::vector<std::uint8_t> skip;
   GrowthWork work;
   std::vector<policy::RecycleChoice> choices;
   std::vector<std::size_t> order;
@@ -382,49 +382,61 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   // Plan the growth at the most promising places; take the best.
   std::vector<Planned>& planned = scratch.planned;
   std::vector<policy::GrowthOption>& options = scratch.options;
-  std::vector<policy::FreePiece>& offered = scratch.offered;
-  const std::vector<std::size_t> shortlist = policy::shortlist_placements(candidates, kPlacementsPlanned);
+  std::vector<std::uint8_t>& skip = scratch.skip;
+  std::vector<std::size_t>& shortlist = scratch.shortlist;
+  policy::shortlist_placements(candidates, kPlacementsPlanned, shortlist);
+  // The order in which recycling takes the free pieces is the same at every place: sorted once,
+  // at the first plan that recycles (RecyclePlanner, growth_policy.h).
+  bool pieces_ordered = false;
   // Plans the growth at each shortlisted place (with or without recycling); the best one's index.
   // planned[k] is the plan at shortlist[k]; entries are reused with their lists.
   auto plan_all = [&](bool recycle) {
     planned.resize(shortlist.size());
     options.clear();
+    if (recycle && !pieces_ordered) {
+      scratch.planner.prepare(all_pieces, pieces);
+      pieces_ordered = true;
+    }
     for (std::size_t k = 0; k < shortlist.size(); ++k) {
       const std::size_t i = shortlist[k];
       const Placement& pl = places[i];
       const Region& r = *pl.region;
-      // A new plan, its two lists reused (every other member, one added later included, starts
-      // from its initial value).
+      // A new plan, its lists reused (every other member, one added later included, starts from
+      // its initial value).
       Planned& x = planned[k];
       {
         Planned fresh;
         fresh.runs = std::move(x.runs);
-        fresh.piece_refs = std::move(x.piece_refs);
+        fresh.layout.recycled = std::move(x.layout.recycled);
+        fresh.layout.created = std::move(x.layout.created);
         x = std::move(fresh);
       }
       x.place = i;
       target_runs(r, unit_range(r, pl.addr, rounded, unit), pl.addr, rounded, x.runs);
-      x.piece_refs.clear();
       x.claim_lo = pl.addr;
       x.claim_hi = pl.addr + rounded;
       if (!x.runs.empty()) {
         x.claim_lo = std::min(x.claim_lo, r.slot_addr(x.runs.front().slots.lo));
         x.claim_hi = std::max(x.claim_hi, r.slot_addr(x.runs.back().slots.hi));
       }
-      offered.clear();
-      if (pl.need > 0)
+      // The free pieces offered: none where no slot is needed, else all but those where the
+      // request lands (skipped).
+      bool any_skipped = false;
+      if (recycle && pl.need > 0) {
+        skip.resize(refs.size());
         for (std::size_t k = 0; k < refs.size(); ++k) {
           const policy::FreePiece& fp = all_pieces[k];
           const bool inside =
               refs[k].block->region == &r && fp.addr < x.claim_hi && fp.addr + fp.slots * slot > x.claim_lo;
-          if (inside) continue;  // where the request lands
-          x.piece_refs.push_back(k);
-          offered.push_back(fp);
+          skip[k] = inside ? 1 : 0;
+          any_skipped |= inside;
         }
-      x.layout = policy::plan_growth(offered, x.runs, pieces, recycle);
+      }
+      scratch.planner.plan(any_skipped ? std::span<const std::uint8_t>(skip) : std::span<const std::uint8_t>(),
+                           x.runs, pieces, recycle && pl.need > 0, x.layout);
       for (const policy::SlotRange& c : x.layout.created) x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.hi));
       for (const policy::RecycleChoice& c : x.layout.recycled)  // an overhanging piece ends past the runs
-        x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.target_slot + offered[c.piece].slots));
+        x.claim_hi = std::max(x.claim_hi, r.slot_addr(c.target_slot + all_pieces[c.piece].slots));
       options.push_back({x.layout.created_slots(),
                          x.layout.created.size() + x.layout.recycled.size(), candidates[i].hole_bytes, pl.addr});
     }
@@ -487,21 +499,16 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   }
   const bool charge_budget = !budget_denied;
   // Frontier pieces (growth_policy.h): the chosen growth's new pieces, longer where it only builds.
-  planned[chosen].layout = policy::lengthen_frontier_pieces(planned[chosen].layout, planned[chosen].runs,
-                                                            candidates[planned[chosen].place].at_region_end, pieces);
+  policy::lengthen_frontier_pieces_in_place(planned[chosen].layout, planned[chosen].runs,
+                                            candidates[planned[chosen].place].at_region_end, pieces);
   const Planned& best = planned[chosen];
   const Placement* place = &places[best.place];
   Region& r = *place->region;
   const std::uintptr_t claim_lo = best.claim_lo, claim_hi = best.claim_hi;
   const policy::GrowthLayout& layout = best.layout;
-  std::vector<PieceRef>& candidates_refs = scratch.candidates_refs;
-  std::vector<policy::FreePiece>& free_pieces = scratch.free_pieces;
-  candidates_refs.clear();
-  free_pieces.clear();
-  for (std::size_t k : best.piece_refs) {
-    candidates_refs.push_back(refs[k]);
-    free_pieces.push_back(all_pieces[k]);
-  }
+  // The layout's pieces index the growth's free pieces: refs and all_pieces.
+  const std::vector<PieceRef>& candidates_refs = refs;
+  const std::vector<policy::FreePiece>& free_pieces = all_pieces;
   // Memory comes first: what fences passed over is created instead only while the footprint stays
   // within what recycling alone reserves at least (policy::fence_may_create); past it, wait.
   if (fence_limited && !policy::fence_may_create(map.reserved_bytes, layout.created_slots() * slot, in_use_high_bytes))

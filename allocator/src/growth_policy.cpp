@@ -1,7 +1,6 @@
 #include "growth_policy.h"
 
 #include <algorithm>
-#include <map>
 #include <tuple>
 
 #include "cap_policy.h"
@@ -41,7 +40,15 @@ PlacementAddresses placement_addresses(std::uintptr_t hole_lo, std::uintptr_t ho
 }
 
 std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit) {
-  std::vector<std::size_t> order(candidates.size());
+  std::vector<std::size_t> out;
+  shortlist_placements(candidates, limit, out);
+  return out;
+}
+
+void shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit,
+                          std::vector<std::size_t>& out) {
+  std::vector<std::size_t>& order = out;  // sorted in place, then the tail compacted
+  order.resize(candidates.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto key = [&](std::size_t i) {
     const PlacementCandidate& c = candidates[i];
@@ -50,10 +57,11 @@ std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate
   const std::size_t n = std::min(limit, order.size());
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
                     [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
-  std::vector<std::size_t> out(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n));
+  // The first n, then the frontier candidates among the rest, in the order partial_sort left them.
+  std::size_t kept = n;
   for (std::size_t k = n; k < order.size(); ++k)
-    if (candidates[order[k]].at_region_end) out.push_back(order[k]);
-  return out;
+    if (candidates[order[k]].at_region_end) order[kept++] = order[k];
+  order.resize(kept);
 }
 
 std::optional<std::size_t> choose_growth(std::span<const GrowthOption> options) noexcept {
@@ -72,11 +80,17 @@ std::size_t GrowthLayout::created_slots() const noexcept {
 
 std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const PieceRules& rules) {
   std::vector<SlotRange> out;
-  if (gap.size() == 0) return out;
+  append_new_pieces(gap, head_shared, tail_shared, rules, out);
+  return out;
+}
+
+void append_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const PieceRules& rules,
+                       std::vector<SlotRange>& out) {
+  if (gap.size() == 0) return;
   if (rules.mode == PieceMode::fixed) {
     const std::size_t unit = std::max<std::size_t>(rules.fixed_slots, 1);
     for (std::size_t s = gap.lo; s < gap.hi; s += unit) out.push_back({s, std::min(s + unit, gap.hi)});
-    return out;
+    return;
   }
   std::size_t lo = gap.lo, hi = gap.hi;
   const bool head = head_shared, tail = tail_shared && hi - lo > (head ? 1u : 0u);
@@ -96,36 +110,90 @@ std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tai
     }
   }
   if (tail) out.push_back({gap.hi - 1, gap.hi});
-  return out;
 }
 
-GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
-                         const PieceRules& rules, bool recycle) {
-  GrowthLayout out;
+void RecyclePlanner::prepare(std::span<const FreePiece> free_pieces, const PieceRules& rules) {
+  pieces_ = free_pieces;
+  order_.clear();
+  lengths_.clear();
+  // The keys sorted by value (one comparison reads two records, not two pieces through indices).
+  keys_.clear();
   const bool edge_first = rules.hole_edge_first;
-  // Free pieces by length; within a length in the order they are taken.
-  std::map<std::size_t, std::vector<std::size_t>> by_length;  // each vector: last = next taken
-  if (recycle && !free_pieces.empty()) {
-    std::vector<std::size_t> order(free_pieces.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    auto key = [&](std::size_t i) {
-      const FreePiece& p = free_pieces[i];
-      return std::make_tuple(edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr);
-    };
-    // Descending, so that the vector's back is the first to take.
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) > key(b); });
-    for (std::size_t i : order)
-      if (free_pieces[i].slots > 0) by_length[free_pieces[i].slots].push_back(i);
+  for (std::size_t i = 0; i < free_pieces.size(); ++i) {
+    const FreePiece& p = free_pieces[i];
+    if (p.slots > 0) keys_.push_back({p.slots, edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr, i});
   }
-  // Takes the longest free piece of at most `room` slots, if any.
+  std::sort(keys_.begin(), keys_.end());
+  for (std::size_t k = 0; k < keys_.size(); ++k) {
+    const std::size_t slots = keys_[k].slots;
+    order_.push_back(keys_[k].index);
+    if (lengths_.empty() || lengths_.back().slots != slots) lengths_.push_back({slots, k, k});
+    lengths_.back().end = k + 1;
+  }
+}
+
+// Whether length b has a piece this plan may take; moves past the pieces it leaves out.
+bool RecyclePlanner::has_piece(std::size_t b) {
+  std::size_t& at = next_[b];
+  const std::size_t end = lengths_[b].end;
+  if (!skip_.empty())
+    while (at < end && skip_[order_[at]]) ++at;
+  return at < end;
+}
+
+// A length found empty stays empty for the rest of the plan: the links passed over are pointed
+// past it, so no walk crosses it twice.
+std::size_t RecyclePlanner::highest_at_or_below(std::size_t b) {
+  std::size_t x = b;
+  while (x != kNone && !has_piece(x)) x = below_[x];
+  while (b != x) {
+    const std::size_t next = below_[b];
+    below_[b] = x;
+    b = next;
+  }
+  return x;
+}
+
+std::size_t RecyclePlanner::lowest_at_or_above(std::size_t b) {
+  const std::size_t none = lengths_.size();
+  std::size_t x = b;
+  while (x != none && !has_piece(x)) x = above_[x];
+  while (b != x) {
+    const std::size_t next = above_[b];
+    above_[b] = x;
+    b = next;
+  }
+  return x;
+}
+
+// The longest piece of at most `room` slots, if any (the first of its length in the order).
+std::optional<std::size_t> RecyclePlanner::take_longest_within(std::size_t room) {
+  const auto it = std::upper_bound(lengths_.begin(), lengths_.end(), room,
+                                   [](std::size_t r, const Length& l) { return r < l.slots; });
+  if (it == lengths_.begin()) return std::nullopt;
+  const std::size_t b = highest_at_or_below(static_cast<std::size_t>(it - lengths_.begin()) - 1);
+  if (b == kNone) return std::nullopt;
+  return take_from(b);
+}
+
+void RecyclePlanner::plan(std::span<const std::uint8_t> skip, std::span<const TargetRun> runs,
+                          const PieceRules& rules, bool recycle, GrowthLayout& out) {
+  out.recycled.clear();
+  out.created.clear();
+  // Without recycling no length has a piece: every take finds none.
+  const std::size_t lengths = recycle ? lengths_.size() : 0;
+  skip_ = skip;
+  next_.resize(lengths);
+  below_.resize(lengths);
+  above_.resize(lengths);
+  for (std::size_t b = 0; b < lengths; ++b) {
+    next_[b] = lengths_[b].begin;
+    below_[b] = b - 1;  // kNone for the shortest
+    above_[b] = b + 1;
+  }
+  const std::span<const Length> by_length(lengths_.data(), lengths);
   auto take = [&](std::size_t room) -> std::optional<std::size_t> {
-    auto it = by_length.upper_bound(room);
-    if (it == by_length.begin()) return std::nullopt;
-    --it;
-    const std::size_t i = it->second.back();
-    it->second.pop_back();
-    if (it->second.empty()) by_length.erase(it);
-    return i;
+    return lengths ? take_longest_within(room) : std::nullopt;
   };
   for (const TargetRun& run : runs) {
     if (run.slots.size() == 0) continue;
@@ -141,20 +209,19 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
       const auto i = take(hi - at);
       if (!i) break;
       out.recycled.push_back({*i, at});
-      at += free_pieces[*i].slots;
+      at += pieces_[*i].slots;
     }
     bool head_done = false, tail_done = false;
     // Overhang: what is left at the run's end (the rest of the inside, every free piece left being
     // longer, and the shared last slot) goes to the shortest free piece that covers it and ends
     // within the unmapped slots after the run: it takes least of the hole.
-    if (adaptive && rules.overhang && (at < hi || tail)) {
+    if (adaptive && rules.overhang && (at < hi || tail) && lengths) {
       const std::size_t rest = run.slots.hi - at;
-      auto it = by_length.lower_bound(hi - at + 1);
-      if (it != by_length.end() && it->first <= rest + run.room_after) {
-        const std::size_t i = it->second.back();
-        it->second.pop_back();
-        if (it->second.empty()) by_length.erase(it);
-        out.recycled.push_back({i, at});
+      const auto it = std::lower_bound(by_length.begin(), by_length.end(), hi - at + 1,
+                                       [](const Length& l, std::size_t n) { return l.slots < n; });
+      const std::size_t b = lowest_at_or_above(static_cast<std::size_t>(it - by_length.begin()));
+      if (b != lengths && lengths_[b].slots <= rest + run.room_after) {
+        out.recycled.push_back({take_from(b), at});
         at = hi;
         tail_done = tail;
       }
@@ -172,20 +239,38 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
       }
     // What is left: [head slot] [at, hi) [tail slot].
     if (head && !head_done) out.created.push_back({run.slots.lo, run.slots.lo + 1});
-    for (const SlotRange& r : plan_new_pieces({at, hi}, false, false, rules)) out.created.push_back(r);
+    append_new_pieces({at, hi}, false, false, rules, out.created);
     if (tail && !tail_done) out.created.push_back({run.slots.hi - 1, run.slots.hi});
   }
+  skip_ = {};
+}
+
+GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
+                         const PieceRules& rules, bool recycle) {
+  RecyclePlanner planner;
+  if (recycle) planner.prepare(free_pieces, rules);
+  GrowthLayout out;
+  planner.plan({}, runs, rules, recycle, out);
   return out;
 }
 
 GrowthLayout lengthen_frontier_pieces(const GrowthLayout& layout, std::span<const TargetRun> runs,
                                       bool at_region_end, const PieceRules& rules) {
+  GrowthLayout out = layout;
+  lengthen_frontier_pieces_in_place(out, runs, at_region_end, rules);
+  return out;
+}
+
+void lengthen_frontier_pieces_in_place(GrowthLayout& layout, std::span<const TargetRun> runs, bool at_region_end,
+                                       const PieceRules& rules) {
   const bool on = rules.mode == PieceMode::adaptive && rules.max_piece_slots != 0 &&
                   rules.frontier_max_piece_slots > rules.max_piece_slots;
-  if (!on || !at_region_end || !layout.recycled.empty() || layout.created.empty()) return layout;
+  if (!on || !at_region_end || !layout.recycled.empty() || layout.created.empty()) return;
   PieceRules longer = rules;
   longer.max_piece_slots = rules.frontier_max_piece_slots;
-  return plan_growth({}, runs, longer, /*recycle=*/false);
+  // The layout planned again without recycling (it moved nothing).
+  RecyclePlanner planner;
+  planner.plan({}, runs, longer, /*recycle=*/false, layout);
 }
 
 }  // namespace gpumem::alloc::policy

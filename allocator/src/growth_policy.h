@@ -2,9 +2,11 @@
 // the mechanism (expandable_growth.cpp, classic_growth.cpp) gathers the candidates, asks, and
 // acts. See Note [Physical page recycling] in docs/notes/physical-page-recycling.md and Note
 // [Allocation policy] in docs/notes/allocation-policy.md (the corpus the choices were measured on).
-// Thread-safety: pure functions, callable from anywhere.
+// Thread-safety: pure functions, callable from anywhere. RecyclePlanner holds plain values only
+// (its answers depend on its inputs alone) and is used by one thread at a time.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -53,6 +55,9 @@ struct PlacementCandidate {
 // needing the fewest new slots (ties: the smaller hole, then the lower address), and every
 // candidate at a region's end, where any free piece fits. Indices, without repeats.
 std::vector<std::size_t> shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit);
+// The same indices, in the same order, into `out` (its capacity kept; no list of its own).
+void shortlist_placements(std::span<const PlacementCandidate> candidates, std::size_t limit,
+                          std::vector<std::size_t>& out);
 
 // ---- pieces: how the slots a request needs are backed
 
@@ -140,18 +145,76 @@ struct GrowthLayout {
 // tail: the gap begins / ends at such a slot), the rest in the fewest pieces no longer than
 // max_piece_slots, of near-equal length. In address order; they tile the gap.
 std::vector<SlotRange> plan_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const PieceRules& rules);
+// The same pieces, appended to `out` (no list of its own).
+void append_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const PieceRules& rules,
+                       std::vector<SlotRange>& out);
 
 // The layout of one growth. With recycle, free pieces are moved before anything is created:
 // each run's inside slots (all of them in fixed mode; adaptive: without the shared first and last
 // slot) are filled from its start with the longest free piece that fits in what is left (ties: with
 // hole_edge_first, a piece at a hole's edge; then the piece in the smaller free block, so large free
-// runs stay whole; then the lower stream, then the higher address), then its shared slots with
-// one-slot pieces. With overhang (adaptive), when the inside is not filled, the shortest free piece
-// that covers the rest of the run (its shared last slot included) and ends within room_after slots
-// past it moves there instead. What is left is created with plan_new_pieces. free_pieces must not
-// lie where the request lands. A recycled piece may end past its run only by overhang.
+// runs stay whole; then the lower stream, then the higher address, then the lower index: the engine's
+// pieces never tie that far), then its shared slots with one-slot pieces. With overhang (adaptive),
+// when the inside is not filled, the shortest free piece that covers the rest of the run (its shared
+// last slot included) and ends within room_after slots past it moves there instead. What is left is
+// created with plan_new_pieces. free_pieces must not lie where the request lands. A recycled piece
+// may end past its run only by overhang. A RecyclePlanner of its own (below) does the work.
 GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
                          const PieceRules& rules, bool recycle);
+
+// plan_growth for many places of one growth. The order in which recycling takes the free pieces
+// (by length; within a length, with hole_edge_first the pieces at a hole's edge first, then the
+// piece in the smaller free block, the lower stream, the higher address, then the lower index) does
+// not depend on where the request lands, so it is computed once (prepare) and every plan takes
+// from it, leaving out the pieces where its own request lands. plan_growth sorted the pieces and
+// built a map of lists by length for every place (docs/notes/fast-path.md). Reusable: its lists
+// keep their capacity from one growth to the next.
+class RecyclePlanner {
+ public:
+  // The free pieces the following plans take from, in recycling's order for `rules`
+  // (hole_edge_first). The pieces are not copied: they must stay alive and unchanged until the
+  // last plan over them.
+  void prepare(std::span<const FreePiece> free_pieces, const PieceRules& rules);
+  // Exactly the layout plan_growth(offered, runs, rules, recycle) gives, where `offered` is the
+  // prepared pieces without those whose skip[i] is nonzero (an empty skip leaves none out, else it
+  // has one entry per prepared piece), in their order, except that recycled[].piece indexes the
+  // prepared pieces. Written into `out` (its lists cleared first, their capacity kept). `rules` must
+  // be prepare's (the order depends on them).
+  void plan(std::span<const std::uint8_t> skip, std::span<const TargetRun> runs, const PieceRules& rules,
+            bool recycle, GrowthLayout& out);
+
+ private:
+  struct Length {
+    std::size_t slots = 0;
+    std::size_t begin = 0, end = 0;  // its pieces: order_[begin, end), the first taken first
+  };
+  // A piece's place in the order: compared member by member.
+  struct Key {
+    std::size_t slots = 0;
+    bool not_at_edge = false;  // with hole_edge_first
+    std::size_t extent_bytes = 0;
+    StreamId stream = 0;
+    std::uintptr_t inverted_addr = 0;  // ~addr: the higher address first
+    std::size_t index = 0;
+    friend auto operator<=>(const Key&, const Key&) = default;
+  };
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  bool has_piece(std::size_t b);
+  std::size_t highest_at_or_below(std::size_t b);
+  std::size_t lowest_at_or_above(std::size_t b);
+  std::size_t take_from(std::size_t b) { return order_[next_[b]++]; }
+  std::optional<std::size_t> take_longest_within(std::size_t room);
+
+  std::span<const FreePiece> pieces_;
+  std::vector<Key> keys_;
+  std::vector<std::size_t> order_;  // indices of the pieces of at least one slot, by length, then as taken
+  std::vector<Length> lengths_;     // the distinct lengths, ascending
+  // One plan's state: per length, the next piece of order_ to look at; and links to skip lengths
+  // found empty (below_: towards shorter ones, kNone past the shortest; above_: towards longer
+  // ones, lengths_.size() past the longest), shortened as they are followed.
+  std::span<const std::uint8_t> skip_;
+  std::vector<std::size_t> next_, below_, above_;
+};
 
 // Frontier pieces: a growth at a region's end that moves no free piece builds the footprint (the
 // warm-up, or a new high); every piece costs a create and a map (~43 us on an H200) whatever its
@@ -162,6 +225,9 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
 // holes recycling fills (docs/notes/allocation-policy.md, "How far the whole-run VMM share can go").
 GrowthLayout lengthen_frontier_pieces(const GrowthLayout& layout, std::span<const TargetRun> runs,
                                       bool at_region_end, const PieceRules& rules);
+// The same change made in place (no copy of the layout).
+void lengthen_frontier_pieces_in_place(GrowthLayout& layout, std::span<const TargetRun> runs, bool at_region_end,
+                                       const PieceRules& rules);
 
 // ---- which planned growth to take
 

@@ -1,7 +1,10 @@
 // growth_policy.h: region size, classic segment size, placement, piece sizing, recycling (plan_growth)
 // and the growth choice, as pure functions of plain values.
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "catch.h"
@@ -17,6 +20,84 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
 constexpr std::size_t kPiece = 20 * MiB;
 constexpr std::uintptr_t kBase = 0x7f0000000000;
+
+// plan_growth as it was before RecyclePlanner (main d2faec3): for every call it sorts the pieces
+// and keeps them in a map of lists by length. The model the planner is checked against.
+GrowthLayout reference_plan_growth(std::span<const FreePiece> free_pieces, std::span<const TargetRun> runs,
+                                   const PieceRules& rules, bool recycle) {
+  GrowthLayout out;
+  const bool edge_first = rules.hole_edge_first;
+  std::map<std::size_t, std::vector<std::size_t>> by_length;  // each list: last = next taken
+  if (recycle && !free_pieces.empty()) {
+    std::vector<std::size_t> order(free_pieces.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto key = [&](std::size_t i) {
+      const FreePiece& p = free_pieces[i];
+      return std::make_tuple(edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr);
+    };
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) > key(b); });
+    for (std::size_t i : order)
+      if (free_pieces[i].slots > 0) by_length[free_pieces[i].slots].push_back(i);
+  }
+  auto take = [&](std::size_t room) -> std::optional<std::size_t> {
+    auto it = by_length.upper_bound(room);
+    if (it == by_length.begin()) return std::nullopt;
+    --it;
+    const std::size_t i = it->second.back();
+    it->second.pop_back();
+    if (it->second.empty()) by_length.erase(it);
+    return i;
+  };
+  for (const TargetRun& run : runs) {
+    if (run.slots.size() == 0) continue;
+    const bool adaptive = rules.mode == PieceMode::adaptive;
+    std::size_t lo = run.slots.lo, hi = run.slots.hi;
+    const bool head = adaptive && run.head_shared;
+    const bool tail = adaptive && run.tail_shared && hi - lo > (head ? 1u : 0u);
+    if (head) ++lo;
+    if (tail) --hi;
+    std::size_t at = lo;
+    while (at < hi) {
+      const auto i = take(hi - at);
+      if (!i) break;
+      out.recycled.push_back({*i, at});
+      at += free_pieces[*i].slots;
+    }
+    bool head_done = false, tail_done = false;
+    if (adaptive && rules.overhang && (at < hi || tail)) {
+      const std::size_t rest = run.slots.hi - at;
+      auto it = by_length.lower_bound(hi - at + 1);
+      if (it != by_length.end() && it->first <= rest + run.room_after) {
+        const std::size_t i = it->second.back();
+        it->second.pop_back();
+        if (it->second.empty()) by_length.erase(it);
+        out.recycled.push_back({i, at});
+        at = hi;
+        tail_done = tail;
+      }
+    }
+    if (head)
+      if (const auto i = take(1)) {
+        out.recycled.push_back({*i, run.slots.lo});
+        head_done = true;
+      }
+    if (tail && !tail_done)
+      if (const auto i = take(1)) {
+        out.recycled.push_back({*i, run.slots.hi - 1});
+        tail_done = true;
+      }
+    if (head && !head_done) out.created.push_back({run.slots.lo, run.slots.lo + 1});
+    for (const SlotRange& r : plan_new_pieces({at, hi}, false, false, rules)) out.created.push_back(r);
+    if (tail && !tail_done) out.created.push_back({run.slots.hi - 1, run.slots.hi});
+  }
+  return out;
+}
+
+bool same_choices(const std::vector<RecycleChoice>& a, const std::vector<RecycleChoice>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const RecycleChoice& x, const RecycleChoice& y) {
+           return x.piece == y.piece && x.target_slot == y.target_slot;
+         });
+}
 
 }  // namespace
 
@@ -79,6 +160,12 @@ TEST_CASE("growth policy: the shortlist keeps the fewest new slots and every fro
   CHECK(s[2] == 3u);
   CHECK(shortlist_placements({}, 4).empty());
   CHECK(shortlist_placements(c, 100).size() == c.size());  // no repeats
+  // Into a list that held another shortlist: the same indices, nothing of the old ones left.
+  std::vector<std::size_t> reused = {7, 7, 7, 7, 7, 7, 7, 7};
+  shortlist_placements(c, 2, reused);
+  CHECK(reused == s);
+  shortlist_placements({}, 4, reused);
+  CHECK(reused.empty());
 }
 
 TEST_CASE("growth policy: the growth creating least, then moving fewest pieces, then the smaller hole wins",
@@ -370,4 +457,96 @@ TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[
     CHECK(cover == want);
     for (const SlotRange& c : g.created) CHECK(c.hi <= after.lo);
   }
+}
+
+TEST_CASE("growth policy: one RecyclePlanner plans every place as plan_growth did, sorting once",
+          "[policy][growth][recycle][planner]") {
+  // Random free pieces (lengths 0-12, few distinct extents and streams so that the later keys
+  // decide, unique addresses as in the engine), planned over by one planner at several places,
+  // each leaving out random pieces (those where its request lands): every layout equals the old
+  // algorithm's over the pieces offered, its piece indices mapped back.
+  std::mt19937_64 rng(7);
+  RecyclePlanner planner;  // one for every round: its lists are reused
+  GrowthLayout got;
+  int recycled_total = 0, overhangs_possible = 0;
+  for (int round = 0; round < 400; ++round) {
+    PieceRules r;
+    if (rng() % 4 == 0) {
+      r.mode = PieceMode::fixed;
+      r.fixed_slots = 1 + rng() % 3;
+    } else {
+      r.max_piece_slots = rng() % 8;
+    }
+    r.overhang = rng() % 2 == 0;
+    r.hole_edge_first = rng() % 3 != 0;
+    std::vector<FreePiece> free;
+    const int nf = static_cast<int>(rng() % 40);
+    for (int i = 0; i < nf; ++i) {
+      const std::size_t len = r.mode == PieceMode::fixed ? r.fixed_slots * (rng() % 8 == 0 ? 0 : 1) : rng() % 13;
+      free.push_back({len, (1 + rng() % 3) * MiB, rng() % 2, kBase + 0x100000000 * ((i * 7919) % 1000 + 1),
+                      rng() % 2 == 0});
+    }
+    planner.prepare(free, r);
+    REQUIRE(reference_plan_growth(free, {}, r, true).recycled.empty());
+    for (int place = 0; place < 6; ++place) {
+      std::vector<TargetRun> runs;
+      std::size_t at = 0;
+      const int nr = static_cast<int>(rng() % 4);
+      for (int i = 0; i < nr; ++i) {
+        const std::size_t u = unit_slots(r);
+        at = round_up(at + rng() % 5, u);
+        const std::size_t len = u * (1 + rng() % 12);
+        runs.push_back({{at, at + len}, rng() % 2 == 0, rng() % 2 == 0});
+        at += len + u;
+      }
+      if (!runs.empty()) runs.back().room_after = rng() % 8;
+      const bool recycle = rng() % 5 != 0;
+      std::vector<std::uint8_t> skip;
+      std::vector<FreePiece> offered;
+      std::vector<std::size_t> offered_index;  // position in offered -> index in free
+      const bool skipping = rng() % 3 != 0;
+      for (std::size_t i = 0; i < free.size(); ++i) {
+        const bool left_out = skipping && rng() % 4 == 0;
+        skip.push_back(left_out ? 1 : 0);
+        if (left_out) continue;
+        offered.push_back(free[i]);
+        offered_index.push_back(i);
+      }
+      planner.plan(skipping ? std::span<const std::uint8_t>(skip) : std::span<const std::uint8_t>(), runs, r, recycle,
+                   got);
+      GrowthLayout want = reference_plan_growth(offered, runs, r, recycle);
+      for (RecycleChoice& c : want.recycled) c.piece = offered_index[c.piece];
+      CHECK(same_choices(got.recycled, want.recycled));
+      CHECK(got.created == want.created);
+      recycled_total += static_cast<int>(got.recycled.size());
+      if (r.overhang && r.mode == PieceMode::adaptive && !runs.empty() && runs.back().room_after > 0) ++overhangs_possible;
+    }
+    // plan_growth itself (a planner of its own) over every piece.
+    const std::vector<TargetRun> one = {{{3, 3 + 1 + rng() % 30}, rng() % 2 == 0, rng() % 2 == 0, rng() % 6}};
+    const GrowthLayout g = plan_growth(free, one, r, true), w = reference_plan_growth(free, one, r, true);
+    CHECK(same_choices(g.recycled, w.recycled));
+    CHECK(g.created == w.created);
+  }
+  // The rounds exercised recycling and overhang, not only creation.
+  CHECK(recycled_total > 2000);
+  CHECK(overhangs_possible > 200);
+}
+
+TEST_CASE("growth policy: frontier pieces lengthened in place are those of lengthen_frontier_pieces",
+          "[policy][growth][pieces][frontier]") {
+  PieceRules r;
+  r.max_piece_slots = 4;
+  r.frontier_max_piece_slots = 16;
+  const std::vector<TargetRun> runs = {{{100, 140}, true, false}, {{150, 153}, false, true}};
+  const GrowthLayout planned = plan_growth({}, runs, r, true);
+  GrowthLayout in_place = planned;
+  lengthen_frontier_pieces_in_place(in_place, runs, true, r);
+  const GrowthLayout copied = lengthen_frontier_pieces(planned, runs, true, r);
+  CHECK(in_place.created == copied.created);
+  CHECK(in_place.created.size() < planned.created.size());
+  CHECK(in_place.created_slots() == planned.created_slots());
+  // Away from a region's end: unchanged.
+  GrowthLayout away = planned;
+  lengthen_frontier_pieces_in_place(away, runs, false, r);
+  CHECK(away.created == planned.created);
 }

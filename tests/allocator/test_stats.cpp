@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -424,6 +425,106 @@ TEST_CASE("stats: per-thread shards of threads that come and go keep totals exac
   // reset_peak folds first: the peak is then the (zero) current value.
   obs.reset_peak();
   CHECK(obs.stats().allocated_bytes[kAll].peak == 0);
+}
+
+TEST_CASE("stats: a shard folded with only some pools, kinds or oversize touched keeps every number exact",
+          "[stats][threads][fold]") {
+  // A fold skips the columns (all, small, large) and the oversize stat a shard's events did not
+  // touch since its last fold. One thread's sequence through its shard, read (folded) after
+  // batches that touch one pool, one event kind, or the oversize stat alone, must give the numbers
+  // an observer applying every event under its lock gives.
+  const StatsObserverOptions options{8 * MiB, false};
+  StatsObserver sharded(options), locked(options);
+  // Publishers meet: two threads publish balanced pairs until one finds the lock taken.
+  {
+    std::atomic<bool> met{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t)
+      threads.emplace_back([&, t] {
+        const std::uintptr_t base = 0x100000000ull * static_cast<std::uintptr_t>(t + 1);
+        while (!sharded.publishers_met()) {
+          AllocEvent a = ev(EventKind::alloc, PoolKind::small, base, 512, 512);
+          sharded.on_events(std::span(&a, 1));
+          AllocEvent f[2] = {ev(EventKind::free_requested, PoolKind::small, base, 512, 512),
+                             ev(EventKind::free_completed, PoolKind::small, base, 512, 512)};
+          sharded.on_events(f);
+        }
+        met = true;
+      });
+    for (auto& th : threads) th.join();
+    REQUIRE(met);
+  }
+  sharded.reset_peak();
+  sharded.reset_accumulated();
+  const std::int64_t events_before = sharded.stats().num_events;
+  REQUIRE(sharded.stats().allocation[kAll] == stat(0, 0, 0, 0));
+
+  int reads = 0;
+  auto publish = [&](std::initializer_list<AllocEvent> batch) {
+    std::vector<AllocEvent> v(batch);
+    sharded.on_events(v);  // into this thread's shard
+    locked.on_events(v);   // never contended: applied under the lock
+  };
+  auto check_equal = [&] {
+    ++reads;
+    const DeviceStatsView g = sharded.stats(), w = locked.stats();
+    CHECK(g.allocation == w.allocation);
+    CHECK(g.allocated_bytes == w.allocated_bytes);
+    CHECK(g.active == w.active);
+    CHECK(g.active_bytes == w.active_bytes);
+    CHECK(g.requested_bytes == w.requested_bytes);
+    CHECK(g.oversize_allocations == w.oversize_allocations);
+    CHECK(g.num_events - events_before == w.num_events);
+  };
+  const std::uintptr_t base = 0x900000000ull;
+  // Small allocations only; large ones, one oversize; each kind of free alone, per pool.
+  for (std::size_t i = 0; i < 5; ++i) publish({ev(EventKind::alloc, PoolKind::small, base + i * MiB, 512 * (i + 1), 500)});
+  check_equal();
+  publish({ev(EventKind::alloc, PoolKind::large, base + 16 * MiB, 2 * MiB, 2 * MiB)});
+  publish({ev(EventKind::alloc, PoolKind::large, base + 32 * MiB, 16 * MiB, 15 * MiB)});  // oversize
+  check_equal();
+  publish({ev(EventKind::free_requested, PoolKind::small, base, 512, 500)});
+  check_equal();
+  publish({ev(EventKind::free_completed, PoolKind::small, base, 512, 500)});
+  check_equal();
+  publish({ev(EventKind::free_requested, PoolKind::large, base + 32 * MiB, 16 * MiB, 15 * MiB)});
+  check_equal();
+  publish({ev(EventKind::free_completed, PoolKind::large, base + 32 * MiB, 16 * MiB, 15 * MiB)});
+  check_equal();
+  // Then a random mix, read at random moments (some folds after one batch, some after many).
+  std::mt19937_64 rng(11);
+  struct Live {
+    PoolKind pool;
+    std::uintptr_t addr;
+    std::size_t size;
+    bool requested_free;
+  };
+  std::vector<Live> live;
+  std::uintptr_t next = base + 64 * MiB;
+  for (int step = 0; step < 4000; ++step) {
+    const unsigned pick = static_cast<unsigned>(rng() % 3);
+    if (pick == 0 || live.empty()) {
+      const bool large = rng() % 2 == 0;
+      const std::size_t size = large ? (1 + rng() % 12) * MiB : 512 * (1 + rng() % 16);
+      const PoolKind pool = large ? PoolKind::large : PoolKind::small;
+      publish({ev(EventKind::alloc, pool, next, size, size - 3)});
+      live.push_back({pool, next, size, false});
+      next += 16 * MiB;
+    } else {
+      const std::size_t k = rng() % live.size();
+      Live& l = live[k];
+      if (!l.requested_free) {
+        publish({ev(EventKind::free_requested, l.pool, l.addr, l.size, l.size - 3)});
+        l.requested_free = true;
+      } else {
+        publish({ev(EventKind::free_completed, l.pool, l.addr, l.size, l.size - 3)});
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+    }
+    if (rng() % 7 == 0) check_equal();
+  }
+  check_equal();
+  CHECK(reads > 500);
 }
 
 TEST_CASE("stats: threads publishing to several observers in turn, observers destroyed and remade, stay exact",
