@@ -112,6 +112,8 @@ def main(argv=None):
         os.environ.pop(var, None)
     if args.mode == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if args.mode == "gpumem":
+        os.environ["GPUMEM_ALLOC_CONF"] = ""  # set (even empty): the library installs itself on load, as live.py's runs do
     sampler = ctypes.CDLL(os.path.abspath(args.sampler))
     sampler.gpumem_sampler_start.argtypes = [ctypes.c_int, ctypes.c_long]
     sampler.gpumem_sampler_stop.restype = ctypes.c_long
