@@ -9,8 +9,9 @@
 # process, sampled whole), alloc_loop (a Python loop of 20,000 torch.empty a step, 512 B..4 MiB)
 # and gpt2_generate (GPT-2 generate(), the loop of issue 13's step-time row). Each Python workload
 # runs under native and gpumem, PROFILE_REPS times (default 2), alternated, each a fresh process
-# (scripts/gpu/profile_step.py). OUT gets one report per run (WORKLOAD-MODE-REP.txt) and
-# profile-summary.txt: each run's header line and group shares, side by side.
+# (scripts/gpu/profile_step.py). OUT gets profile-summary.txt (each run's header line and group
+# shares) and profile-reports.tar.gz: one report per run (WORKLOAD-MODE-REP.txt) and each run's
+# output (WORKLOAD-MODE-REP-stdout.txt), in one file because the device tool brings back few files.
 # Environment: OUT (required), BUILD (default .gpu/build), PROFILE_REPS, PROFILE_DEADLINE_S
 # (default 240: no run starts later).
 set -uo pipefail
@@ -25,8 +26,9 @@ sampler=$BUILD/bench/libgpumem_sampler.so
 lib=$BUILD/torch/libgpumem_torch.so
 [ -f "$sampler" ] || { echo "profile.sh: no $sampler (build the gpumem_sampler target and stage the build)" >&2; exit 2; }
 [ -f "$lib" ] || { echo "profile.sh: no $lib (a torch build, staged)" >&2; exit 2; }
-mkdir -p "$OUT"
+mkdir -p "$OUT/reports"
 summary=$OUT/profile-summary.txt
+trap 'tar czf "$OUT/profile-reports.tar.gz" -C "$OUT" reports && rm -rf "$OUT/reports"' EXIT
 : >"$summary"
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(torch_alloc_pairs alloc_loop gpt2_generate)
@@ -47,12 +49,12 @@ for w in "${workloads[@]}"; do
   if [ "$w" = torch_alloc_pairs ]; then
     bin=$BUILD/bench/torch_alloc_pairs
     [ -x "$bin" ] || { echo "== $w: no $bin" | tee -a "$summary"; status=1; continue; }
-    rep=$OUT/torch_alloc_pairs.txt
+    rep=$OUT/reports/torch_alloc_pairs.txt
     echo "== torch_alloc_pairs --ops 200000 --thread-ops 20000 --threads 4 --rounds 3, sampled whole" | tee -a "$summary"
     # LD_PRELOAD on the program alone: an armed ITIMER_PROF survives exec, so a wrapper (timeout)
     # that carried the sampler would be killed by SIGPROF in the exec'd image.
     GPUMEM_SAMPLER_OUT=$rep timeout 120 env LD_PRELOAD="$sampler" "$bin" --ops 200000 --thread-ops 20000 \
-      --threads 4 --rounds 3 >"$OUT/torch_alloc_pairs-stdout.txt" 2>&1
+      --threads 4 --rounds 3 >"$OUT/reports/torch_alloc_pairs-stdout.txt" 2>&1
     rc=$?
     [ $rc -eq 0 ] || { echo "   exit $rc (see torch_alloc_pairs-stdout.txt)" | tee -a "$summary"; status=1; }
     [ -f "$rep" ] && { head -1 "$rep"; echo "   $(groups_of "$rep")"; } | tee -a "$summary"
@@ -65,13 +67,13 @@ for w in "${workloads[@]}"; do
       if [ $((SECONDS - start)) -ge "$deadline" ]; then
         echo "== $w $m rep $r: not started (deadline ${deadline}s passed)" | tee -a "$summary"; status=1; continue
       fi
-      rep=$OUT/$w-$m-$r.txt
+      rep=$OUT/reports/$w-$m-$r.txt
       echo "== $w under $m, repetition $r" | tee -a "$summary"
       timeout 150 "$PY" scripts/gpu/profile_step.py --workload "$w" --mode "$m" --lib "$lib" \
-        --sampler "$sampler" --out "$rep" >"$OUT/$w-$m-$r-stdout.txt" 2>&1
+        --sampler "$sampler" --out "$rep" >"$OUT/reports/$w-$m-$r-stdout.txt" 2>&1
       rc=$?
       if [ $rc -ne 0 ]; then
-        echo "   exit $rc:" | tee -a "$summary"; tail -5 "$OUT/$w-$m-$r-stdout.txt" | tee -a "$summary"; status=1; continue
+        echo "   exit $rc:" | tee -a "$summary"; tail -5 "$OUT/reports/$w-$m-$r-stdout.txt" | tee -a "$summary"; status=1; continue
       fi
       { head -1 "$rep"; echo "   $(groups_of "$rep")"; } | tee -a "$summary"
     done
