@@ -352,7 +352,9 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   if (may_recycle) {
     for (int q = 0; q < 2; ++q) {
       if (q != p && !pieces.recycle_across_pools) continue;
-      for (Block& b : map.free_index[q].blocks()) {
+      // Only a block of a slot or more can hold a wholly free piece: the smaller ones (most free
+      // blocks) are not visited; the order of the others is that of blocks().
+      for (Block& b : map.free_index[q].blocks_from(slot)) {
         const Region& br = *b.region;
         if (!br.expandable || b.size_bytes < br.slot_bytes || br.slot_bytes != slot) continue;
         for (std::size_t s = br.slot_of(b.addr + br.slot_bytes - 1); s < br.slot_count() && br.slot_addr(s) < b.end();) {

@@ -18,7 +18,10 @@
 //
 // Iteration (begin()/end(), blocks()) visits every block in (stream, size, address) order, the
 // order of the single red-black tree this replaced: growth and release gather candidates in that
-// order, so their choices and the events they emit are unchanged.
+// order, so their choices and the events they emit are unchanged. blocks_from(n) visits, in the
+// same order, only the blocks of at least n bytes: per stream it starts at the class of n (a
+// lower bound in that class's tree), so the smaller blocks are never visited (growth looks for
+// wholly free pieces only in blocks of a slot or more).
 //
 // Invariants (check_order()): each block sits in the class of its size on its stream's bins, the
 // class trees are ordered, a bit is set iff its class (or level) is non-empty, bytes() and
@@ -269,23 +272,32 @@ class FreeIndex {
 
    private:
     friend class FreeIndex;
-    iterator(const FreeIndex* index, std::size_t stream) noexcept : index_(index), stream_(stream) {
-      if (stream_ < end_stream()) settle(0);
+    // min_bytes: only blocks of at least that many bytes (0: all).
+    iterator(const FreeIndex* index, std::size_t stream, std::size_t min_bytes = 0) noexcept
+        : index_(index), stream_(stream), min_bytes_(min_bytes), min_class_(SizeClasses::of(min_bytes).index()) {
+      if (stream_ < end_stream()) settle(min_class_);
     }
     std::size_t end_stream() const noexcept { return index_->streams_.size(); }
-    // Moves to the first block in class `from` or later of the current stream, or of a later one.
+    // Moves to the first block of at least min_bytes_ in class `from` or later of the current
+    // stream, or of a later one. Classes below min_class_ hold only smaller blocks (SizeClasses::of
+    // is monotonic); in min_class_ itself the smaller ones come first (the trees are ordered by
+    // size), so a lower bound there skips exactly them.
     void settle(unsigned from) noexcept {
-      for (; stream_ < end_stream(); ++stream_, from = 0) {
+      for (; stream_ < end_stream(); ++stream_, from = min_class_) {
         Bins& bins = *index_->streams_[stream_];
-        class_ = bins.first_class_from(from);
-        if (class_ < SizeClasses::kClasses) {
-          it_ = bins.classes[class_].begin();
-          return;
+        for (class_ = bins.first_class_from(from); class_ < SizeClasses::kClasses;
+             class_ = bins.first_class_from(class_ + 1)) {
+          ClassSet& set = bins.classes[class_];
+          it_ = class_ == min_class_ && min_bytes_ > 0 ? set.lower_bound(SizeAddrKey{min_bytes_, 0}, ClassKeyOrder{})
+                                                       : set.begin();
+          if (it_ != set.end()) return;
         }
       }
     }
     const FreeIndex* index_ = nullptr;
     std::size_t stream_ = 0;
+    std::size_t min_bytes_ = 0;
+    unsigned min_class_ = 0;
     unsigned class_ = 0;
     ClassSet::iterator it_{};
   };
@@ -295,6 +307,19 @@ class FreeIndex {
   // The blocks as a range (for range-for).
   const FreeIndex& blocks() const noexcept { return *this; }
   FreeIndex& blocks() noexcept { return *this; }
+  // The blocks of at least min_bytes, in the order of blocks() (the others are not visited).
+  class SizeRange {
+   public:
+    iterator begin() const noexcept { return iterator(index_, 0, min_bytes_); }
+    iterator end() const noexcept { return index_->end(); }
+
+   private:
+    friend class FreeIndex;
+    SizeRange(const FreeIndex* index, std::size_t min_bytes) noexcept : index_(index), min_bytes_(min_bytes) {}
+    const FreeIndex* index_;
+    std::size_t min_bytes_;
+  };
+  SizeRange blocks_from(std::size_t min_bytes) const noexcept { return SizeRange(this, min_bytes); }
 
   // Forgets every block (they are not touched: teardown).
   void clear() noexcept {

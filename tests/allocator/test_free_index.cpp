@@ -153,3 +153,55 @@ TEST_CASE("free index: random operations keep order, bytes and best fit right", 
   CHECK(idx.size() == 0);
   CHECK(idx.bytes() == 0);
 }
+
+// blocks_from(n) is blocks() filtered to the blocks of at least n bytes, in the same order, on any
+// mix of streams, sizes within and across classes, and equal sizes.
+TEST_CASE("free index: blocks_from visits the blocks of at least n bytes in the order of blocks()", "[free_index]") {
+  std::mt19937_64 rng(11);
+  Blocks bs;
+  FreeIndex idx;
+  auto check = [&](std::size_t n) {
+    std::vector<const Block*> want, got;
+    for (const Block& b : idx.blocks())
+      if (b.size_bytes >= n) want.push_back(&b);
+    for (const Block& b : idx.blocks_from(n)) got.push_back(&b);
+    CHECK(got == want);
+  };
+  // Empty, then one stream's blocks straddling the class of 2 MiB (sizes just under and at it, one
+  // just over, in its class and the next).
+  check(0);
+  check(2u << 20);
+  const std::size_t mib = 1u << 20;
+  for (std::size_t size : {2 * mib - 512, 2 * mib - 4096, 2 * mib, 2 * mib, 2 * mib + 512, 3 * mib, 64 * mib, std::size_t{4096}})
+    idx.insert(bs.make(0, 0x1000000 * (idx.size() + 1), size));
+  std::vector<const Block*> big;
+  for (const Block& b : idx.blocks_from(2 * mib)) big.push_back(&b);
+  REQUIRE(big.size() == 5);
+  CHECK(big.front()->size_bytes == 2 * mib);
+  CHECK(big.front()->addr < big[1]->addr);  // equal sizes by address
+  CHECK(big.back()->size_bytes == 64 * mib);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, 2 * mib - 512, 2 * mib, 2 * mib + 1,
+                        3 * mib, 64 * mib, 64 * mib + 1})
+    check(n);
+  // Random blocks on three streams (streams added out of order), sizes from 512 B to 8 MiB.
+  std::vector<Block*> in;
+  std::uintptr_t next_addr = 0x100000000;
+  for (int step = 0; step < 3000; ++step) {
+    if (rng() % 3 != 0 || in.empty()) {
+      const std::size_t size = rng() % 4 == 0 ? 2 * mib * (1 + rng() % 4) : 512 * (1 + rng() % 16384);
+      Block& b = bs.make(static_cast<StreamId>(rng() % 3 * 7), next_addr, size);
+      next_addr += 16 * mib;
+      idx.insert(b);
+      in.push_back(&b);
+    } else {
+      const std::size_t k = rng() % in.size();
+      idx.erase(*in[k]);
+      in[k] = in.back();
+      in.pop_back();
+    }
+    if (step % 61 == 0) {
+      check(2 * mib);
+      check(512 * (1 + rng() % 16384));
+    }
+  }
+}
