@@ -261,6 +261,16 @@ long gpumem_sampler_stop(void) {
   return static_cast<long>(std::min(g_state.next.load(), g_state.capacity));
 }
 
+// Whether `groups` is a valid groups string (null or "" = the defaults, valid). Returns 0, or
+// EINVAL with the reason on stderr. A caller checks before sampling, so that a typo costs no run.
+int gpumem_sampler_check_groups(const char* groups) {
+  std::vector<Group> parsed;
+  std::string error;
+  if (groups == nullptr || *groups == '\0' || parse_groups(groups, parsed, error)) return 0;
+  std::fprintf(stderr, "gpumem_sampler: %s\n", error.c_str());
+  return EINVAL;
+}
+
 // Writes the report of the samples taken to `path` ("-" = stdout). `groups`: null or "" = the
 // default groups. Returns 0, EINVAL for malformed groups (the reason on stderr), or the errno of
 // opening the file.
@@ -376,10 +386,21 @@ namespace {
 // Preloaded: GPUMEM_SAMPLER_OUT names the report; sampling runs from load to exit.
 struct Preloaded {
   std::string out;
+  std::string groups;  // "" = the defaults
   Preloaded() {
     const char* path = std::getenv("GPUMEM_SAMPLER_OUT");
     if (path == nullptr || *path == '\0') return;
     out = path;
+    if (const char* g = std::getenv("GPUMEM_SAMPLER_GROUPS")) {
+      // Checked now, not at exit: malformed groups fall back to the defaults and the run's
+      // samples are still reported.
+      if (gpumem_sampler_check_groups(g) == 0) {
+        groups = g;
+      } else {
+        std::fprintf(stderr, "gpumem_sampler: GPUMEM_SAMPLER_GROUPS is not NAME=PATTERN[|PATTERN...][;...]; "
+                     "reporting with the default groups\n");
+      }
+    }
     int hz = 997;
     if (const char* h = std::getenv("GPUMEM_SAMPLER_HZ")) {
       char* end = nullptr;
@@ -405,7 +426,7 @@ struct Preloaded {
   }
   ~Preloaded() {
     if (out.empty()) return;
-    gpumem_sampler_report(out.c_str(), std::getenv("GPUMEM_SAMPLER_GROUPS"));
+    gpumem_sampler_report(out.c_str(), groups.c_str());
   }
 };
 

@@ -118,6 +118,10 @@ def main(argv=None):
     sampler.gpumem_sampler_start.argtypes = [ctypes.c_int, ctypes.c_long]
     sampler.gpumem_sampler_stop.restype = ctypes.c_long
     sampler.gpumem_sampler_report.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    sampler.gpumem_sampler_check_groups.argtypes = [ctypes.c_char_p]
+    if sampler.gpumem_sampler_check_groups(args.groups.encode()) != 0:
+        fail("--groups %r: give NAME=PATTERN[|PATTERN...] separated by ';' (the sampler's reason is above)"
+             % args.groups)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -84,6 +84,18 @@ print(kept)
             self.assertGreaterEqual(header_samples(text), 10, text[:400])
             self.assertGreater(group_share(text, "Python interpreter"), 90.0)
 
+    def test_preloaded_with_bad_groups_says_so_and_still_reports(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "pre.txt")
+            env = dict(os.environ, GPUMEM_SAMPLER_OUT=out, GPUMEM_SAMPLER_GROUPS="no_equals", LD_PRELOAD=SAMPLER)
+            code = "import time\nt=time.process_time()+0.3\nwhile time.process_time()<t: sum(range(100))\n"
+            p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("group 'no_equals' is not NAME=PATTERN", p.stderr)
+            self.assertIn("reporting with the default groups", p.stderr)
+            text = open(out).read()  # the run's samples are not lost
+            self.assertIsNotNone(group_share(text, "Python interpreter"))
+
     def test_preloaded_with_a_bad_rate_says_so_and_keeps_the_default(self):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "pre.txt")
@@ -129,6 +141,8 @@ class ProfileStepTest(unittest.TestCase):
                  "--steps 0: give at least 1"),
                 (["--workload", "alloc_loop", "--mode", "native", "--sampler", SAMPLER,
                   "--out", os.path.join(d, "no", "dir", "p.txt")], "does not exist"),
+                (["--workload", "alloc_loop", "--mode", "native", "--device", "cpu", "--sampler", SAMPLER,
+                  "--out", out, "--groups", "x=;y"], "--groups 'x=;y': give NAME=PATTERN"),
             ]
             for args, message in cases:
                 p = self.run_step(*args)
