@@ -6,7 +6,8 @@
 #   OUT=/dir scripts/gpu/profile.sh [WORKLOAD]...
 #
 # Default workloads: torch_alloc_pairs (the C++ benchmark, PyTorch's allocator and gpumem's in one
-# process, sampled whole), alloc_loop (a Python loop of 20,000 torch.empty a step, 512 B..4 MiB)
+# process, sampled whole), engine_pairs_threads (bench_alloc_pairs' window patterns on the engine
+# alone, one thread then 4 threads, sampled whole: where the 4-thread windows' time goes), alloc_loop (a Python loop of 20,000 torch.empty a step, 512 B..4 MiB)
 # and gpt2_generate (GPT-2 generate(), the loop of issue 13's step-time row). Each Python workload
 # runs under native and gpumem, PROFILE_REPS times (default 2), alternated, each a fresh process
 # (scripts/gpu/profile_step.py). OUT gets profile-summary.txt (each run's header line and group
@@ -31,7 +32,7 @@ summary=$OUT/profile-summary.txt
 trap 'tar czf "$OUT/profile-reports.tar.gz" -C "$OUT" reports && rm -rf "$OUT/reports"' EXIT
 : >"$summary"
 workloads=("$@")
-[ ${#workloads[@]} -gt 0 ] || workloads=(torch_alloc_pairs alloc_loop gpt2_generate)
+[ ${#workloads[@]} -gt 0 ] || workloads=(torch_alloc_pairs engine_pairs_threads alloc_loop gpt2_generate)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF GPUMEM_ALLOC_CONF
 start=$SECONDS
@@ -45,6 +46,18 @@ groups_of() {  # the group shares of a report on one line: "name pct; name pct; 
 for w in "${workloads[@]}"; do
   if [ $((SECONDS - start)) -ge "$deadline" ]; then
     echo "== $w: not started (deadline ${deadline}s passed)" | tee -a "$summary"; status=1; continue
+  fi
+  if [ "$w" = engine_pairs_threads ]; then
+    bin=$BUILD/bench/bench_alloc_pairs
+    [ -x "$bin" ] || { echo "== $w: no $bin" | tee -a "$summary"; status=1; continue; }
+    rep=$OUT/reports/engine_pairs_threads.txt
+    echo "== bench_alloc_pairs --ops 100000 --threads 4 --rounds 3 --pattern window, sampled whole" | tee -a "$summary"
+    GPUMEM_SAMPLER_OUT=$rep timeout 120 env LD_PRELOAD="$sampler" "$bin" --ops 100000 --threads 4 --rounds 3 \
+      --pattern window >"$OUT/reports/engine_pairs_threads-stdout.txt" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || { echo "   exit $rc (see engine_pairs_threads-stdout.txt)" | tee -a "$summary"; status=1; }
+    [ -f "$rep" ] && { head -1 "$rep"; echo "   $(groups_of "$rep")"; cat "$OUT/reports/engine_pairs_threads-stdout.txt"; } | tee -a "$summary"
+    continue
   fi
   if [ "$w" = torch_alloc_pairs ]; then
     bin=$BUILD/bench/torch_alloc_pairs

@@ -24,6 +24,13 @@ gpt2_varlen_train, llama_train, llama_train_ckpt, gpt2_generate. Modes:
 and makes len(LIST) the runs' torch threads unless --threads says otherwise; the header says
 whether the runs were pinned.
 
+--no-cudnn-sdp turns cuDNN's attention off in every run (torch.backends.cuda.enable_cudnn_sdp(False),
+before the model runs), so scaled_dot_product_attention takes the flash, memory-efficient or math
+kernel. On the H200, cuDNN's attention compiles a plan with NVRTC for every new shape (every new
+KV-cache length of generate()): 70% of generate()'s CPU time under either allocator
+(docs/notes/fast-path.md), which is run-to-run noise that no allocator controls. The header says
+when it is off.
+
 --mode-conf NAME=CONF adds a gpumem mode (or redefines one): e.g.
 --mode-conf gpumem_classic=expandable_segments:False. Every workload runs native, expandable and
 gpumem (plus the modes --mode-conf adds); gpt2_varlen_train also runs gpumem_trace, gpumem_ops and
@@ -200,6 +207,8 @@ def parse_args(argv):
     ap.add_argument("--cpus", default=None, metavar="LIST",
                     help="pin every run to these CPUs (e.g. 0-7 or 0,2,4-7; os.sched_setaffinity in the child "
                          "before it sets its threads or starts CUDA); default: not pinned")
+    ap.add_argument("--no-cudnn-sdp", action="store_true",
+                    help="torch.backends.cuda.enable_cudnn_sdp(False) in every run (no NVRTC plan builds)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "live-out",
                     help="results directory (default: $OUT, else ./live-out)")
     ap.add_argument("--work", default=None,
@@ -654,9 +663,12 @@ def run_child(spec):
         raise RunError("CUDA was already initialized when the run began: the forking parent must not use CUDA")
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
+    if spec.get("no_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
     res = {"pid": os.getpid(), "alloc_env": {k: v for k, v in mode.env().items() if v is not None},
            "torch": torch.__version__, "cpus": format_cpu_list(sorted(os.sched_getaffinity(0))),
-           "pinned": bool(spec.get("cpus"))}
+           "pinned": bool(spec.get("cpus")),
+           "cudnn_sdp": bool(torch.backends.cuda.cudnn_sdp_enabled())}
     phases = {}
     if mode.kind == "gpumem":
         t1 = time.monotonic()
@@ -997,6 +1009,8 @@ def describe_run(spec, res, native):
                 ", max |diff| %.3g" % c["max_abs_diff"] if c.get("max_abs_diff") else ""))
     if res.get("pinned"):
         parts.append("pinned to CPUs %s" % res.get("cpus"))
+    if res.get("cudnn_sdp") is False:
+        parts.append("cuDNN attention off")
     s = res.get("settings", {})
     env = ", ".join("%s=%r" % kv for kv in res.get("alloc_env", {}).items()) or "no allocator variables"
     parts.append("%s; backend %s; %s" % (env, s.get("backend"), "; ".join(s.get("verified", []))))
@@ -1144,7 +1158,8 @@ def main(argv=None):
             args.reps, "" if args.reps == 1 else "s", "each run forked from one parent" if use_fork else "each run a new interpreter",
             args.seed, ("%d threads" % threads if threads else "torch's default threads") + (
                 ", pinned to CPUs %s (%d)" % (format_cpu_list(args.cpu_list), len(args.cpu_list))
-                if args.cpu_list else ", not pinned"),
+                if args.cpu_list else ", not pinned") + (
+                ", cuDNN attention off (--no-cudnn-sdp)" if args.no_cudnn_sdp else ""),
             "" if not uses_gpumem else "; gpumem: %s" % (
                 args.lib if args.gpumem_via == "library" else "the Python package")),
         "step ms: each run's step time (median of its timed steps; generate: mean of its timed calls), then the "
@@ -1269,7 +1284,7 @@ def one_run(spec, args, runner, prebuild, prebuilt, work, hard_end, now, threads
                 % (w, type(err).__name__, err))
     mode = args.mode_defs[spec["mode"]]
     full = dict(spec, mode_def=mode.as_dict(), seed=args.seed, tiny=args.dry_run_cpu,
-                cuda=not args.dry_run_cpu, threads=threads, cpus=args.cpu_list,
+                cuda=not args.dry_run_cpu, threads=threads, cpus=args.cpu_list, no_cudnn_sdp=args.no_cudnn_sdp,
                 lib=args.lib, gpumem_via=args.gpumem_via, prebuilt=bool(prebuilt.get(w)),
                 history_entries=HISTORY_ENTRIES, history_stacks=args.history_stacks)
     log_name = "%02d-rep%d-%s-%s.log" % (spec["index"] + 1, spec["rep"] + 1, w, spec["mode"])
