@@ -695,10 +695,11 @@ def run_child(spec):
             res["history"] = "torch.cuda.memory._record_memory_history(max_entries=%d, stacks=%r)" % (
                 spec["history_entries"], spec["history_stacks"])
     phases["ready_s"] = time.monotonic() - t0
-    print("run %d (repetition %d): %s under %s; %s; backend %s; %s" % (
+    print("run %d (repetition %d): %s under %s; %s; backend %s; %s%s" % (
         spec["index"] + 1, spec["rep"] + 1, spec["workload"], mode.name,
         ", ".join("%s=%r" % kv for kv in res["alloc_env"].items()) or "no allocator variables",
-        res["backend"], "; ".join(res["settings"].get("verified", []))), flush=True)
+        res["backend"], "; ".join(res["settings"].get("verified", [])),
+        "" if res["cudnn_sdp"] else "; cuDNN attention off"), flush=True)
 
     import workloads
     w = workloads.WORKLOADS[spec["workload"]]

@@ -462,6 +462,8 @@ class CpuListTest(unittest.TestCase):
         args = live.parse_args(["--cpus", str(first), "--workloads", "gpt2_varlen_train"])
         self.assertEqual(args.cpu_list, [first])
         self.assertIsNone(live.parse_args(["--workloads", "gpt2_varlen_train"]).cpu_list)
+        self.assertFalse(live.parse_args(["--workloads", "gpt2_varlen_train"]).no_cudnn_sdp)
+        self.assertTrue(live.parse_args(["--workloads", "gpt2_varlen_train", "--no-cudnn-sdp"]).no_cudnn_sdp)
 
 
 class CallTimeTest(unittest.TestCase):
@@ -587,7 +589,13 @@ class ChildTest(unittest.TestCase):
         self.assertEqual(len(res["outputs"]["values"]), 3)
         self.assertEqual(res["history_calls"], [])
         self.assertFalse(res["pinned"])
+        self.assertTrue(res["cudnn_sdp"])
         native_losses = res["outputs"]["values"]
+        # --no-cudnn-sdp: the child turns cuDNN's attention off before the model runs, and says so.
+        res, log = self.run_in_child(spec_for(live.BUILTIN_MODES["native"], no_cudnn_sdp=True))
+        self.assertEqual(res["status"], "ok", log)
+        self.assertFalse(res["cudnn_sdp"])
+        self.assertIn("cuDNN attention off", log)
         # --cpus: the child pins itself before its threads start.
         first = min(os.sched_getaffinity(0))
         res, log = self.run_in_child(spec_for(live.BUILTIN_MODES["native"], cpus=[first]))
