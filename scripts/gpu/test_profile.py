@@ -72,38 +72,34 @@ print(kept)
             self.assertIn("top symbols by inclusive samples", text)
             self.assertRegex(text, r"_PyEval_EvalFrameDefault|PyEval_EvalCode")
 
-    def test_preloaded_into_a_program_writes_the_report_at_exit(self):
+    def run_preloaded(self, cpu_s, **settings):
+        """A Python child busy for cpu_s seconds of CPU with the sampler preloaded and
+        GPUMEM_SAMPLER_* settings (OUT is set here). Returns (process, report text)."""
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "pre.txt")
-            env = dict(os.environ, GPUMEM_SAMPLER_OUT=out, GPUMEM_SAMPLER_HZ="500", LD_PRELOAD=SAMPLER)
-            code = "import time\nt=time.process_time()+0.5\nwhile time.process_time()<t: sum(range(100))\n"
+            env = dict(os.environ, GPUMEM_SAMPLER_OUT=out, LD_PRELOAD=SAMPLER,
+                       **{"GPUMEM_SAMPLER_" + k: v for k, v in settings.items()})
+            code = "import time\nt=time.process_time()+%r\nwhile time.process_time()<t: sum(range(100))\n" % cpu_s
             p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
             self.assertEqual(p.returncode, 0, p.stderr)
-            text = open(out).read()
-            self.assertIn("at 500 Hz", text)
-            self.assertGreaterEqual(header_samples(text), 10, text[:400])
-            self.assertGreater(group_share(text, "Python interpreter"), 90.0)
+            return p, open(out).read()  # read even where stderr reports a bad setting: nothing lost
+
+    def test_preloaded_into_a_program_writes_the_report_at_exit(self):
+        _, text = self.run_preloaded(0.5, HZ="500")
+        self.assertIn("at 500 Hz", text)
+        self.assertGreaterEqual(header_samples(text), 10, text[:400])
+        self.assertGreater(group_share(text, "Python interpreter"), 90.0)
 
     def test_preloaded_with_bad_groups_says_so_and_still_reports(self):
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "pre.txt")
-            env = dict(os.environ, GPUMEM_SAMPLER_OUT=out, GPUMEM_SAMPLER_GROUPS="no_equals", LD_PRELOAD=SAMPLER)
-            code = "import time\nt=time.process_time()+0.3\nwhile time.process_time()<t: sum(range(100))\n"
-            p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-            self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("group 'no_equals' is not NAME=PATTERN", p.stderr)
-            self.assertIn("reporting with the default groups", p.stderr)
-            text = open(out).read()  # the run's samples are not lost
-            self.assertIsNotNone(group_share(text, "Python interpreter"))
+        p, text = self.run_preloaded(0.3, GROUPS="no_equals")
+        self.assertIn("group 'no_equals' is not NAME=PATTERN", p.stderr)
+        self.assertIn("reporting with the default groups", p.stderr)
+        self.assertIsNotNone(group_share(text, "Python interpreter"))  # the run's samples are not lost
 
     def test_preloaded_with_a_bad_rate_says_so_and_keeps_the_default(self):
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "pre.txt")
-            env = dict(os.environ, GPUMEM_SAMPLER_OUT=out, GPUMEM_SAMPLER_HZ="fast", LD_PRELOAD=SAMPLER)
-            p = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
-            self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("GPUMEM_SAMPLER_HZ=fast is not a rate in 1..100000; using 997", p.stderr)
-            self.assertIn("at 997 Hz", open(out).read())
+        p, text = self.run_preloaded(0.0, HZ="fast")
+        self.assertIn("GPUMEM_SAMPLER_HZ=fast is not a rate in 1..100000; using 997", p.stderr)
+        self.assertIn("at 997 Hz", text)
 
 
 class ProfileStepTest(unittest.TestCase):
