@@ -14,6 +14,10 @@ shift || true
 deps=${GPUMEM_DEPS:-$HOME/.cache/gpumem}
 venv=$deps/venv
 torch_version=2.11.0
+# The GPU machine's versions beside torch 2.11: live.py's workloads build their models with them, and
+# its CPU dry run (ctest live_tools) runs only where they import.
+transformers_version=5.17.0
+torchvision_version=0.26.0
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -60,6 +64,14 @@ fi
 if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ] && ! "$venv/bin/python" -c 'import scikit_build_core' 2>/dev/null; then
   log "installing scikit-build-core into $venv (the Python package's build backend)"
   "$venv/bin/python" -m pip install -q "scikit-build-core>=0.10,<2" || log "WARNING: could not install scikit-build-core; the python_package test will fail"
+fi
+
+# transformers and torchvision: the live scripts' models (scripts/gpu/live/workloads.py), tested on
+# the CPU by ctest live_tools (live.py --dry-run-cpu), which shows as skipped without them.
+if [ "${GPUMEM_WITH_TORCH:-ON}" != OFF ] && ! "$venv/bin/python" -c "import transformers,torchvision,sys; sys.exit(transformers.__version__ != '$transformers_version' or torchvision.__version__.split('+')[0] != '$torchvision_version')" 2>/dev/null; then
+  log "installing transformers==$transformers_version and torchvision==$torchvision_version into $venv (the live scripts' models)"
+  "$venv/bin/python" -m pip install -q "transformers==$transformers_version" "torchvision==$torchvision_version" "torch==$torch_version" ||
+    log "WARNING: could not install transformers / torchvision; ctest live_tools will show as skipped"
 fi
 
 cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${GPUMEM_BUILD_TYPE:-RelWithDebInfo})

@@ -19,6 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEP = os.path.join(HERE, "profile_step.py")
 SAMPLER = None
 
+sys.path.insert(0, os.path.join(HERE, ".."))  # scripts/: unittest_status
+from unittest_status import exit_status  # noqa: E402
+
 
 def header_samples(text):
     m = re.search(r"^gpumem sampler: (\d+) samples", text, re.M)
@@ -157,7 +160,7 @@ def main():
         return 2
     SAMPLER = os.path.abspath(args.sampler)
     prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
+    return exit_status(prog.result)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", ".."))  # scripts/: unittest_status
 
 import capture  # noqa: E402
 import manifest  # noqa: E402
@@ -590,4 +591,5 @@ if __name__ == "__main__":
         if not os.access(GPUMEM, os.X_OK):
             sys.exit("test_corpus_tools.py: --gpumem %s is not an executable" % GPUMEM)
         del sys.argv[i:i + 2]
-    unittest.main(verbosity=2)
+    from unittest_status import exit_status  # noqa: E402
+    sys.exit(exit_status(unittest.main(verbosity=2, exit=False).result))

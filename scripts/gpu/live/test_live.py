@@ -28,6 +28,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", ".."))  # scripts/: unittest_status
 
 import live  # noqa: E402
 import report  # noqa: E402
@@ -715,4 +716,5 @@ if __name__ == "__main__":
         i = sys.argv.index("--lib")
         LIB = os.path.abspath(sys.argv[i + 1])
         del sys.argv[i:i + 2]
-    unittest.main(verbosity=2)
+    from unittest_status import exit_status  # noqa: E402
+    sys.exit(exit_status(unittest.main(verbosity=2, exit=False).result))
