@@ -4,7 +4,7 @@
 // frees a random slot and allocates a new size into it).
 //
 //   bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer]
-//                     [--config TEXT] [--tsv] [--interleave]
+//                     [--config TEXT] [--tsv] [--interleave] [--engine-per-thread]
 //
 // Every one-thread measurement (all patterns, all rounds) runs before any T-thread one, so the
 // one-thread column times a process in which no other thread has used an engine, as in a
@@ -17,6 +17,9 @@
 // engine and prints the median and the spread (min..max). --pattern keeps the patterns whose name
 // contains TEXT (repeatable). --observer attaches the stats observer, as the torch adapter does.
 // --config takes engine settings in GPUMEM_ALLOC_CONF's syntax (e.g. thread_cache:False).
+// --engine-per-thread gives each of the T threads an engine (and SimSource) of its own, made before
+// the threads start: nothing is shared but the host (cores, caches, memory). What per-thread
+// arenas could at best reach with T threads on that host (docs/notes/thread-caches.md).
 // --tsv prints one tab-separated line per measurement instead of the table:
 //   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
 // Every engine is made and destroyed outside the timed loops.
@@ -95,25 +98,41 @@ struct Engine {
 
 // One measurement on a fresh engine: `threads` == 0 runs the pattern on this thread; otherwise
 // that many threads run it at once, each with its own sequence. Returns ns per pair (per thread).
+// own_engines: each thread gets an engine of its own (counters: their sums).
 double measure(const AllocPattern& p, std::size_t ops, int threads, bool observer, const Config& config,
-               SimSourceCounters* counters) {
-  Engine e(observer, config);
+               SimSourceCounters* counters, bool own_engines = false) {
+  std::vector<std::unique_ptr<Engine>> engines;
+  engines.push_back(std::make_unique<Engine>(observer, config));
   double ns = 0;
   if (threads == 0) {
-    ns = run_pattern(*e.engine, p, ops, 1, 0);
+    ns = run_pattern(*engines[0]->engine, p, ops, 1, 0);
   } else {
+    if (own_engines)
+      while (engines.size() < static_cast<std::size_t>(threads)) engines.push_back(std::make_unique<Engine>(observer, config));
     std::vector<double> per(static_cast<std::size_t>(threads));
     std::vector<std::thread> pool;
     std::barrier start(threads);
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] {
+        CachingAllocator& engine = *engines[own_engines ? static_cast<std::size_t>(t) : 0]->engine;
         start.arrive_and_wait();
-        per[static_cast<std::size_t>(t)] = run_pattern(*e.engine, p, ops, 100 + static_cast<std::uint64_t>(t), 0);
+        per[static_cast<std::size_t>(t)] = run_pattern(engine, p, ops, 100 + static_cast<std::uint64_t>(t), 0);
       });
     for (auto& th : pool) th.join();
     for (double v : per) ns += v / threads;
   }
-  if (counters) *counters = e.source.counters();
+  if (counters) {
+    *counters = SimSourceCounters{};
+    for (const auto& e : engines) {
+      const SimSourceCounters x = e->source.counters();
+      counters->reserves += x.reserves;
+      counters->releases += x.releases;
+      counters->creates += x.creates;
+      counters->destroys += x.destroys;
+      counters->maps += x.maps;
+      counters->unmaps += x.unmaps;
+    }
+  }
   return ns;
 }
 
@@ -122,12 +141,12 @@ double measure(const AllocPattern& p, std::size_t ops, int threads, bool observe
 int main(int argc, char** argv) {
   std::size_t ops = 1'000'000;
   int threads = 4, rounds = 1;
-  bool observer = false, tsv = false, interleave = false;
+  bool observer = false, tsv = false, interleave = false, own_engines = false;
   Config config;
   std::vector<std::string> wanted;
   gpumem::bench::BenchArgs args("bench_alloc_pairs",
                                 "[--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--config TEXT] [--tsv] "
-                                "[--interleave]");
+                                "[--interleave] [--engine-per-thread]");
   args.count("--ops", ops, 1)
       .number("--threads", threads, 0, 1024)
       .number("--rounds", rounds, 1, 1000)
@@ -141,7 +160,8 @@ int main(int argc, char** argv) {
                 return std::string();
               })
       .flag("--tsv", tsv)
-      .flag("--interleave", interleave);
+      .flag("--interleave", interleave)
+      .flag("--engine-per-thread", own_engines);
   args.parse(argc, argv);
   std::vector<AllocPattern> patterns;
   for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
@@ -152,7 +172,8 @@ int main(int argc, char** argv) {
   if (patterns.empty()) args.fail("no pattern matches --pattern");
 
   if (!tsv) {
-    fmt::print("gpumem engine on SimSource, {} pairs per thread{}{}\n", ops, observer ? ", stats observer attached" : "",
+    fmt::print("gpumem engine on SimSource, {} pairs per thread{}{}{}\n", ops, observer ? ", stats observer attached" : "",
+               own_engines && threads ? fmt::format(", {} threads each with an engine of its own", threads) : "",
                rounds > 1 ? fmt::format(", median (min..max) of {} rounds", rounds) : "");
     fmt::print("{:<28} {:>22} {:>26}\n", "pattern", "1 thread ns", threads ? fmt::format("{} threads ns/thread", threads) : "");
   }
@@ -162,7 +183,7 @@ int main(int argc, char** argv) {
   std::vector<SimSourceCounters> c(n), cm(n);
   auto run_single = [&](std::size_t i) { single[i].push_back(measure(patterns[i], ops, 0, observer, config, &c[i])); };
   auto run_multi = [&](std::size_t i) {
-    if (threads) multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i]));
+    if (threads) multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i], own_engines));
   };
   auto print_row = [&](std::size_t i) {
     const AllocPattern& p = patterns[i];
