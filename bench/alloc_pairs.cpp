@@ -22,6 +22,8 @@
 // arenas could at best reach with T threads on that host (docs/notes/thread-caches.md).
 // --tsv prints one tab-separated line per measurement instead of the table:
 //   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
+// The table's last column counts, for the last round, the SimSource calls and the physical bytes
+// the engines still held after the pattern freed everything (summed over the engines).
 // Every engine is made and destroyed outside the timed loops.
 #include <fmt/format.h>
 
@@ -100,7 +102,7 @@ struct Engine {
 // that many threads run it at once, each with its own sequence. Returns ns per pair (per thread).
 // own_engines: each thread gets an engine of its own (counters: their sums).
 double measure(const AllocPattern& p, std::size_t ops, int threads, bool observer, const Config& config,
-               SimSourceCounters* counters, bool own_engines = false) {
+               SimSourceCounters* counters, bool own_engines = false, std::size_t* physical = nullptr) {
   std::vector<std::unique_ptr<Engine>> engines;
   engines.push_back(std::make_unique<Engine>(observer, config));
   double ns = 0;
@@ -120,6 +122,10 @@ double measure(const AllocPattern& p, std::size_t ops, int threads, bool observe
       });
     for (auto& th : pool) th.join();
     for (double v : per) ns += v / threads;
+  }
+  if (physical) {
+    *physical = 0;
+    for (const auto& e : engines) *physical += e->source.physical_bytes();
   }
   if (counters) {
     *counters = SimSourceCounters{};
@@ -181,9 +187,12 @@ int main(int argc, char** argv) {
   const std::size_t n = patterns.size();
   std::vector<std::vector<double>> single(n), multi(n);
   std::vector<SimSourceCounters> c(n), cm(n);
-  auto run_single = [&](std::size_t i) { single[i].push_back(measure(patterns[i], ops, 0, observer, config, &c[i])); };
+  // Physical bytes the engines held after the last round (its blocks freed, nothing released:
+  // what the pattern made them reserve, summed over the engines).
+  std::vector<std::size_t> phys(n), physm(n);
+  auto run_single = [&](std::size_t i) { single[i].push_back(measure(patterns[i], ops, 0, observer, config, &c[i], false, &phys[i])); };
   auto run_multi = [&](std::size_t i) {
-    if (threads) multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i], own_engines));
+    if (threads) multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i], own_engines, &physm[i]));
   };
   auto print_row = [&](std::size_t i) {
     const AllocPattern& p = patterns[i];
@@ -195,10 +204,14 @@ int main(int argc, char** argv) {
         fmt::print("pairs\t{}\t{}\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, threads, m.median, m.min, m.max);
       }
     } else {
-      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}{})\n", p.name,
+      constexpr double kMiB = 1 << 20;
+      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}, held {:.0f} MiB{})\n", p.name,
                  gpumem::bench::format_spread(s, rounds),
                  threads ? gpumem::bench::format_spread(spread_of(multi[i]), rounds) : "", c[i].maps, c[i].unmaps,
-                 c[i].creates, threads ? fmt::format("; {} threads: maps {}, creates {}", threads, cm[i].maps, cm[i].creates) : "");
+                 c[i].creates, static_cast<double>(phys[i]) / kMiB,
+                 threads ? fmt::format("; {} threads: maps {}, creates {}, held {:.0f} MiB", threads, cm[i].maps, cm[i].creates,
+                                       static_cast<double>(physm[i]) / kMiB)
+                         : "");
     }
     std::fflush(stdout);
   };
