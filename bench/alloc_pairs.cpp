@@ -22,8 +22,8 @@
 // arenas could at best reach with T threads on that host (docs/notes/thread-caches.md).
 // --tsv prints one tab-separated line per measurement instead of the table:
 //   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
-// The table's last column counts, for the last round, the SimSource calls and the physical bytes
-// the engines still held after the pattern freed everything (summed over the engines).
+// The table's last column counts, for the last round, the SimSource calls and the peak physical
+// bytes ("peak"; with an engine per thread, the sum of the engines' peaks).
 // Every engine is made and destroyed outside the timed loops.
 #include <fmt/format.h>
 
@@ -125,7 +125,7 @@ double measure(const AllocPattern& p, std::size_t ops, int threads, bool observe
   }
   if (physical) {
     *physical = 0;
-    for (const auto& e : engines) *physical += e->source.physical_bytes();
+    for (const auto& e : engines) *physical += e->source.peak_physical_bytes();
   }
   if (counters) {
     *counters = SimSourceCounters{};
@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
   const std::size_t n = patterns.size();
   std::vector<std::vector<double>> single(n), multi(n);
   std::vector<SimSourceCounters> c(n), cm(n);
-  // Physical bytes the engines held after the last round (its blocks freed, nothing released:
-  // what the pattern made them reserve, summed over the engines).
+  // The peak physical bytes of the last round (what the pattern made the engine reserve at most;
+  // with an engine per thread, the sum of their peaks).
   std::vector<std::size_t> phys(n), physm(n);
   auto run_single = [&](std::size_t i) { single[i].push_back(measure(patterns[i], ops, 0, observer, config, &c[i], false, &phys[i])); };
   auto run_multi = [&](std::size_t i) {
@@ -205,11 +205,11 @@ int main(int argc, char** argv) {
       }
     } else {
       constexpr double kMiB = 1 << 20;
-      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}, held {:.0f} MiB{})\n", p.name,
+      fmt::print("{:<28} {:>22} {:>26}   (1 thread: maps {}, unmaps {}, creates {}, peak {:.0f} MiB{})\n", p.name,
                  gpumem::bench::format_spread(s, rounds),
                  threads ? gpumem::bench::format_spread(spread_of(multi[i]), rounds) : "", c[i].maps, c[i].unmaps,
                  c[i].creates, static_cast<double>(phys[i]) / kMiB,
-                 threads ? fmt::format("; {} threads: maps {}, creates {}, held {:.0f} MiB", threads, cm[i].maps, cm[i].creates,
+                 threads ? fmt::format("; {} threads: maps {}, creates {}, peak {:.0f} MiB", threads, cm[i].maps, cm[i].creates,
                                        static_cast<double>(physm[i]) / kMiB)
                          : "");
     }

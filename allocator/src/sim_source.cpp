@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 
 namespace gpumem::alloc {
@@ -64,7 +65,10 @@ SourceResult<VaRange> SimSource::reserve(std::size_t size_bytes, std::size_t ali
   std::uintptr_t base = (next_va_ + align - 1) / align * align;
   next_va_ = base + size_bytes + g;  // a guard gap between ranges
   reserved_.emplace(base, size_bytes);
-  if (!options_.virtual_memory) physical_bytes_ += size_bytes;
+  if (!options_.virtual_memory) {
+    physical_bytes_ += size_bytes;
+    peak_physical_bytes_ = std::max(peak_physical_bytes_, physical_bytes_);
+  }
   ++counters_.reserves;
   return {SourceStatus::ok, VaRange{base, size_bytes}};
 }
@@ -104,6 +108,7 @@ SourceResult<PhysHandle> SimSource::create(std::size_t size_bytes) {
   PhysHandle h = next_handle_++;
   pieces_.emplace(h, size_bytes);
   physical_bytes_ += size_bytes;
+  peak_physical_bytes_ = std::max(peak_physical_bytes_, physical_bytes_);
   ++counters_.creates;
   return {SourceStatus::ok, h};
 }
@@ -196,6 +201,11 @@ SimSourceCounters SimSource::counters() const {
 std::size_t SimSource::physical_bytes() const {
   std::lock_guard lock(mutex_);
   return physical_bytes_;
+}
+
+std::size_t SimSource::peak_physical_bytes() const {
+  std::lock_guard lock(mutex_);
+  return peak_physical_bytes_;
 }
 
 std::size_t SimSource::mapped_bytes() const {

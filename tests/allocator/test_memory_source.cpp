@@ -564,6 +564,35 @@ TEST_CASE("SimSource without virtual memory conforms to MemorySource", "[source]
   run_conformance(sim_kind(false));
 }
 
+TEST_CASE("SimSource keeps the peak of its physical bytes", "[source][sim]") {
+  for (bool vm : {true, false}) {
+    SimSourceOptions o;
+    o.virtual_memory = vm;
+    SimSource source(o);
+    const std::size_t g = o.granularity_bytes;
+    CHECK(source.peak_physical_bytes() == 0);
+    if (vm) {
+      auto a = source.create(3 * g);
+      auto b = source.create(2 * g);
+      REQUIRE(a.status == SourceStatus::ok);
+      REQUIRE(b.status == SourceStatus::ok);
+      REQUIRE(source.destroy(a.value) == SourceStatus::ok);
+      auto c = source.create(g);
+      REQUIRE(c.status == SourceStatus::ok);
+      CHECK(source.physical_bytes() == 3 * g);
+      CHECK(source.peak_physical_bytes() == 5 * g);  // the 3 + 2 granules of before the destroy
+    } else {
+      auto a = source.reserve(4 * g, g);
+      REQUIRE(a.status == SourceStatus::ok);
+      REQUIRE(source.release(a.value) == SourceStatus::ok);
+      auto b = source.reserve(g, g);
+      REQUIRE(b.status == SourceStatus::ok);
+      CHECK(source.physical_bytes() == g);
+      CHECK(source.peak_physical_bytes() == 4 * g);
+    }
+  }
+}
+
 TEST_CASE("HostVmmSource conforms to MemorySource", "[source][host_vmm]") {
   run_conformance(host_vmm_kind(2 * kMiB));
 }

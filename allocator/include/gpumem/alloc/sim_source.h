@@ -55,6 +55,7 @@ class SimSource final : public MemorySource {
 
   SimSourceCounters counters() const;
   std::size_t physical_bytes() const;  // bytes of live physical pieces (or backed ranges)
+  std::size_t peak_physical_bytes() const;  // the most physical_bytes() has been
   std::size_t mapped_bytes() const;
 
  private:
@@ -66,6 +67,7 @@ class SimSource final : public MemorySource {
   std::uintptr_t next_va_;
   std::uint64_t next_handle_ = 1;
   std::size_t physical_bytes_ = 0;
+  std::size_t peak_physical_bytes_ = 0;
   std::size_t mapped_bytes_ = 0;
   std::map<std::uintptr_t, std::size_t> reserved_;               // base -> size
   std::unordered_map<PhysHandle, std::size_t> pieces_;           // handle -> size
