@@ -77,13 +77,17 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
     lock.lock();
     if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
   }
-  if (use_caches()) {
-    // Free memory in threads' leases is used before growing (Note [Thread caches]); only leases
-    // of the request's pool and stream can serve it.
+  // Free memory in threads' leases of the request's pool and stream (the only ones that can serve
+  // it) goes back before growing when there is enough of it to matter; otherwise only if the
+  // growth fails (Note [Thread caches], "Growth and other threads' leases").
+  bool drained = false;
+  auto drain_and_take = [&]() -> Block* {
+    drained = true;
     detail::WorldStop stop(thread_caches);
-    if (drain_caches_for_locked(pool, stream))
-      if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
-  }
+    return drain_caches_for_locked(pool, stream) ? map.take_cached(pool, stream, rounded, rules.split) : nullptr;
+  };
+  if (use_caches() && leased_free_worth_draining_locked(pool, rounded))
+    if (Block* b = drain_and_take()) return b;
   // While capturing or holding nothing is released (Note [Engine during graph capture]): the
   // release steps find nothing to do.
   const bool gc_due = may_release() &&
@@ -99,6 +103,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
         break;
       case policy::RecoveryStep::grow:
         b = grow_dropping_lock(lock, pool, stream, rounded, batch, fail);
+        if (!b && use_caches() && !drained) b = drain_and_take();
         break;
       case policy::RecoveryStep::release_cached:
         release_cached_dropping_lock(lock, batch);

@@ -31,6 +31,7 @@
 
 #include <boost/intrusive/set.hpp>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <iterator>
@@ -179,7 +180,7 @@ class FreeIndex {
   void insert(Block& b) {
     bins_for(b.stream).add(b);
     ++size_;
-    bytes_ += b.size_bytes;
+    add_bytes(b.size_bytes, 0);
   }
   // `fresh` takes the place of `old` (in the index, indexed with old_size bytes; same stream).
   // When fresh falls in old's class between old's neighbours the node is swapped in place: the
@@ -196,13 +197,13 @@ class FreeIndex {
       bins.remove(old, c);
       bins.add(fresh);
     }
-    bytes_ = bytes_ - old_size + fresh.size_bytes;
+    add_bytes(fresh.size_bytes, old_size);
   }
   // b (in the index, indexed with old_size bytes) changed its key (size, address): moves it if its
   // rank changed. The common case (the block stays alone in its class: a split off a free block or
   // a merge into it, once per engine call) is inline and touches neither the bins nor the tree.
   void resized(Block& b, std::size_t old_size) {
-    bytes_ = bytes_ - old_size + b.size_bytes;
+    add_bytes(b.size_bytes, old_size);
     const SizeClasses::Class was = SizeClasses::at_index(b.free_class), now = SizeClasses::of(b.size_bytes);
     if (was.index() == now.index() && alone_in_tree(b)) return;
     move_resized(b, was, now);
@@ -210,7 +211,7 @@ class FreeIndex {
   void erase(Block& b) noexcept {
     bins_of(b.stream)->remove(b);
     --size_;
-    bytes_ -= b.size_bytes;
+    add_bytes(0, b.size_bytes);
   }
 
   // ---- queries
@@ -230,7 +231,10 @@ class FreeIndex {
     return next ? &*next->begin() : nullptr;
   }
   std::size_t size() const noexcept { return size_; }
-  std::size_t bytes() const noexcept { return bytes_; }
+  std::size_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+  // bytes() read without the lock that guards this index: a value it had at some recent moment
+  // (a hint; the thread caches' indexes are read so, Note [Thread caches]).
+  std::size_t bytes_hint() const noexcept { return bytes_.load(std::memory_order_relaxed); }
   bool contains(const Block& b) const noexcept {
     const Bins* bins = nullptr;
     for (const auto& x : streams_)
@@ -328,7 +332,7 @@ class FreeIndex {
     streams_.clear();
     last_ = nullptr;
     size_ = 0;
-    bytes_ = 0;
+    bytes_.store(0, std::memory_order_relaxed);
   }
 
  private:
@@ -389,7 +393,12 @@ class FreeIndex {
   std::vector<std::unique_ptr<Bins>> streams_;  // by stream, ascending
   Bins* last_ = nullptr;                        // the stream used last (most programs use one)
   std::size_t size_ = 0;
-  std::size_t bytes_ = 0;
+  // Changed only by the one writer that holds the index's lock; atomic so that bytes_hint() may
+  // read it without that lock. A relaxed load and store, not a read-modify-write: plain moves.
+  std::atomic<std::size_t> bytes_{0};
+  void add_bytes(std::size_t plus, std::size_t minus) noexcept {
+    bytes_.store(bytes_.load(std::memory_order_relaxed) + plus - minus, std::memory_order_relaxed);
+  }
 };
 
 inline bool FreeIndex::check_order() const noexcept {
@@ -418,7 +427,7 @@ inline bool FreeIndex::check_order() const noexcept {
     if (in_stream != bins->blocks) return false;
     count += in_stream;
   }
-  return count == size_ && bytes == bytes_;
+  return count == size_ && bytes == this->bytes();
 }
 
 }  // namespace gpumem::alloc::detail

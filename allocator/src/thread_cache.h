@@ -73,6 +73,12 @@ struct ThreadCache {
   // large lease is only ever cut out of free memory the engine already holds: it never makes the
   // engine grow (Note [Thread caches], "Large leases of free memory").
   static constexpr std::size_t kLeaseLargeBytes = std::size_t{64} << 20;
+  // A growth takes back the free memory of the threads' leases of its pool first only when all
+  // the caches together hold at least this much of it (or the request's size, if larger); else
+  // the engine grows and the leases stay, taken back only if the growth fails. So growth can
+  // reserve up to this much more than a drain first would, for any number of threads (Note
+  // [Thread caches], "Growth and other threads' leases").
+  static constexpr std::size_t kGrowPastLeasedBytes = std::size_t{64} << 20;
   // Returning leases a cache holds at most; a free beyond them takes the engine's lock (and
   // returns them). Each takes a Block object from the stash: kept below kStashLow, so the stash
   // refilled at the thread's last engine lock covers them and the large lease.

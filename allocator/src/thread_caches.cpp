@@ -186,6 +186,16 @@ bool CachingAllocator::Impl::drain_caches_for_locked(PoolKind pool, StreamId str
   return any;
 }
 
+bool CachingAllocator::Impl::leased_free_worth_draining_locked(PoolKind pool, std::size_t rounded) const {
+  mutex.assert_held();
+  // Read without the caches' locks (their fast paths keep running): a hint, and only a hint is
+  // needed. A drain stops every cache and takes leases away from threads that are using them, which
+  // then miss and come back for the engine lock; a growth costs only what it maps.
+  std::size_t leased = 0;
+  for (const auto& tc : thread_caches.caches) leased += tc->index[static_cast<int>(pool)].bytes_hint();
+  return leased >= std::max(rounded, ThreadCache::kGrowPastLeasedBytes);
+}
+
 void CachingAllocator::Impl::drain_all_caches_locked() {
   mutex.assert_held();
   for (auto& tc : thread_caches.caches) drain_cache_locked(*tc);

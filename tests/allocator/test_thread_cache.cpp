@@ -192,8 +192,10 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
   CHECK(engine.free(r.ptr) == FreeStatus::ok);
   engine.check_invariants();
 
-  // Memory held in leases is used before growing: with the cap at what is reserved now, another
-  // thread (no lease of its own) gets a block the size of this thread's leased free memory.
+  // Memory held in leases is used before the engine fails or releases anything: with the cap at
+  // what is reserved now, another thread (no lease of its own) gets a block the size of this
+  // thread's leased free memory. (Less than ThreadCache::kGrowPastLeasedBytes is leased, so the
+  // engine tries to grow first; the growth fails at the cap, and the leases go back then.)
   auto s = engine.allocate(24 * KiB, 0);  // this thread leases again
   REQUIRE(s.ok());
   REQUIRE(engine.free(s.ptr) == FreeStatus::ok);
@@ -207,7 +209,7 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
     if (big.ok()) CHECK(engine.free(big.ptr) == FreeStatus::ok);
   });
   third.join();
-  CHECK(engine.totals().reserved_bytes <= t.reserved_bytes);
+  CHECK(engine.totals().reserved_bytes == t.reserved_bytes);  // nothing was released either
   engine.check_invariants();
 }
 
@@ -370,4 +372,51 @@ TEST_CASE("blocks of no lease a thread frees go back to the engine at its next e
   }
   CHECK(engine.totals().allocated_bytes == 0);
   engine.check_invariants();
+}
+
+TEST_CASE("a growth takes other threads' leased memory back first only when there is enough of it", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  constexpr std::size_t kGrowPastLeased = 64 * kMiB;  // ThreadCache::kGrowPastLeasedBytes
+  const std::size_t leased = engine.totals().thread_cached_bytes;  // this thread's small leases
+
+  // Another thread allocates and frees a block; it exits, so its cache goes back.
+  auto on_other_thread = [&engine](std::size_t bytes) {
+    std::thread t([&engine, bytes] {
+      auto r = engine.allocate(bytes, 0);
+      REQUIRE(r.ok());
+      CHECK(engine.free(r.ptr) == FreeStatus::ok);
+    });
+    t.join();
+  };
+
+  // 16 MiB freed by this thread stays in its cache (a returning lease). Less than
+  // kGrowPastLeased is leased in the large pool, so another thread's 8 MiB request makes the
+  // engine grow and leaves this thread's lease alone.
+  auto a = engine.allocate(16 * kMiB, 0);
+  REQUIRE(a.ok());
+  REQUIRE(engine.free(a.ptr) == FreeStatus::ok);
+  REQUIRE(engine.totals().thread_cached_bytes == leased + a.size_bytes);
+  const std::size_t reserved_before = engine.totals().reserved_bytes;
+  on_other_thread(8 * kMiB);
+  engine.check_invariants();
+  CHECK(engine.totals().reserved_bytes > reserved_before);
+  CHECK(engine.totals().thread_cached_bytes == leased + a.size_bytes);
+
+  // 128 MiB in this thread's cache (its allocation took the engine lock, which took the 16 MiB
+  // lease back): now the large pool's leased memory is at least kGrowPastLeased and at least the
+  // 96 MiB request, so it goes back before any growth, and the request is served from it.
+  static_assert(96 * kMiB >= kGrowPastLeased);
+  auto c = engine.allocate(128 * kMiB, 0);
+  REQUIRE(c.ok());
+  REQUIRE(engine.free(c.ptr) == FreeStatus::ok);
+  REQUIRE(engine.totals().thread_cached_bytes == leased + c.size_bytes);
+  const std::size_t reserved_now = engine.totals().reserved_bytes;
+  on_other_thread(96 * kMiB);
+  engine.check_invariants();
+  CHECK(engine.totals().reserved_bytes == reserved_now);
+  CHECK(engine.totals().thread_cached_bytes == leased);
 }
