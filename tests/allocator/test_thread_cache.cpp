@@ -393,30 +393,37 @@ TEST_CASE("a growth takes other threads' leased memory back first only when ther
     t.join();
   };
 
-  // 16 MiB freed by this thread stays in its cache (a returning lease). Less than
-  // kGrowPastLeased is leased in the large pool, so another thread's 8 MiB request makes the
-  // engine grow and leaves this thread's lease alone.
-  auto a = engine.allocate(16 * kMiB, 0);
-  REQUIRE(a.ok());
-  REQUIRE(engine.free(a.ptr) == FreeStatus::ok);
-  REQUIRE(engine.totals().thread_cached_bytes == leased + a.size_bytes);
-  const std::size_t reserved_before = engine.totals().reserved_bytes;
-  on_other_thread(8 * kMiB);
-  engine.check_invariants();
-  CHECK(engine.totals().reserved_bytes > reserved_before);
-  CHECK(engine.totals().thread_cached_bytes == leased + a.size_bytes);
+  // This thread allocates and frees a block of no lease, which stays in its cache (a returning
+  // lease), then another thread makes a request; what this thread had cached before the request
+  // and what was reserved before and after it.
+  struct After {
+    std::size_t freed, cached_before, reserved_before, reserved_after;
+  };
+  auto free_here_then_request_there = [&](std::size_t here, std::size_t there) {
+    auto r = engine.allocate(here, 0);
+    REQUIRE(r.ok());
+    REQUIRE(engine.free(r.ptr) == FreeStatus::ok);
+    const EngineTotals t = engine.totals();
+    After a{r.size_bytes, t.thread_cached_bytes, t.reserved_bytes, 0};
+    on_other_thread(there);
+    engine.check_invariants();
+    a.reserved_after = engine.totals().reserved_bytes;
+    return a;
+  };
+
+  // 16 MiB in this thread's cache: less than kGrowPastLeased is leased in the large pool, so
+  // another thread's 8 MiB request makes the engine grow and leaves this thread's lease alone.
+  const After a = free_here_then_request_there(16 * kMiB, 8 * kMiB);
+  REQUIRE(a.cached_before == leased + a.freed);
+  CHECK(a.reserved_after > a.reserved_before);
+  CHECK(engine.totals().thread_cached_bytes == leased + a.freed);
 
   // 128 MiB in this thread's cache (its allocation took the engine lock, which took the 16 MiB
   // lease back): now the large pool's leased memory is at least kGrowPastLeased and at least the
   // 96 MiB request, so it goes back before any growth, and the request is served from it.
   static_assert(96 * kMiB >= kGrowPastLeased);
-  auto c = engine.allocate(128 * kMiB, 0);
-  REQUIRE(c.ok());
-  REQUIRE(engine.free(c.ptr) == FreeStatus::ok);
-  REQUIRE(engine.totals().thread_cached_bytes == leased + c.size_bytes);
-  const std::size_t reserved_now = engine.totals().reserved_bytes;
-  on_other_thread(96 * kMiB);
-  engine.check_invariants();
-  CHECK(engine.totals().reserved_bytes == reserved_now);
+  const After c = free_here_then_request_there(128 * kMiB, 96 * kMiB);
+  REQUIRE(c.cached_before == leased + c.freed);
+  CHECK(c.reserved_after == c.reserved_before);
   CHECK(engine.totals().thread_cached_bytes == leased);
 }
