@@ -480,6 +480,7 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
   t.cached_free_bytes = m.map.free_index[0].bytes() + m.map.free_index[1].bytes() + in_caches;
   t.thread_caches = m.use_caches() ? m.thread_caches.caches.size() : 0;
   t.thread_cached_bytes = in_caches;
+  t.thread_caches_on = m.use_caches();
   t.largest_free_extent_bytes = m.largest_free_locked();
   t.va_reserved_bytes = m.map.va_bytes;
   t.cap_bytes = m.cap;

@@ -63,6 +63,17 @@ TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]")
   CachingAllocator engine(source, *events, Config{});
   for (int i = 0; i < 1000; ++i) REQUIRE(engine.free(engine.allocate(8 * KiB, 0).ptr) == FreeStatus::ok);
   CHECK(engine.totals().thread_caches == 0);
+  CHECK_FALSE(engine.totals().thread_caches_on);
+}
+
+TEST_CASE("totals say that thread caches came on, after their threads are gone too", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  if (!contend(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  const EngineTotals t = engine.totals();  // contend()'s threads have exited: their caches went back
+  CHECK(t.thread_caches_on);
+  CHECK(t.thread_cached_bytes == 0);
 }
 
 TEST_CASE("thread caches serve repeats and keep every number exact", "[engine][thread_cache]") {

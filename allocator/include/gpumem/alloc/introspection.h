@@ -75,6 +75,8 @@ struct EngineTotals {
   std::size_t thread_caches = 0;       // threads holding a cache of freed blocks (0 until the
                                        // engine's lock was first contended)
   std::size_t thread_cached_bytes = 0; // bytes in those caches (part of cached_free_bytes)
+  bool thread_caches_on = false;       // caches came on (the engine's lock was contended once);
+                                       // never goes back, whether or not caches exist now
 };
 
 struct EngineSnapshot {
