@@ -495,6 +495,8 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
 
 }  // namespace
 
+bool CachingAllocator::thread_caches_on() const noexcept { return impl_->use_caches(); }
+
 EngineTotals CachingAllocator::totals() const {
   Impl& m = *impl_;
   std::lock_guard lock(m.mutex);

@@ -231,10 +231,9 @@ class FreeIndex {
     return next ? &*next->begin() : nullptr;
   }
   std::size_t size() const noexcept { return size_; }
+  // Exact under the lock that guards this index; read without it (the thread caches' indexes are,
+  // Note [Thread caches]), a value it had at some recent moment.
   std::size_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
-  // bytes() read without the lock that guards this index: a value it had at some recent moment
-  // (a hint; the thread caches' indexes are read so, Note [Thread caches]).
-  std::size_t bytes_hint() const noexcept { return bytes_.load(std::memory_order_relaxed); }
   bool contains(const Block& b) const noexcept {
     const Bins* bins = nullptr;
     for (const auto& x : streams_)
@@ -393,8 +392,8 @@ class FreeIndex {
   std::vector<std::unique_ptr<Bins>> streams_;  // by stream, ascending
   Bins* last_ = nullptr;                        // the stream used last (most programs use one)
   std::size_t size_ = 0;
-  // Changed only by the one writer that holds the index's lock; atomic so that bytes_hint() may
-  // read it without that lock. A relaxed load and store, not a read-modify-write: plain moves.
+  // Changed only by the one writer that holds the index's lock; atomic so that bytes() may be
+  // read without that lock. A relaxed load and store, not a read-modify-write: plain moves.
   std::atomic<std::size_t> bytes_{0};
   void add_bytes(std::size_t plus, std::size_t minus) noexcept {
     bytes_.store(bytes_.load(std::memory_order_relaxed) + plus - minus, std::memory_order_relaxed);

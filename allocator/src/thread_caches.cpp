@@ -192,7 +192,7 @@ bool CachingAllocator::Impl::leased_free_worth_draining_locked(PoolKind pool, st
   // needed. A drain stops every cache and takes leases away from threads that are using them, which
   // then miss and come back for the engine lock; a growth costs only what it maps.
   std::size_t leased = 0;
-  for (const auto& tc : thread_caches.caches) leased += tc->index[static_cast<int>(pool)].bytes_hint();
+  for (const auto& tc : thread_caches.caches) leased += tc->index[static_cast<int>(pool)].bytes();
   return leased >= std::max(rounded, ThreadCache::kGrowPastLeasedBytes);
 }
 

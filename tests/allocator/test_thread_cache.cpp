@@ -64,6 +64,7 @@ TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]")
   for (int i = 0; i < 1000; ++i) REQUIRE(engine.free(engine.allocate(8 * KiB, 0).ptr) == FreeStatus::ok);
   CHECK(engine.totals().thread_caches == 0);
   CHECK_FALSE(engine.totals().thread_caches_on);
+  CHECK_FALSE(engine.thread_caches_on());
 }
 
 TEST_CASE("totals say that thread caches came on, after their threads are gone too", "[engine][thread_cache]") {
@@ -73,6 +74,7 @@ TEST_CASE("totals say that thread caches came on, after their threads are gone t
   if (!contend(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   const EngineTotals t = engine.totals();  // contend()'s threads have exited: their caches went back
   CHECK(t.thread_caches_on);
+  CHECK(engine.thread_caches_on());
   CHECK(t.thread_cached_bytes == 0);
 }
 

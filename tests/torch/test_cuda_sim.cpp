@@ -328,8 +328,6 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(seen == 33);
   // One thread: the thread caches never came on.
   CHECK(keys.at("gpumem.thread_caches.on") == 0);
-  CHECK(keys.at("gpumem.thread_caches.count") == 0);
-  CHECK(keys.at("gpumem.thread_caches.free_bytes") == 0);
   live.free_all();
   // A device with no engine reads the same keys, zero.
   const auto none = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 7));

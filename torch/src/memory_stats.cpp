@@ -124,13 +124,9 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   for (auto& [key, value] : alloc::to_memory_stats(view)) out.emplace(std::move(key), value);
   for (auto& [key, value] : alloc::to_gpumem_stats(view)) out.emplace(std::move(key), value);
   add_driver_and_wait_keys(de, out);
-  // Whether thread caches came on, and what they hold now (Note [Thread caches]): with them on, a
-  // growth may pass up to 64 MiB of their free memory, so a run's peak can depend on it.
-  alloc::EngineTotals totals;
-  if (de != nullptr) totals = de->engine->totals();
-  out["gpumem.thread_caches.on"] = totals.thread_caches_on ? 1 : 0;
-  out["gpumem.thread_caches.count"] = static_cast<std::int64_t>(totals.thread_caches);
-  out["gpumem.thread_caches.free_bytes"] = static_cast<std::int64_t>(totals.thread_cached_bytes);
+  // Whether thread caches came on (Note [Thread caches]): with them on, a growth may pass up to
+  // 64 MiB of their free memory, so a run's peak can depend on it. One load: no engine lock.
+  out["gpumem.thread_caches.on"] = de != nullptr && de->engine->thread_caches_on() ? 1 : 0;
   return out;
 }
 

@@ -177,6 +177,9 @@ class CachingAllocator {
 
   EngineSnapshot snapshot();  // also emits a snapshot event
   EngineTotals totals() const;
+  // Whether thread caches came on (EngineTotals::thread_caches_on), without the engine's lock or
+  // stopping the caches: cheap enough for a stats read every step.
+  bool thread_caches_on() const noexcept;
   std::optional<BlockLookup> lookup(const void* ptr) const;
   std::vector<ExpandableRegionSize> expandable_region_sizes() const;
   std::size_t largest_free_block_bytes() const;
