@@ -92,6 +92,15 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
   // release steps find nothing to do.
   const bool gc_due = may_release() &&
                       policy::should_collect_garbage(rules.garbage_collection_threshold, map.reserved_bytes, cap);
+  // The garbage collector releases whole free classic segments, and a segment in a thread's lease
+  // is not free to it: when it is due (memory pressure), every lease goes back first, whatever the
+  // caches hold.
+  if (gc_due && !rules.expandable && use_caches() && !drained) {
+    drained = true;
+    detail::WorldStop stop(thread_caches);
+    drain_all_caches_locked();
+    if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
+  }
   for (policy::RecoveryStep step : policy::recovery_steps(gc_due)) {
     Block* b = nullptr;
     switch (step) {

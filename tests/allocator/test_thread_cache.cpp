@@ -440,3 +440,41 @@ TEST_CASE("a growth takes other threads' leased memory back first only when ther
   CHECK(c.reserved_after == c.reserved_before);
   CHECK(engine.totals().thread_cached_bytes == leased);
 }
+
+TEST_CASE("garbage collection sees the segments in threads' leases", "[engine][thread_cache]") {
+  // Classic segments, a cap, and a collection threshold: a growth above the threshold first
+  // releases whole free segments, least recently freed first. A segment freed by a thread is a
+  // returning lease of its cache, less than ThreadCache::kGrowPastLeasedBytes here, so the growth
+  // rule alone would leave it leased; the collector must still see it.
+  SimSource source;
+  auto events = make_immediate_events();
+  Config config;
+  config.expandable_segments = false;
+  config.garbage_collection_threshold = 0.4;
+  CachingAllocator engine(source, *events, config);
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::size_t reserved0 = engine.totals().reserved_bytes;  // the small pool's segments
+  const std::size_t leased = engine.totals().thread_cached_bytes;
+  REQUIRE(reserved0 < 64 * kMiB);  // so that releasing the 48 MiB segment ends the collection
+
+  // This thread's 48 MiB segment, freed here: a returning lease of its cache.
+  auto seg = engine.allocate(48 * kMiB, 0);
+  REQUIRE(seg.ok());
+  REQUIRE(engine.free(seg.ptr) == FreeStatus::ok);
+  REQUIRE(engine.totals().thread_cached_bytes == leased + 48 * kMiB);
+  REQUIRE(engine.totals().reserved_bytes == reserved0 + 48 * kMiB);
+
+  // The cap leaves room for a 56 MiB segment beside it, and the threshold (0.4 of the cap) is
+  // passed: another thread's 56 MiB request releases the free 48 MiB segment and grows by 56.
+  engine.set_memory_limit(reserved0 + 104 * kMiB);
+  std::thread([&] {
+    auto r = engine.allocate(56 * kMiB, 0);
+    REQUIRE(r.ok());
+    CHECK(engine.totals().reserved_bytes == reserved0 + 56 * kMiB);
+    CHECK(engine.free(r.ptr) == FreeStatus::ok);
+  }).join();
+  CHECK(source.physical_bytes() == reserved0 + 56 * kMiB);
+  CHECK(engine.totals().thread_cached_bytes <= leased);
+  engine.check_invariants();
+}
