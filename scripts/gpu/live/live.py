@@ -1008,6 +1008,11 @@ def describe_run(spec, res, native):
             parts.append("%s %s native's in %d/%d steps%s" % (
                 c["kind"], "equal" if c["equal"] == c["compared"] else "differ from", c["equal"], c["compared"],
                 ", max |diff| %.3g" % c["max_abs_diff"] if c.get("max_abs_diff") else ""))
+    caches_on = res.get("gpumem_stats", {}).get("gpumem.thread_caches.on")
+    if caches_on is not None:
+        # Whether the engine's lock was ever contended: the thread caches and their growth rule
+        # (docs/notes/thread-caches.md) can touch the peak only in a run where this is on.
+        parts.append("thread caches %s" % ("on" if caches_on else "off"))
     if res.get("pinned"):
         parts.append("pinned to CPUs %s" % res.get("cpus"))
     if res.get("cudnn_sdp") is False:

@@ -170,6 +170,17 @@ class ReportTest(unittest.TestCase):
         text = report.phase_table(res)
         self.assertRegex(text, r"w\s+1\s+1\.1\s+0\.5\s+4\.0\s+0\.5\s+6\.2\s+6")
 
+    def test_run_line_says_whether_thread_caches_came_on(self):
+        spec = {"index": 0, "rep": 0, "workload": "w", "mode": "gpumem"}
+        base = run_result("w", "gpumem", 0, 0.2, steps=5, warmup=1)
+        on = dict(base, gpumem_stats={"gpumem.thread_caches.on": 1})
+        off = dict(base, gpumem_stats={"gpumem.thread_caches.on": 0})
+        self.assertIn("; thread caches on;", live.describe_run(spec, on, None))
+        self.assertIn("; thread caches off;", live.describe_run(spec, off, None))
+        # A library without the key (or a run without gpumem's stats) says nothing about caches.
+        self.assertNotIn("thread caches", live.describe_run(spec, base, None))
+        self.assertNotIn("thread caches", live.describe_run(spec, dict(base, gpumem_stats={}), None))
+
 
 def args_for(argv):
     return live.parse_args(argv)
