@@ -351,7 +351,7 @@ struct CachingAllocator::Impl {
   // byte deltas stay with them. A WorldStop held.
   bool drain_caches_for_locked(PoolKind pool, StreamId stream);
   // Whether the free memory the caches hold of `pool` (read without their locks) adds up to at
-  // least max(rounded, ThreadCache::kGrowPastLeasedBytes): then a growth drains the leases first.
+  // least max(rounded, ThreadCache::grow_past_leased_allowance()): then a growth drains the leases first.
   bool leased_free_worth_draining_locked(PoolKind pool, std::size_t rounded) const;
   // Drains every thread's cache (a WorldStop held).
   void drain_all_caches_locked();

@@ -34,6 +34,7 @@
 // lock is safe to follow and check again under it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,11 +75,18 @@ struct ThreadCache {
   // engine grow (Note [Thread caches], "Large leases of free memory").
   static constexpr std::size_t kLeaseLargeBytes = std::size_t{64} << 20;
   // A growth takes back the free memory of the threads' leases of its pool first only when all
-  // the caches together hold at least this much of it (or the request's size, if larger); else
-  // the engine grows and the leases stay, taken back only if the growth fails. So growth can
-  // reserve up to this much more than a drain first would, for any number of threads (Note
-  // [Thread caches], "Growth and other threads' leases").
+  // the caches together hold at least grow_past_leased_allowance() of it (or the request's size,
+  // if larger); else the engine grows and the leases stay, taken back only if the growth fails.
+  // The allowance is kGrowPastLeasedBytes per cache, but never more than 1/kGrowPastLeasedDivisor
+  // of what the engine reserves (0.5%) unless that is below kGrowPastLeasedBytes. So growth can
+  // reserve up to max(64 MiB, 0.5% of reserved) more than a drain first would, however many
+  // threads there are (Note [Thread caches], "Growth and other threads' leases").
   static constexpr std::size_t kGrowPastLeasedBytes = std::size_t{64} << 20;
+  static constexpr std::size_t kGrowPastLeasedDivisor = 200;
+  static constexpr std::size_t grow_past_leased_allowance(std::size_t caches, std::size_t reserved_bytes) noexcept {
+    const std::size_t per_cache = kGrowPastLeasedBytes * caches;
+    return std::max(kGrowPastLeasedBytes, std::min(per_cache, reserved_bytes / kGrowPastLeasedDivisor));
+  }
   // Returning leases a cache holds at most; a free beyond them takes the engine's lock (and
   // returns them). Each takes a Block object from the stash: kept below kStashLow, so the stash
   // refilled at the thread's last engine lock covers them and the large lease.

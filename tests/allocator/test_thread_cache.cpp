@@ -13,8 +13,10 @@
 #include "catch.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
+#include "thread_cache.h"
 
 using namespace gpumem::alloc;
+using gpumem::alloc::detail::ThreadCache;
 
 namespace {
 
@@ -53,6 +55,28 @@ bool contend_and_lease(CachingAllocator& engine) {
   contend(engine);
   REQUIRE(engine.free(engine.allocate(4 * KiB, 0).ptr) == FreeStatus::ok);
   return engine.totals().thread_caches != 0;
+}
+
+// This thread allocates and frees a block of no lease, which stays in its cache (a returning
+// lease), then another thread allocates and frees `there` and exits (so its cache goes back): what
+// this thread had cached before the request and what was reserved before and after it.
+struct LeaseThenRequest {
+  std::size_t freed, cached_before, reserved_before, reserved_after;
+};
+LeaseThenRequest free_here_then_request_there(CachingAllocator& engine, std::size_t here, std::size_t there) {
+  auto r = engine.allocate(here, 0);
+  REQUIRE(r.ok());
+  REQUIRE(engine.free(r.ptr) == FreeStatus::ok);
+  const EngineTotals t = engine.totals();
+  LeaseThenRequest a{r.size_bytes, t.thread_cached_bytes, t.reserved_bytes, 0};
+  std::thread([&engine, there] {
+    auto x = engine.allocate(there, 0);
+    REQUIRE(x.ok());
+    CHECK(engine.free(x.ptr) == FreeStatus::ok);
+  }).join();
+  engine.check_invariants();
+  a.reserved_after = engine.totals().reserved_bytes;
+  return a;
 }
 
 }  // namespace
@@ -396,37 +420,9 @@ TEST_CASE("a growth takes other threads' leased memory back first only when ther
   constexpr std::size_t kGrowPastLeased = 64 * kMiB;  // ThreadCache::kGrowPastLeasedBytes
   const std::size_t leased = engine.totals().thread_cached_bytes;  // this thread's small leases
 
-  // Another thread allocates and frees a block; it exits, so its cache goes back.
-  auto on_other_thread = [&engine](std::size_t bytes) {
-    std::thread t([&engine, bytes] {
-      auto r = engine.allocate(bytes, 0);
-      REQUIRE(r.ok());
-      CHECK(engine.free(r.ptr) == FreeStatus::ok);
-    });
-    t.join();
-  };
-
-  // This thread allocates and frees a block of no lease, which stays in its cache (a returning
-  // lease), then another thread makes a request; what this thread had cached before the request
-  // and what was reserved before and after it.
-  struct After {
-    std::size_t freed, cached_before, reserved_before, reserved_after;
-  };
-  auto free_here_then_request_there = [&](std::size_t here, std::size_t there) {
-    auto r = engine.allocate(here, 0);
-    REQUIRE(r.ok());
-    REQUIRE(engine.free(r.ptr) == FreeStatus::ok);
-    const EngineTotals t = engine.totals();
-    After a{r.size_bytes, t.thread_cached_bytes, t.reserved_bytes, 0};
-    on_other_thread(there);
-    engine.check_invariants();
-    a.reserved_after = engine.totals().reserved_bytes;
-    return a;
-  };
-
   // 16 MiB in this thread's cache: less than kGrowPastLeased is leased in the large pool, so
   // another thread's 8 MiB request makes the engine grow and leaves this thread's lease alone.
-  const After a = free_here_then_request_there(16 * kMiB, 8 * kMiB);
+  const LeaseThenRequest a = free_here_then_request_there(engine, 16 * kMiB, 8 * kMiB);
   REQUIRE(a.cached_before == leased + a.freed);
   CHECK(a.reserved_after > a.reserved_before);
   CHECK(engine.totals().thread_cached_bytes == leased + a.freed);
@@ -435,7 +431,7 @@ TEST_CASE("a growth takes other threads' leased memory back first only when ther
   // lease back): now the large pool's leased memory is at least kGrowPastLeased and at least the
   // 96 MiB request, so it goes back before any growth, and the request is served from it.
   static_assert(96 * kMiB >= kGrowPastLeased);
-  const After c = free_here_then_request_there(128 * kMiB, 96 * kMiB);
+  const LeaseThenRequest c = free_here_then_request_there(engine, 128 * kMiB, 96 * kMiB);
   REQUIRE(c.cached_before == leased + c.freed);
   CHECK(c.reserved_after == c.reserved_before);
   CHECK(engine.totals().thread_cached_bytes == leased);
@@ -476,5 +472,50 @@ TEST_CASE("garbage collection sees the segments in threads' leases", "[engine][t
   }).join();
   CHECK(source.physical_bytes() == reserved0 + 56 * kMiB);
   CHECK(engine.totals().thread_cached_bytes <= leased);
+  engine.check_invariants();
+}
+
+TEST_CASE("the allowance of leased memory a growth passes is 64 MiB per cache within 0.5% of reserved", "[engine][thread_cache]") {
+  constexpr std::size_t kMiB = std::size_t{1} << 20, kGiB = kMiB << 10;
+  constexpr auto allowance = ThreadCache::grow_past_leased_allowance;
+  // Never below 64 MiB, whatever is reserved or however few caches there are.
+  CHECK(allowance(0, 0) == 64 * kMiB);
+  CHECK(allowance(1, 100 * kGiB) == 64 * kMiB);
+  CHECK(allowance(8, kGiB) == 64 * kMiB);
+  // 64 MiB per cache while that is within 0.5% of reserved; then 0.5% of reserved.
+  CHECK(allowance(2, 100 * kGiB) == 128 * kMiB);
+  CHECK(allowance(8, 100 * kGiB) == 512 * kMiB);
+  CHECK(allowance(8, 20 * kGiB) == 20 * kGiB / 200);
+  CHECK(allowance(16, 200 * kGiB) == kGiB);
+}
+
+TEST_CASE("with a large footprint growth passes more leased memory before taking it back", "[engine][thread_cache]") {
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
+  constexpr std::size_t kMiB = std::size_t{1} << 20, kGiB = kMiB << 10;
+  const std::size_t leased = engine.totals().thread_cached_bytes;  // this thread's small leases
+  // 16 GiB in use: with two caches (this thread's and the requesting thread's) the allowance is
+  // min(2 x 64 MiB, 0.5% of ~16.1 GiB) = ~82 MiB.
+  auto big = engine.allocate(16 * kGiB, 0);
+  REQUIRE(big.ok());
+
+  // 72 MiB in this thread's cache is more than 64 MiB but less than the allowance: another
+  // thread's 8 MiB request makes the engine grow and leaves the lease alone.
+  const LeaseThenRequest a = free_here_then_request_there(engine, 72 * kMiB, 8 * kMiB);
+  REQUIRE(a.cached_before == leased + a.freed);
+  REQUIRE(ThreadCache::grow_past_leased_allowance(2, a.reserved_before) > 72 * kMiB);
+  CHECK(a.reserved_after > a.reserved_before);
+  CHECK(engine.totals().thread_cached_bytes == leased + a.freed);
+
+  // 96 MiB is more than the allowance: it goes back before the 88 MiB request (more than any free
+  // block the engine holds: the 72 and 8 MiB above) would grow, and serves it.
+  const LeaseThenRequest b = free_here_then_request_there(engine, 96 * kMiB, 88 * kMiB);
+  REQUIRE(b.cached_before == leased + b.freed);
+  REQUIRE(ThreadCache::grow_past_leased_allowance(2, b.reserved_before) <= 96 * kMiB);
+  CHECK(b.reserved_after == b.reserved_before);
+  CHECK(engine.totals().thread_cached_bytes == leased);
+  REQUIRE(engine.free(big.ptr) == FreeStatus::ok);
   engine.check_invariants();
 }
