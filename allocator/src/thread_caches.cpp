@@ -193,7 +193,8 @@ bool CachingAllocator::Impl::leased_free_worth_draining_locked(PoolKind pool, st
   // then miss and come back for the engine lock; a growth costs only what it maps.
   std::size_t leased = 0;
   for (const auto& tc : thread_caches.caches) leased += tc->index[static_cast<int>(pool)].bytes();
-  const std::size_t allowance = ThreadCache::grow_past_leased_allowance(thread_caches.caches.size(), map.reserved_bytes);
+  const std::size_t allowance =
+      ThreadCache::grow_past_leased_allowance(thread_caches.caches.size(), map.reserved_bytes);
   return leased >= std::max(rounded, allowance);
 }
 
