@@ -23,7 +23,9 @@
 // --tsv prints one tab-separated line per measurement instead of the table:
 //   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
 // The table's last column counts, for the last round, the SimSource calls and the peak physical
-// bytes ("peak"; with an engine per thread, the sum of the engines' peaks).
+// bytes ("peak"; with an engine per thread, the sum of the engines' peaks), and for the multi-thread
+// runs how often an allocate or free took the engine's lock and found it taken, per allocation
+// (CachingAllocator::lock_counts; calls served by a thread cache take none).
 // Every engine is made and destroyed outside the timed loops.
 #include <fmt/format.h>
 
@@ -102,7 +104,8 @@ struct Engine {
 // that many threads run it at once, each with its own sequence. Returns ns per pair (per thread).
 // own_engines: each thread gets an engine of its own (counters: their sums).
 double measure(const AllocPattern& p, std::size_t ops, int threads, bool observer, const Config& config,
-               SimSourceCounters* counters, bool own_engines = false, std::size_t* physical = nullptr) {
+               SimSourceCounters* counters, bool own_engines = false, std::size_t* physical = nullptr,
+               EngineLockCounts* locks = nullptr) {
   std::vector<std::unique_ptr<Engine>> engines;
   engines.push_back(std::make_unique<Engine>(observer, config));
   double ns = 0;
@@ -126,6 +129,14 @@ double measure(const AllocPattern& p, std::size_t ops, int threads, bool observe
   if (physical) {
     *physical = 0;
     for (const auto& e : engines) *physical += e->source.peak_physical_bytes();
+  }
+  if (locks) {
+    *locks = EngineLockCounts{};
+    for (const auto& e : engines) {
+      const EngineLockCounts x = e->engine->lock_counts();
+      locks->acquisitions += x.acquisitions;
+      locks->contended += x.contended;
+    }
   }
   if (counters) {
     *counters = SimSourceCounters{};
@@ -190,12 +201,17 @@ int main(int argc, char** argv) {
   // The peak physical bytes of the last round (what the pattern made the engine reserve at most;
   // with an engine per thread, the sum of their peaks).
   std::vector<std::size_t> phys(n), physm(n);
+  std::vector<EngineLockCounts> locksm(n);
   auto run_single = [&](std::size_t i) { single[i].push_back(measure(patterns[i], ops, 0, observer, config, &c[i], false, &phys[i])); };
   auto run_multi = [&](std::size_t i) {
-    if (threads) multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i], own_engines, &physm[i]));
+    if (threads)
+      multi[i].push_back(measure(patterns[i], ops, threads, observer, config, &cm[i], own_engines, &physm[i], &locksm[i]));
   };
   auto print_row = [&](std::size_t i) {
     const AllocPattern& p = patterns[i];
+    // Allocations of one multi-thread round: every thread runs `ops` pairs after its first
+    // allocations (1,000 warm-up pairs of a fixed size; the window's first blocks).
+    const double allocs_per_round = static_cast<double>(threads) * static_cast<double>(ops + (p.fixed_bytes ? 1000 : p.window));
     const Spread s = spread_of(single[i]);
     if (tsv) {
       fmt::print("pairs\t{}\t1\t{:.1f}\t{:.1f}\t{:.1f}\n", p.name, s.median, s.min, s.max);
@@ -209,8 +225,11 @@ int main(int argc, char** argv) {
                  gpumem::bench::format_spread(s, rounds),
                  threads ? gpumem::bench::format_spread(spread_of(multi[i]), rounds) : "", c[i].maps, c[i].unmaps,
                  c[i].creates, static_cast<double>(phys[i]) / kMiB,
-                 threads ? fmt::format("; {} threads: maps {}, creates {}, peak {:.0f} MiB", threads, cm[i].maps, cm[i].creates,
-                                       static_cast<double>(physm[i]) / kMiB)
+                 threads ? fmt::format("; {} threads: maps {}, creates {}, peak {:.0f} MiB, engine lock {:.4f} per allocation, "
+                                       "{:.4f} contended",
+                                       threads, cm[i].maps, cm[i].creates, static_cast<double>(physm[i]) / kMiB,
+                                       static_cast<double>(locksm[i].acquisitions) / allocs_per_round,
+                                       static_cast<double>(locksm[i].contended) / allocs_per_round)
                          : "");
     }
     std::fflush(stdout);

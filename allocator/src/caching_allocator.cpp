@@ -497,6 +497,10 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
 
 bool CachingAllocator::thread_caches_on() const noexcept { return impl_->use_caches(); }
 
+EngineLockCounts CachingAllocator::lock_counts() const noexcept {
+  return {impl_->lock_acquisitions.load(std::memory_order_relaxed), impl_->lock_contended.load(std::memory_order_relaxed)};
+}
+
 EngineTotals CachingAllocator::totals() const {
   Impl& m = *impl_;
   std::lock_guard lock(m.mutex);

@@ -158,14 +158,24 @@ struct CachingAllocator::Impl {
   // Takes the engine lock, noting contention: the first contended acquisition turns thread caches
   // on (set under the lock, so every later holder sees it and locks live-table shards, and no fast
   // path can run before that).
+  // Counts the acquisitions and the contended ones (lock_counts()).
   Lock lock_noting_contention() {
     Lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) {
       lock.lock();
       if (thread_caches.enabled) thread_caches.active.store(true, std::memory_order_relaxed);
+      bump(lock_contended);
     }
+    bump(lock_acquisitions);
     return lock;
   }
+  // Written under the engine lock only, read without it (lock_counts()): a load and a store, not
+  // an atomic add.
+  static void bump(std::atomic<std::uint64_t>& n) noexcept {
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  std::atomic<std::uint64_t> lock_acquisitions{0};
+  std::atomic<std::uint64_t> lock_contended{0};
   bool use_caches() const noexcept { return thread_caches.in_use(); }
 
   // ---------------------------------------------------------------- events

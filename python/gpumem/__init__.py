@@ -306,7 +306,9 @@ def stats(device: DeviceLike = "cuda") -> Dict[str, int]:
     the engine was made (take differences). ``gpumem.driver.timed`` / ``gpumem.wait.timed`` are 0,
     and those keys 0, when the source is not the CUDA VMM one (docs/torch_adapter.md).
     ``gpumem.thread_caches.on`` is 1 once two threads met in the engine and its thread caches came
-    on (it never goes back to 0).
+    on (it never goes back to 0). ``gpumem.engine_lock.acquisitions`` / ``.contended`` count the
+    allocations and frees that took the engine's lock, and those that found another thread holding
+    it.
     """
     load()
     return {str(k): int(v) for k, v in _torch().ops.gpumem.memory_stats(_device(device)).items()}

@@ -89,6 +89,10 @@ TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]")
   CHECK(engine.totals().thread_caches == 0);
   CHECK_FALSE(engine.totals().thread_caches_on);
   CHECK_FALSE(engine.thread_caches_on());
+  // Every allocate and free took the engine's lock, and never found it taken.
+  const EngineLockCounts locks = engine.lock_counts();
+  CHECK(locks.acquisitions == 2000);
+  CHECK(locks.contended == 0);
 }
 
 TEST_CASE("totals say that thread caches came on, after their threads are gone too", "[engine][thread_cache]") {
@@ -100,6 +104,16 @@ TEST_CASE("totals say that thread caches came on, after their threads are gone t
   CHECK(t.thread_caches_on);
   CHECK(engine.thread_caches_on());
   CHECK(t.thread_cached_bytes == 0);
+  // Caches came on at a contended acquisition of the engine's lock, which was counted.
+  const EngineLockCounts locks = engine.lock_counts();
+  CHECK(locks.contended >= 1);
+  CHECK(locks.contended <= locks.acquisitions);
+  // With them on, this thread's calls are served by its cache once it holds a lease: 2,000 calls
+  // take the engine's lock a few times (the first lease), not 2,000.
+  for (int i = 0; i < 1000; ++i) REQUIRE(engine.free(engine.allocate(8 * KiB, 0).ptr) == FreeStatus::ok);
+  const EngineLockCounts after = engine.lock_counts();
+  CHECK(after.acquisitions - locks.acquisitions < 10);
+  CHECK(after.contended == locks.contended);  // nobody else is allocating
 }
 
 TEST_CASE("thread caches serve repeats and keep every number exact", "[engine][thread_cache]") {

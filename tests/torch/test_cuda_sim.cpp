@@ -305,7 +305,7 @@ TEST_CASE("sim 6: unsupported features raise one error naming the feature; bad p
   CHECK(error_of([&] { gpumem::torch::install(other); }).find("already exists with configuration") != std::string::npos);
 }
 
-TEST_CASE("sim 7: the driver and wait keys are present and zero when the source is not CUDA's") {
+TEST_CASE("sim 7: the driver and wait keys are present and zero when the source is not CUDA's; the thread-cache and engine-lock keys") {
   sim_allocator();
   Live live;
   live.alloc(40 * kMiB);  // a growth on the simulated device: no driver call, no CUDA event
@@ -326,13 +326,21 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
     }
   }
   CHECK(seen == 33);
-  // One thread: the thread caches never came on.
+  // One thread: the thread caches never came on, and the engine's lock was never found taken.
   CHECK(keys.at("gpumem.thread_caches.on") == 0);
+  CHECK(keys.at("gpumem.engine_lock.acquisitions") >= 1);  // live.alloc's, at least
+  CHECK(keys.at("gpumem.engine_lock.contended") == 0);
   live.free_all();
+  // The free took it once more.
+  const auto after = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
+  CHECK(after.at("gpumem.engine_lock.acquisitions") == keys.at("gpumem.engine_lock.acquisitions") + 1);
+  CHECK(after.at("gpumem.engine_lock.contended") == 0);
   // A device with no engine reads the same keys, zero.
   const auto none = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 7));
   CHECK(none.at("gpumem.driver.timed") == 0);
   CHECK(none.at("gpumem.driver.map.calls") == 0);
   CHECK(none.at("gpumem.wait.sync_stream.ns") == 0);
   CHECK(none.at("gpumem.thread_caches.on") == 0);
+  CHECK(none.at("gpumem.engine_lock.acquisitions") == 0);
+  CHECK(none.at("gpumem.engine_lock.contended") == 0);
 }

@@ -125,8 +125,12 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   for (auto& [key, value] : alloc::to_gpumem_stats(view)) out.emplace(std::move(key), value);
   add_driver_and_wait_keys(de, out);
   // Whether thread caches came on (Note [Thread caches]): with them on, a growth may pass up to
-  // 64 MiB of their free memory, so a run's peak can depend on it. One load: no engine lock.
+  // max(64 MiB, 0.5% of reserved) of their free memory, so a run's peak can depend on it. And how
+  // often allocate/free took the engine's lock, and found it taken. Loads only: no engine lock.
   out["gpumem.thread_caches.on"] = de != nullptr && de->engine->thread_caches_on() ? 1 : 0;
+  const alloc::EngineLockCounts locks = de != nullptr ? de->engine->lock_counts() : alloc::EngineLockCounts{};
+  out["gpumem.engine_lock.acquisitions"] = static_cast<std::int64_t>(locks.acquisitions);
+  out["gpumem.engine_lock.contended"] = static_cast<std::int64_t>(locks.contended);
   return out;
 }
 

@@ -118,6 +118,14 @@ struct BlockLookup {
   bool expandable = false;
 };
 
+// How often allocate() and free() took the engine's lock, and how often they found it taken
+// (another thread held it). Thread caches come on at the first contended acquisition; with them on,
+// calls served by a thread's cache take no engine lock and are not counted.
+struct EngineLockCounts {
+  std::uint64_t acquisitions = 0;
+  std::uint64_t contended = 0;
+};
+
 struct ExpandableRegionSize {
   StreamId stream = 0;
   bool is_small_pool = false;
@@ -180,6 +188,8 @@ class CachingAllocator {
   // Whether thread caches came on (EngineTotals::thread_caches_on), without the engine's lock or
   // stopping the caches: cheap enough for a stats read every step.
   bool thread_caches_on() const noexcept;
+  // EngineLockCounts since the engine was made: two loads, no lock.
+  EngineLockCounts lock_counts() const noexcept;
   std::optional<BlockLookup> lookup(const void* ptr) const;
   std::vector<ExpandableRegionSize> expandable_region_sizes() const;
   std::size_t largest_free_block_bytes() const;
