@@ -80,14 +80,20 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
   // Free memory in threads' leases of the request's pool and stream (the only ones that can serve
   // it) goes back before growing when there is enough of it to matter; otherwise only if the
   // growth fails (Note [Thread caches], "Growth and other threads' leases").
+  // Takes the leases of the request's pool and stream back (every lease: `all`), then best fit again.
   bool drained = false;
-  auto drain_and_take = [&]() -> Block* {
+  auto drain_and_take = [&](bool all) -> Block* {
     drained = true;
     detail::WorldStop stop(thread_caches);
-    return drain_caches_for_locked(pool, stream) ? map.take_cached(pool, stream, rounded, rules.split) : nullptr;
+    if (all) {
+      drain_all_caches_locked();
+    } else if (!drain_caches_for_locked(pool, stream)) {
+      return nullptr;
+    }
+    return map.take_cached(pool, stream, rounded, rules.split);
   };
   if (use_caches() && leased_free_worth_draining_locked(pool, rounded))
-    if (Block* b = drain_and_take()) return b;
+    if (Block* b = drain_and_take(false)) return b;
   // While capturing or holding nothing is released (Note [Engine during graph capture]): the
   // release steps find nothing to do.
   const bool gc_due = may_release() &&
@@ -95,12 +101,8 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
   // The garbage collector releases whole free classic segments, and a segment in a thread's lease
   // is not free to it: when it is due (memory pressure), every lease goes back first, whatever the
   // caches hold.
-  if (gc_due && !rules.expandable && use_caches() && !drained) {
-    drained = true;
-    detail::WorldStop stop(thread_caches);
-    drain_all_caches_locked();
-    if (Block* b = map.take_cached(pool, stream, rounded, rules.split)) return b;
-  }
+  if (gc_due && !rules.expandable && use_caches() && !drained)
+    if (Block* b = drain_and_take(true)) return b;
   for (policy::RecoveryStep step : policy::recovery_steps(gc_due)) {
     Block* b = nullptr;
     switch (step) {
@@ -112,7 +114,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::allocate_slow_dropping_lo
         break;
       case policy::RecoveryStep::grow:
         b = grow_dropping_lock(lock, pool, stream, rounded, batch, fail);
-        if (!b && use_caches() && !drained) b = drain_and_take();
+        if (!b && use_caches() && !drained) b = drain_and_take(false);
         break;
       case policy::RecoveryStep::release_cached:
         release_cached_dropping_lock(lock, batch);
