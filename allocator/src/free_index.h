@@ -117,11 +117,12 @@ class FreeIndex {
     void add(Block& b) noexcept { add(b, SizeClasses::of(b.size_bytes)); }
     // c: the class of b's size (remembered in b.free_class, so that taking b out or resizing it
     // does not compute it again).
-    void add(Block& b, SizeClasses::Class c) noexcept {
+    [[gnu::always_inline]] void add(Block& b, SizeClasses::Class c) noexcept {
       b.free_class = static_cast<std::uint16_t>(c.index());
       ClassSet& set = classes[c.index()];
-      // Most classes hold one block or none: linking into an empty tree needs no search.
-      if (set.empty()) set.push_back(b);
+      // Most classes hold one block or none: into an empty tree b goes as its only node, linked
+      // directly, with no search and no rebalancing.
+      if (set.empty()) link_sole(set, b);
       else set.insert(b);
       class_bits[c.level] |= 1u << c.sub;
       level_bits |= std::uint64_t{1} << c.level;
@@ -129,9 +130,9 @@ class FreeIndex {
     }
     void remove(Block& b) noexcept { remove(b, SizeClasses::at_index(b.free_class)); }
     // c: the class b is indexed in.
-    void remove(Block& b, SizeClasses::Class c) noexcept {
+    [[gnu::always_inline]] void remove(Block& b, SizeClasses::Class c) noexcept {
       ClassSet& set = classes[c.index()];
-      if (&*set.begin() == &b && &*set.rbegin() == &b) {
+      if (alone_in_tree(b)) {
         set.clear();  // the only block: constant time with normal_link hooks, no rebalancing
         note_empty(c);
       } else {
@@ -190,7 +191,7 @@ class FreeIndex {
     const SizeClasses::Class c = SizeClasses::at_index(old.free_class);
     ClassSet& set = bins.set_of(c);
     auto it = set.iterator_to(old);
-    if (SizeClasses::of(fresh.size_bytes).index() == c.index() && (only_node(set, old) || fits_at(set, it, fresh))) {
+    if (SizeClasses::of(fresh.size_bytes).index() == c.index() && (alone_in_tree(old) || fits_at(set, it, fresh))) {
       set.replace_node(it, fresh);
       fresh.free_class = old.free_class;
     } else {
@@ -355,10 +356,50 @@ class FreeIndex {
     const auto n = Traits::to_node_ptr(b);
     return !Node::get_left(n) && !Node::get_right(n) && Node::get_parent(Node::get_parent(n)) == n;
   }
-  // Whether b is the only block of set (most classes hold one block): then any key of the class
-  // fits at its place. Two reads of the tree's header.
-  static bool only_node(ClassSet& set, const Block& b) noexcept {
-    return &*set.begin() == &b && &*set.rbegin() == &b;
+  // Links b as the only node of the empty tree set: what set.push_back(b) leaves (the header's
+  // parent, leftmost and rightmost are b; b is black, its parent the header, no children), without
+  // push_back's search for the place and its rebalancing (about 40 instructions; a split or a
+  // merge that changes a block's class does this once). check_order() checks the shape (tree_sound).
+  static void link_sole(ClassSet& set, Block& b) noexcept {
+    using Traits = ClassSet::value_traits;
+    using Node = Traits::node_traits;
+    const auto header = set.end().pointed_node();
+    const auto n = Traits::to_node_ptr(b);
+    Node::set_parent(header, n);
+    Node::set_left(header, n);
+    Node::set_right(header, n);
+    Node::set_parent(n, header);
+    Node::set_left(n, nullptr);
+    Node::set_right(n, nullptr);
+    Node::set_color(n, Node::black());
+  }
+  // The red-black shape of one class tree, which link_sole writes by hand: the header's parent is
+  // the root and its left and right the first and last nodes; every child points back at its
+  // parent; the root is black, no red node has a red child, and every path down has the same
+  // number of black nodes. Linear; for check_order().
+  static bool tree_sound(const ClassSet& set) noexcept {
+    using Node = ClassSet::node_traits;
+    using Ptr = Node::node_ptr;
+    const Ptr header = set.end().pointed_node();
+    const Ptr root = Node::get_parent(header);
+    if (!root) return Node::get_left(header) == header && Node::get_right(header) == header;
+    if (Node::get_parent(root) != header || Node::get_color(root) != Node::black()) return false;
+    if (Node::get_left(header) != set.begin().pointed_node() ||
+        Node::get_right(header) != std::prev(set.end()).pointed_node())
+      return false;
+    // The black height of the subtree at n, or -1 where it is unsound.
+    auto black_height = [](auto& self, Ptr n) -> int {
+      if (!n) return 1;
+      const Ptr l = Node::get_left(n), r = Node::get_right(n);
+      if ((l && Node::get_parent(l) != n) || (r && Node::get_parent(r) != n)) return -1;
+      if (Node::get_color(n) == Node::red() &&
+          ((l && Node::get_color(l) == Node::red()) || (r && Node::get_color(r) == Node::red())))
+        return -1;
+      const int hl = self(self, l), hr = self(self, r);
+      if (hl < 0 || hl != hr) return -1;
+      return hl + (Node::get_color(n) == Node::black() ? 1 : 0);
+    };
+    return black_height(black_height, root) > 0;
   }
   // Whether key may sit at it's position of set: strictly between its neighbours.
   static bool fits_at(ClassSet& set, ClassSet::iterator it, const Block& key) noexcept {
@@ -412,6 +453,7 @@ inline bool FreeIndex::check_order() const noexcept {
       const unsigned level = c / SizeClasses::kSubClasses, sub = c % SizeClasses::kSubClasses;
       const bool bit = (bins->class_bits[level] >> sub) & 1u;
       if (bit != !set.empty()) return false;
+      if (!tree_sound(set)) return false;
       const Block* prev = nullptr;
       for (const Block& b : set) {
         if (b.stream != bins->stream || SizeClasses::of(b.size_bytes).index() != c || b.free_class != c) return false;
