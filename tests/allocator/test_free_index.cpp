@@ -1,5 +1,6 @@
 // FreeIndex (free_index.h) on its own: best fit per stream, order, in-place replacement, byte count.
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <random>
 #include <tuple>
@@ -152,6 +153,56 @@ TEST_CASE("free index: random operations keep order, bytes and best fit right", 
   for (Block* b : in) idx.erase(*b);
   CHECK(idx.size() == 0);
   CHECK(idx.bytes() == 0);
+}
+
+// Few blocks over a wide range of sizes: most classes hold one block or none, so most changes move
+// a block that is alone in its class tree into an empty one (FreeIndex links it there itself,
+// link_sole) or out of a tree it is alone in. check_order() checks every tree's red-black shape.
+TEST_CASE("free index: blocks alone in their classes move between classes and the trees stay sound", "[free_index]") {
+  std::mt19937_64 rng(13);
+  Blocks bs;
+  FreeIndex idx;
+  std::vector<Block*> in;
+  std::uintptr_t next_addr = std::uintptr_t{1} << 40;
+  // Log-uniform in 512 B..64 MiB, in 512 B granules.
+  auto any_size = [&] {
+    const double bytes = std::exp2(9.0 + 17.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng));
+    return std::max<std::size_t>(512, static_cast<std::size_t>(bytes) & ~std::size_t{511});
+  };
+  std::size_t moves_between_classes = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const unsigned op = rng() % 4;
+    if ((op == 0 && in.size() < 8) || in.empty()) {
+      Block& b = bs.make(rng() % 2, next_addr, any_size());
+      next_addr += std::size_t{1} << 27;
+      idx.insert(b);
+      in.push_back(&b);
+    } else if (op == 1) {
+      const std::size_t k = rng() % in.size();
+      idx.erase(*in[k]);
+      in[k] = in.back();
+      in.pop_back();
+    } else {
+      Block* b = in[rng() % in.size()];
+      const std::size_t old = b->size_bytes;
+      b->size_bytes = any_size();
+      if (SizeClasses::of(old).index() != SizeClasses::of(b->size_bytes).index()) ++moves_between_classes;
+      idx.resized(*b, old);
+    }
+    REQUIRE(idx.check_order());
+    const StreamId s = rng() % 2;
+    const std::size_t want = any_size();
+    const Block* expect = nullptr;
+    for (Block* b : in)
+      if (b->stream == s && b->size_bytes >= want &&
+          (!expect || std::tie(b->size_bytes, b->addr) < std::tie(expect->size_bytes, expect->addr)))
+        expect = b;
+    REQUIRE(idx.best_fit(s, want) == expect);
+  }
+  CHECK(moves_between_classes > 5000);
+  for (Block* b : in) idx.erase(*b);
+  CHECK(idx.size() == 0);
+  CHECK(idx.check_order());
 }
 
 // blocks_from(n) is blocks() filtered to the blocks of at least n bytes, in the same order, on any
