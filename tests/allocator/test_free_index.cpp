@@ -28,6 +28,24 @@ struct Blocks {
   }
 };
 
+// What best_fit must return, found by brute force: the smallest block of `in` on stream with at
+// least want bytes, the lowest address among equal sizes.
+const Block* brute_best_fit(const std::vector<Block*>& in, StreamId stream, std::size_t want) {
+  const Block* best = nullptr;
+  for (const Block* b : in)
+    if (b->stream == stream && b->size_bytes >= want &&
+        (!best || std::tie(b->size_bytes, b->addr) < std::tie(best->size_bytes, best->addr)))
+      best = b;
+  return best;
+}
+
+// Takes in[k] out of the index and out of in (order not kept).
+void erase_at(FreeIndex& idx, std::vector<Block*>& in, std::size_t k) {
+  idx.erase(*in[k]);
+  in[k] = in.back();
+  in.pop_back();
+}
+
 }  // namespace
 
 TEST_CASE("free index: best fit is the smallest block of the stream that fits, lowest address among equals",
@@ -123,10 +141,7 @@ TEST_CASE("free index: random operations keep order, bytes and best fit right", 
       idx.insert(b);
       in.push_back(&b);
     } else if (op == 2) {
-      const std::size_t k = rng() % in.size();
-      idx.erase(*in[k]);
-      in[k] = in.back();
-      in.pop_back();
+      erase_at(idx, in, rng() % in.size());
     } else {
       Block* b = in[rng() % in.size()];
       const std::size_t old = b->size_bytes;
@@ -141,13 +156,7 @@ TEST_CASE("free index: random operations keep order, bytes and best fit right", 
       CHECK(idx.size() == in.size());
       const StreamId s = rng() % 3;
       const std::size_t want = 512 * (1 + rng() % 64);
-      const Block* expect = nullptr;
-      for (Block* b : in)
-        if (b->stream == s && b->size_bytes >= want &&
-            (!expect || std::tie(b->size_bytes, b->addr) < std::tie(expect->size_bytes, expect->addr)))
-          expect = b;
-      auto it = idx.best_fit(s, want);
-      CHECK(it == expect);
+      CHECK(idx.best_fit(s, want) == brute_best_fit(in, s, want));
     }
   }
   for (Block* b : in) idx.erase(*b);
@@ -178,10 +187,7 @@ TEST_CASE("free index: blocks alone in their classes move between classes and th
       idx.insert(b);
       in.push_back(&b);
     } else if (op == 1) {
-      const std::size_t k = rng() % in.size();
-      idx.erase(*in[k]);
-      in[k] = in.back();
-      in.pop_back();
+      erase_at(idx, in, rng() % in.size());
     } else {
       Block* b = in[rng() % in.size()];
       const std::size_t old = b->size_bytes;
@@ -192,12 +198,7 @@ TEST_CASE("free index: blocks alone in their classes move between classes and th
     REQUIRE(idx.check_order());
     const StreamId s = rng() % 2;
     const std::size_t want = any_size();
-    const Block* expect = nullptr;
-    for (Block* b : in)
-      if (b->stream == s && b->size_bytes >= want &&
-          (!expect || std::tie(b->size_bytes, b->addr) < std::tie(expect->size_bytes, expect->addr)))
-        expect = b;
-    REQUIRE(idx.best_fit(s, want) == expect);
+    REQUIRE(idx.best_fit(s, want) == brute_best_fit(in, s, want));
   }
   CHECK(moves_between_classes > 5000);
   for (Block* b : in) idx.erase(*b);
@@ -245,10 +246,7 @@ TEST_CASE("free index: blocks_from visits the blocks of at least n bytes in the 
       idx.insert(b);
       in.push_back(&b);
     } else {
-      const std::size_t k = rng() % in.size();
-      idx.erase(*in[k]);
-      in[k] = in.back();
-      in.pop_back();
+      erase_at(idx, in, rng() % in.size());
     }
     if (step % 61 == 0) {
       check(2 * mib);
