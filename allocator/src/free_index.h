@@ -124,9 +124,12 @@ class FreeIndex {
       // directly, with no search and no rebalancing.
       if (set.empty()) link_sole(set, b);
       else set.insert(b);
+      note_filled(c);
+      ++blocks;
+    }
+    void note_filled(SizeClasses::Class c) noexcept {
       class_bits[c.level] |= 1u << c.sub;
       level_bits |= std::uint64_t{1} << c.level;
-      ++blocks;
     }
     void remove(Block& b) noexcept { remove(b, SizeClasses::at_index(b.free_class)); }
     // c: the class b is indexed in.
@@ -206,7 +209,11 @@ class FreeIndex {
   void resized(Block& b, std::size_t old_size) {
     add_bytes(b.size_bytes, old_size);
     const SizeClasses::Class was = SizeClasses::at_index(b.free_class), now = SizeClasses::of(b.size_bytes);
-    if (was.index() == now.index() && alone_in_tree(b)) return;
+    if (alone_in_tree(b)) {
+      if (was.index() == now.index()) return;
+      move_alone(b, was, now);
+      return;
+    }
     move_resized(b, was, now);
   }
   void erase(Block& b) noexcept {
@@ -336,6 +343,25 @@ class FreeIndex {
   }
 
  private:
+  // resized() when b, alone in its class tree, changed class. The common case after "stays in its
+  // class": its new class is empty too (a split or a merge across a class boundary, such as
+  // 2 MiB <-> 1 MiB in the small pool). The old tree's header is reset, the new tree takes b by
+  // link_sole, and only the bits change (the block count does not). Out of line but small, so
+  // that neither its caller (inlined in the engine's split and merge) nor this path pays for the
+  // registers that move_resized's tree calls need; a non-empty new class (or a stream other than
+  // the last one looked up) goes on to move_resized.
+  [[gnu::noinline]] void move_alone(Block& b, SizeClasses::Class was, SizeClasses::Class now) {
+    // Only tail calls leave this function, so it saves no registers.
+    if (last_ == nullptr || last_->stream != b.stream) return move_resized(b, was, now);
+    Bins& bins = *last_;
+    ClassSet& to = bins.set_of(now);
+    if (!to.empty()) return move_resized(b, was, now);
+    bins.set_of(was).clear();
+    bins.note_empty(was);
+    link_sole(to, b);
+    bins.note_filled(now);
+    b.free_class = static_cast<std::uint16_t>(now.index());
+  }
   // resized() when b may have to move: within its class if its rank among its neighbours changed,
   // or to its new class.
   [[gnu::noinline]] void move_resized(Block& b, SizeClasses::Class was, SizeClasses::Class now) {
