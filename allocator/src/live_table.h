@@ -48,7 +48,9 @@ class LiveTable {
   // The same with hash == BlockAddrHash::mix(b.addr), computed by the caller (ShardedLiveTable
   // picks the shard from it too).
   void insert_hashed(Block& b, std::size_t hash) {
-    if (size_ + 1 > mask_ + 1) grow();
+    // The growth is a tail call, so the common path saves no registers (it is inlined into the
+    // engine's allocate).
+    if (size_ + 1 > mask_ + 1) return grow_and_insert(b, hash);
     link(b, buckets_[hash & mask_]);
     ++size_;
   }
@@ -91,7 +93,12 @@ class LiveTable {
     if (head) head->live_hook.pprev = &h.next;
     head = &b;
   }
-  [[gnu::noinline]] void grow() {
+  [[gnu::noinline]] void grow_and_insert(Block& b, std::size_t hash) {
+    grow();
+    link(b, buckets_[hash & mask_]);
+    ++size_;
+  }
+  void grow() {
     const std::size_t n = (mask_ + 1) * 2;
     std::unique_ptr<Block*[]> next(new Block*[n]());
     for (std::size_t i = 0; i <= mask_; ++i)
@@ -117,24 +124,24 @@ class ShardedLiveTable {
 
   // `locked`: take the shard's lock (needed once thread caches are active; before that every
   // access happens under the engine's lock).
+  // The paths without the shard's lock (every call of a single-threaded program) are small and
+  // inlined; the locked ones, whose spin loop calls sched_yield, are out of line, so that the
+  // unlocked path does not pay for the registers that call needs.
   void insert(Block& b, bool locked) {
     const std::size_t hash = BlockAddrHash::mix(b.addr);
     Shard& s = shard_of_hash(hash);
-    if (!locked) return s.table.insert_hashed(b, hash);
-    std::lock_guard lock(s.lock);
+    if (locked) return insert_locked(s, b, hash);
     s.table.insert_hashed(b, hash);
   }
   void erase(Block& b, bool locked) noexcept {
     Shard& s = shard(b.addr);
-    if (!locked) return s.table.erase(b);
-    std::lock_guard lock(s.lock);
+    if (locked) return erase_locked(s, b);
     s.table.erase(b);
   }
   Block* find(std::uintptr_t addr, bool locked) noexcept {
     const std::size_t hash = BlockAddrHash::mix(addr);
     Shard& s = shard_of_hash(hash);
-    if (!locked) return s.table.find_hashed(addr, hash);
-    std::lock_guard lock(s.lock);
+    if (locked) return find_locked(s, addr, hash);
     return s.table.find_hashed(addr, hash);
   }
   template <class Fn>
@@ -159,6 +166,18 @@ class ShardedLiveTable {
     SpinLock lock;
     LiveTable table;
   };
+  [[gnu::noinline]] static void insert_locked(Shard& s, Block& b, std::size_t hash) {
+    std::lock_guard lock(s.lock);
+    s.table.insert_hashed(b, hash);
+  }
+  [[gnu::noinline]] static void erase_locked(Shard& s, Block& b) noexcept {
+    std::lock_guard lock(s.lock);
+    s.table.erase(b);
+  }
+  [[gnu::noinline]] static Block* find_locked(Shard& s, std::uintptr_t addr, std::size_t hash) noexcept {
+    std::lock_guard lock(s.lock);
+    return s.table.find_hashed(addr, hash);
+  }
   Shard& shard(std::uintptr_t addr) noexcept { return shard_of_hash(BlockAddrHash::mix(addr)); }
   Shard& shard_of_hash(std::size_t hash) noexcept { return shards_[(hash >> 7) % kShards]; }
   const Shard& shard_c(std::uintptr_t addr) const noexcept { return shards_[(BlockAddrHash::mix(addr) >> 7) % kShards]; }
