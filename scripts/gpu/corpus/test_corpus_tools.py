@@ -339,27 +339,38 @@ class ScheduleTest(unittest.TestCase):
         self.assertEqual(schedule.choose(1, [other], [alone], 100, 5, 1000), [])
 
     def test_the_corpus_plan_fits_the_h200(self):
-        """Every capture of the corpus fits the planning budget (an H200: 139.8 GiB - 4), and the
-        estimated work fits the deadline with the default parallelism."""
+        """Every capture of the corpus fits the planning budget (an H200: 139.8 GiB - 4), and each
+        group's estimated work fits one call's deadline with the default parallelism."""
         import run_corpus
         self.assertEqual(set(run_corpus.PRIORITY), set(workloads.WORKLOADS))
+        self.assertEqual(len(run_corpus.PRIORITY), len(workloads.WORKLOADS))  # each in one group
         for w in workloads.WORKLOADS.values():
             self.assertLessEqual(w.est_gib, 135, w.name)
-        # Simulate: every capture takes its estimate (stretched when shared), both modes.
-        jobs = [FakeJob("%s.%s" % (n, m), workloads.WORKLOADS[n].est_gib, workloads.WORKLOADS[n].est_s)
-                for n in run_corpus.PRIORITY for m in ("native", "expandable")]
-        pending, running, t = list(jobs), [], 0.0
-        while pending or running:
-            for r in [r for r in running if schedule.expected_end(r, t, schedule.SLOWDOWN_SHARED) <= t]:
-                running.remove(r)
-            for j in schedule.choose(t, pending, running, 135.8, 5, 420):
-                j.start = t
-                pending.remove(j)
-                running.append(j)
-            if not running and pending:
-                self.fail("not started by the deadline: %s" % pending)
-            t += 1
-        self.assertLessEqual(t, 420)
+        for group, names in run_corpus.GROUPS.items():
+            # Simulate: every capture takes its estimate (stretched when shared), both modes.
+            jobs = [FakeJob("%s.%s" % (n, m), workloads.WORKLOADS[n].est_gib, workloads.WORKLOADS[n].est_s)
+                    for n in names for m in ("native", "expandable")]
+            pending, running, t = list(jobs), [], 0.0
+            while pending or running:
+                for r in [r for r in running if schedule.expected_end(r, t, schedule.SLOWDOWN_SHARED) <= t]:
+                    running.remove(r)
+                for j in schedule.choose(t, pending, running, 135.8, 5, 420):
+                    j.start = t
+                    pending.remove(j)
+                    running.append(j)
+                if not running and pending:
+                    self.fail("group %s: not started by the deadline: %s" % (group, pending))
+                t += 1
+            self.assertLessEqual(t, 420, group)
+
+    def test_only_takes_groups(self):
+        import run_corpus
+        a = run_corpus.parse_args(["--out", "o", "--work", "w", "--only", "held_out,gpt2_generate"])
+        self.assertEqual(a.names, run_corpus.GROUPS["held_out"] + ["gpt2_generate"])
+        a = run_corpus.parse_args(["--out", "o", "--work", "w", "--only", "tuned,llama_train"])
+        self.assertEqual(a.names, run_corpus.GROUPS["tuned"])
+        with self.assertRaises(SystemExit):
+            run_corpus.parse_args(["--out", "o", "--work", "w", "--only", "no_such_group"])
 
 
 FAKE_CAPTURE = r"""#!%(python)s

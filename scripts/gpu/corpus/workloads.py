@@ -435,6 +435,224 @@ def t5_varlen_train(ctx):
                  shapes, _hf_extra(model))
 
 
+# ---- held out (2026-12-04): added after the policy's tuning, to check it on workloads it was not
+# tuned on (docs/notes/allocation-policy.md, "Held-out workloads"). Each differs in kind from the
+# ones above: detection with per-image shapes and per-image targets, a fixed-shape 24-layer encoder,
+# an audio encoder-decoder, grouped-query decoding with a 152k vocabulary and sampling, progressive
+# resizing, and checkpointing combined with variable length.
+
+@python_workload("maskrcnn_varsize_train", steps=12, warmup=3, est_gib=40, est_s=45,
+                 summary="torchvision Mask R-CNN (ResNet-50 FPN) training in fp32, 8 images per step of "
+                         "random sizes 480..1024 per side, 1..20 random boxes and masks each, SGD")
+def maskrcnn_varsize_train(ctx):
+    torch = _torch()
+    import torchvision
+    batch, (lo, hi), max_objects = (8, (480, 1024), 20) if not ctx.dry else (2, (64, 96), 3)
+    kwargs = dict(min_size=64, max_size=96) if ctx.dry else {}
+    model = torchvision.models.detection.maskrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=91, **kwargs).to(ctx.device)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9, weight_decay=1e-4)
+
+    def target(h, w):
+        n = ctx.rng.randint(1, max_objects)
+        boxes, masks = [], torch.zeros(n, h, w, dtype=torch.uint8)
+        for k in range(n):
+            bw, bh = ctx.rng.randint(8, w // 2), ctx.rng.randint(8, h // 2)
+            x0, y0 = ctx.rng.randint(0, w - bw), ctx.rng.randint(0, h - bh)
+            boxes.append([x0, y0, x0 + bw, y0 + bh])
+            masks[k, y0:y0 + bh, x0:x0 + bw] = 1
+        labels = torch.randint(1, 91, (n,), generator=ctx.gen)
+        return {"boxes": torch.tensor(boxes, dtype=torch.float32).to(ctx.device),
+                "labels": labels.to(ctx.device), "masks": masks.to(ctx.device)}
+
+    def step(i):
+        sizes = [(ctx.rng.randint(lo, hi), ctx.rng.randint(lo, hi)) for _ in range(batch)]
+        images = [torch.rand(3, h, w, generator=ctx.gen).to(ctx.device) for h, w in sizes]
+        targets = [target(h, w) for h, w in sizes]
+        losses = model(images, targets)
+        loss = sum(losses.values())
+        _observe(ctx, "loss", loss.detach())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return {"images": [list(x) for x in sizes], "objects": [len(t["labels"]) for t in targets]}
+    shapes = {"batch": batch, "image": "3 x uniform %d..%d x uniform %d..%d per image" % (lo, hi, lo, hi),
+              "objects": "1..%d random boxes and box masks per image" % max_objects, "classes": 91,
+              "dtype": "fp32", "optimizer": "SGD momentum 0.9",
+              "transform": "the model's own GeneralizedRCNNTransform (resize to 800..1333, batched)"}
+    return Built(step, "torchvision maskrcnn_resnet50_fpn (random weights)", shapes,
+                 {"parameters": _param_count(model)})
+
+
+@python_workload("bert_large_mlm_train", steps=12, warmup=3, est_gib=60, est_s=40,
+                 summary="BERT-large masked-LM training, batch 32 x seq 512 fixed, 15% of tokens "
+                         "labelled, bf16 autocast, AdamW")
+def bert_large_mlm_train(ctx):
+    torch = _torch()
+    from transformers import BertConfig, BertForMaskedLM
+    if ctx.dry:
+        cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, vocab_size=512)
+        batch, seq = 2, 32
+    else:
+        cfg = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                         intermediate_size=4096, vocab_size=30522)
+        batch, seq = 32, 512
+    model = _new_model(ctx, BertForMaskedLM, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen)
+        labels = torch.where(torch.rand(batch, seq, generator=ctx.gen) < 0.15, ids,
+                             torch.full_like(ids, -100))
+        out = model(input_ids=ids.to(ctx.device), labels=labels.to(ctx.device))
+        return out.loss, {"batch": batch, "seq": seq}
+    shapes = {"batch": batch, "seq": seq, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+              "vocab": cfg.vocab_size, "labels": "15% of tokens", "dtype": "bf16 autocast, fp32 weights",
+              "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers BertForMaskedLM (bert-large sizes, random weights)", shapes, _hf_extra(model))
+
+
+@python_workload("whisper_varlen_train", steps=15, warmup=3, est_gib=40, est_s=45,
+                 summary="Whisper (small sizes: 12+12 layers, d_model 768) training on 30 s of random "
+                         "log-mel features, batch 16, transcript length 16..448 per step, bf16 "
+                         "autocast, AdamW")
+def whisper_varlen_train(ctx):
+    torch = _torch()
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    if ctx.dry:
+        cfg = WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                            num_mel_bins=80, max_source_positions=50, max_target_positions=64,
+                            vocab_size=512, decoder_start_token_id=1, pad_token_id=0, eos_token_id=2,
+                            bos_token_id=1)
+        batch, frames, (lo, hi) = 2, 100, (4, 16)
+    else:
+        cfg = WhisperConfig(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
+                            decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+                            num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
+                            vocab_size=51865)
+        batch, frames, (lo, hi) = 16, 3000, (16, 448)
+    model = _new_model(ctx, WhisperForConditionalGeneration, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        t = ctx.rng.randint(lo, hi)
+        feats = torch.randn(batch, cfg.num_mel_bins, frames, generator=ctx.gen).to(ctx.device)
+        labels = torch.randint(3, cfg.vocab_size, (batch, t), generator=ctx.gen).to(ctx.device)
+        return model(input_features=feats, labels=labels).loss, {"batch": batch, "labels": t}
+    shapes = {"batch": batch, "input_features": [cfg.num_mel_bins, frames],
+              "labels": "uniform %d..%d tokens per step" % (lo, hi), "d_model": cfg.d_model,
+              "layers": "%d encoder + %d decoder" % (cfg.encoder_layers, cfg.decoder_layers),
+              "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers WhisperForConditionalGeneration (whisper-small sizes, random weights)",
+                 shapes, _hf_extra(model))
+
+
+@python_workload("qwen2_generate_sampled", steps=8, warmup=1, est_gib=24, est_s=100,
+                 summary="Qwen2-style 24-layer decoder (hidden 1024, grouped-query attention 16/2 heads, "
+                         "vocab 151,936) generate() in bf16 with top-p sampling, batch 1..64, prompt "
+                         "32..1024, 16..64 new tokens per call")
+def qwen2_generate_sampled(ctx):
+    torch = _torch()
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    if ctx.dry:
+        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                          max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+    else:
+        cfg = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
+                          num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                          max_position_embeddings=2048, tie_word_embeddings=True,
+                          bos_token_id=151643, eos_token_id=151643)
+    model = _new_model(ctx, Qwen2ForCausalLM, cfg).to(ctx.device, dtype=torch.bfloat16).eval()
+    batch, prompt, new = ((1, 64), (32, 1024), (16, 64)) if not ctx.dry else ((1, 2), (4, 16), (2, 6))
+
+    def step(i):
+        b, p, n = ctx.rng.randint(*batch), ctx.rng.randint(*prompt), ctx.rng.randint(*new)
+        ids = torch.randint(3, cfg.vocab_size, (b, p), generator=ctx.gen).to(ctx.device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                 min_new_tokens=n, do_sample=True, top_p=0.9, top_k=0,
+                                 pad_token_id=cfg.eos_token_id)
+        assert out.shape == (b, p + n), out.shape
+        _observe(ctx, "tokens", out)
+        return {"batch": b, "prompt": p, "new_tokens": n}
+    shapes = {"batch": "uniform %d..%d per call" % batch, "prompt": "uniform %d..%d" % prompt,
+              "new_tokens": "uniform %d..%d (min_new_tokens = max_new_tokens)" % new,
+              "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+              "heads": "%d query / %d key-value" % (cfg.num_attention_heads, cfg.num_key_value_heads),
+              "vocab": cfg.vocab_size, "dtype": "bf16 weights", "decoding": "top-p 0.9 sampling",
+              "steps_are": "generate() calls"}
+    return Built(step, "transformers Qwen2ForCausalLM (Qwen2Config, ~0.5B, random weights), generate()",
+                 shapes, _hf_extra(model))
+
+
+@python_workload("efficientnet_progressive_train", steps=18, warmup=3, est_gib=50, est_s=50,
+                 summary="torchvision EfficientNet-B0 training with progressive resizing: image side "
+                         "128 -> 320 in six stages of 3 steps, batch 512 -> 80 (pixels per step about "
+                         "constant), bf16 autocast, AdamW")
+def efficientnet_progressive_train(ctx):
+    torch = _torch()
+    import torchvision
+    if ctx.dry:
+        stages = [(32, 4), (48, 2)]
+    else:
+        stages = [(128, 512), (160, 320), (192, 224), (224, 160), (256, 128), (320, 80)]
+    per_stage = 3 if not ctx.dry else 1
+    model = torchvision.models.efficientnet_b0(weights=None).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward(i):
+        image, batch = stages[min(i // per_stage, len(stages) - 1)]
+        x = torch.randn(batch, 3, image, image, generator=ctx.gen).to(ctx.device)
+        y = torch.randint(1000, (batch,), generator=ctx.gen).to(ctx.device)
+        return loss_fn(model(x), y), {"batch": batch, "image": image}
+    shapes = {"stages": ["%dx%d batch %d" % (s, s, b) for s, b in stages], "steps_per_stage": per_stage,
+              "classes": 1000, "dtype": "bf16 autocast", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward), "torchvision efficientnet_b0 (random weights)",
+                 shapes, {"parameters": _param_count(model)})
+
+
+@python_workload("gptneox_ckpt_varlen_train", steps=20, warmup=3, est_gib=30, est_s=45,
+                 summary="GPT-NeoX-style 410M (24 layers, hidden 1024) with Hugging Face gradient "
+                         "checkpointing, batch 8, sequence length 256..2048 per step, bf16 autocast, "
+                         "AdamW")
+def gptneox_ckpt_varlen_train(ctx):
+    torch = _torch()
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    if ctx.dry:
+        cfg = GPTNeoXConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                            num_attention_heads=4, vocab_size=512, max_position_embeddings=64)
+        batch, lo, hi = 2, 8, 32
+    else:
+        cfg = GPTNeoXConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                            num_attention_heads=16, vocab_size=50304, max_position_embeddings=2048)
+        batch, lo, hi = 8, 256, 2048
+    model = _new_model(ctx, GPTNeoXForCausalLM, cfg).to(ctx.device)
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = _adamw(model)
+
+    def forward(i):
+        seq = ctx.rng.randint(lo, hi)
+        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
+        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    shapes = {"batch": batch, "seq": "uniform %d..%d per step" % (lo, hi), "layers": cfg.num_hidden_layers,
+              "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights",
+              "optimizer": "AdamW", "gradient_checkpointing": "every layer, non-reentrant"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers GPTNeoXForCausalLM (pythia-410m sizes, random weights)", shapes,
+                 _hf_extra(model))
+
+
 # ---- C++ examples --------------------------------------------------------------------------------
 
 _CKPT_MODEL = ["--hidden", "2048", "--intermediate", "5504", "--layers", "12", "--heads", "16",
