@@ -189,6 +189,10 @@ void apply_frontier_piece_size(const Entry& e, const KeyInfo& k, Config& c) {
   c.frontier_piece_bytes = config_syntax::mib_to_bytes(e, k, mib);
 }
 
+void apply_short_pieces_below(const Entry& e, const KeyInfo& k, Config& c) {
+  c.short_pieces_below_bytes = config_syntax::mib_to_bytes(e, k, want_uint(e, k));
+}
+
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
 void apply_recycle_budget(const Entry& e, const KeyInfo& k, Config& c) {
@@ -290,6 +294,10 @@ constexpr Key<Config> kKeys[] = {
       "0 (off) or a multiple of 2 MiB: the longest piece a growth at a region's end creates when it moves none",
       "frontier_piece_size_mb:32"},
      apply_frontier_piece_size},
+    {{"short_pieces_below_mb", "",
+      "a whole number of MiB (0 = off): below this footprint the large pool's pieces are one slot long",
+      "short_pieces_below_mb:4096"},
+     apply_short_pieces_below},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
     {{"recycle_budget", "", "a number in [0, 1]: the share of time recycling may spend (0 = none: the memory guard decides "
       "every growth; 1 = no budget)",
@@ -368,6 +376,7 @@ std::string to_string(const Config& c) {
   put("pieces", c.pieces == PieceSizing::fixed ? "fixed" : "adaptive");
   put("max_piece_size_mb", mib(c.max_piece_bytes));
   put("frontier_piece_size_mb", mib(c.frontier_piece_bytes));
+  put("short_pieces_below_mb", mib(c.short_pieces_below_bytes));
   put("recycle", bool_text(c.recycle));
   put("recycle_budget", c.recycle_budget);
   put("recycle_burst_ms", c.recycle_burst_ms);

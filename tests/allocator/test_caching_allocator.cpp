@@ -651,6 +651,34 @@ TEST_CASE("frontier_piece_size_mb: a growth at a region's end that moves nothing
   }
 }
 
+TEST_CASE("short_pieces_below_mb: one-slot pieces while the footprint is below the bound",
+          "[engine][pieces][short_pieces]") {
+  // Three 32 MiB requests in an empty engine, each at the region's end. Off: the inside of each in
+  // pieces of at most 8 MiB (4 creates each). With a 48 MiB bound: the first two growths start
+  // below it (0 and 32 MiB reserved), so their pieces are one 2 MiB slot (16 creates each); the
+  // third starts at 64 MiB and uses 8 MiB pieces again, frontier_piece_size_mb included.
+  for (const std::size_t below_mib : {0, 48}) {
+    DYNAMIC_SECTION("short_pieces_below_mb:" << below_mib) {
+      Config c = test_config();
+      c.pieces = PieceSizing::adaptive;
+      c.max_piece_bytes = 8 * MiB;
+      c.frontier_piece_bytes = 16 * MiB;
+      c.short_pieces_below_bytes = below_mib * MiB;
+      ClockedFixture f(c);
+      std::vector<void*> held;
+      held.push_back(f.alloc(32 * MiB));
+      CHECK(f.source.inner.counters().creates == (below_mib ? 16u : 2u));
+      held.push_back(f.alloc(32 * MiB));
+      CHECK(f.source.inner.counters().creates == (below_mib ? 32u : 4u));
+      held.push_back(f.alloc(32 * MiB));
+      CHECK(f.source.inner.counters().creates == (below_mib ? 34u : 6u));
+      CHECK(f.engine.totals().reserved_bytes == 96 * MiB);
+      f.engine.check_invariants();
+      for (void* p : held) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+    }
+  }
+}
+
 TEST_CASE("recycle_budget:0 gives recycling no driver time: the memory guard decides every growth",
           "[engine][recycle][recycle_budget]") {
   // No burst, no refill: the very first growth that could recycle goes to the guard. With slack 0

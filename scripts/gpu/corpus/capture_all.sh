@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The corpus of real workloads (issue 12) in one GPU call: every workload of workloads.py captured
-# twice under PyTorch's own CUDA caching allocator (default settings, then
-# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), each in a fresh process, several side by side
-# where their memory fits, all within CORPUS_DEADLINE_S (default 420 s) plus packing: under 8
-# minutes on one H200.
+# The corpus of real workloads (issue 12), one group per GPU call: every workload of the group
+# (run_corpus.py's GROUPS) captured twice under PyTorch's own CUDA caching allocator (default
+# settings, then PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), each in a fresh process,
+# several side by side where their memory fits, all within CORPUS_DEADLINE_S (default 420 s) plus
+# packing: under 8 minutes on one H200 for `tuned`, under 2 for `held_out`.
 #
-#   OUT=/results bash scripts/gpu/corpus/capture_all.sh [run_corpus.py options, e.g. --only a,b]
+#   OUT=/results bash scripts/gpu/corpus/capture_all.sh --only tuned|held_out [run_corpus.py options]
+#
+# Without --only it tries every workload, which is more than one deadline holds.
 #
 # Environment: OUT (required); BIN_DIR (default .gpu/bin: checkpoint_llama, zero_train and the
 # shared libraries they need, built on the CPU machine against torch 2.11 cu130; the two C++

@@ -441,7 +441,7 @@ def t5_varlen_train(ctx):
 # an audio encoder-decoder, grouped-query decoding with a 152k vocabulary and sampling, progressive
 # resizing, and checkpointing combined with variable length.
 
-@python_workload("maskrcnn_varsize_train", steps=12, warmup=3, est_gib=40, est_s=45,
+@python_workload("maskrcnn_varsize_train", steps=12, warmup=3, est_gib=64, est_s=30,
                  summary="torchvision Mask R-CNN (ResNet-50 FPN) training in fp32, 8 images per step of "
                          "random sizes 480..1024 per side, 1..20 random boxes and masks each, SGD")
 def maskrcnn_varsize_train(ctx):
@@ -485,7 +485,7 @@ def maskrcnn_varsize_train(ctx):
                  {"parameters": _param_count(model)})
 
 
-@python_workload("bert_large_mlm_train", steps=12, warmup=3, est_gib=60, est_s=40,
+@python_workload("bert_large_mlm_train", steps=12, warmup=3, est_gib=32, est_s=30,
                  summary="BERT-large masked-LM training, batch 32 x seq 512 fixed, 15% of tokens "
                          "labelled, bf16 autocast, AdamW")
 def bert_large_mlm_train(ctx):
@@ -516,7 +516,7 @@ def bert_large_mlm_train(ctx):
                  "transformers BertForMaskedLM (bert-large sizes, random weights)", shapes, _hf_extra(model))
 
 
-@python_workload("whisper_varlen_train", steps=15, warmup=3, est_gib=40, est_s=45,
+@python_workload("whisper_varlen_train", steps=15, warmup=3, est_gib=28, est_s=35,
                  summary="Whisper (small sizes: 12+12 layers, d_model 768) training on 30 s of random "
                          "log-mel features, batch 16, transcript length 16..448 per step, bf16 "
                          "autocast, AdamW")
@@ -554,7 +554,7 @@ def whisper_varlen_train(ctx):
                  shapes, _hf_extra(model))
 
 
-@python_workload("qwen2_generate_sampled", steps=8, warmup=1, est_gib=24, est_s=100,
+@python_workload("qwen2_generate_sampled", steps=8, warmup=1, est_gib=6, est_s=60,
                  summary="Qwen2-style 24-layer decoder (hidden 1024, grouped-query attention 16/2 heads, "
                          "vocab 151,936) generate() in bf16 with top-p sampling, batch 1..64, prompt "
                          "32..1024, 16..64 new tokens per call")
@@ -593,7 +593,7 @@ def qwen2_generate_sampled(ctx):
                  shapes, _hf_extra(model))
 
 
-@python_workload("efficientnet_progressive_train", steps=18, warmup=3, est_gib=50, est_s=50,
+@python_workload("efficientnet_progressive_train", steps=18, warmup=3, est_gib=12, est_s=25,
                  summary="torchvision EfficientNet-B0 training with progressive resizing: image side "
                          "128 -> 320 in six stages of 3 steps, batch 512 -> 80 (pixels per step about "
                          "constant), bf16 autocast, AdamW")
@@ -621,7 +621,7 @@ def efficientnet_progressive_train(ctx):
                  shapes, {"parameters": _param_count(model)})
 
 
-@python_workload("gptneox_ckpt_varlen_train", steps=20, warmup=3, est_gib=30, est_s=45,
+@python_workload("gptneox_ckpt_varlen_train", steps=20, warmup=3, est_gib=28, est_s=35,
                  summary="GPT-NeoX-style 410M (24 layers, hidden 1024) with Hugging Face gradient "
                          "checkpointing, batch 8, sequence length 256..2048 per step, bf16 autocast, "
                          "AdamW")

@@ -82,6 +82,9 @@ struct Config {
   // the cost of pieces that fit fewer holes when they move later (docs/notes/allocation-policy.md,
   // "How far the whole-run VMM share can go").
   std::size_t frontier_piece_bytes = 0;
+  // short_pieces_below_mb: with pieces:adaptive, while the engine reserves less than this, the
+  // large pool's pieces are one slot (2 MiB) long, whatever max_piece_size_mb says; 0 = off.
+  std::size_t short_pieces_below_bytes = 0;
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
