@@ -9,7 +9,8 @@ their spread over repetitions (issues 12, 13 and 14; ANCHORS.md "Live side by si
                                           alternation, deadline and report; no allocator stats)
 
 Workloads (scripts/gpu/corpus/workloads.py builds them; their shapes are issue 12's table):
-gpt2_varlen_train, llama_train, llama_train_ckpt, gpt2_generate. Modes:
+gpt2_varlen_train, llama_train, llama_train_ckpt, gpt2_generate by default; `--workloads held_out`
+runs the corpus's six held-out workloads instead (shortened: WORKLOAD_DEFAULTS). Modes:
 
     native          PyTorch's CUDA caching allocator as shipped
     expandable      the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -133,10 +134,23 @@ WORKLOAD_DEFAULTS = {
     "llama_train": {"steps": 12, "warmup": 3, "metric": "median"},
     "llama_train_ckpt": {"steps": 12, "warmup": 3, "metric": "median"},
     "gpt2_generate": {"steps": 3, "warmup": 1, "metric": "mean"},
+    # The corpus's held-out workloads (scripts/gpu/corpus/workloads.py), shortened: Qwen2's peak
+    # comes in its first generate() call, EfficientNet's stages take 18 steps.
+    "qwen2_generate_sampled": {"steps": 4, "warmup": 1, "metric": "mean"},
+    "maskrcnn_varsize_train": {"steps": 8, "warmup": 3, "metric": "median"},
+    "bert_large_mlm_train": {"steps": 8, "warmup": 3, "metric": "median"},
+    "whisper_varlen_train": {"steps": 10, "warmup": 3, "metric": "median"},
+    "efficientnet_progressive_train": {"steps": 18, "warmup": 3, "metric": "median"},
+    "gptneox_ckpt_varlen_train": {"steps": 12, "warmup": 3, "metric": "median"},
 }
+# What a run without --workloads measures: issue 12's four live workloads.
+DEFAULT_WORKLOADS = ["gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate"]
+HELD_OUT_WORKLOADS = ["qwen2_generate_sampled", "maskrcnn_varsize_train", "bert_large_mlm_train",
+                      "whisper_varlen_train", "efficientnet_progressive_train", "gptneox_ckpt_varlen_train"]
 DRY_STEPS = 4
 # Workloads whose builder takes its model from ctx.model_cache (built once in this process).
-PREBUILT = {"gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate"}
+PREBUILT = {"gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate", "qwen2_generate_sampled",
+            "bert_large_mlm_train", "whisper_varlen_train", "gptneox_ckpt_varlen_train"}
 
 # Wall-time estimates for --plan, seconds on an H200 host (README.md says where they come from):
 # per run, process start to CUDA ready plus exit; per workload, moving the prebuilt model to the
@@ -148,6 +162,13 @@ EST_WORKLOAD = {
     "llama_train": {"build": 1.0, "first": 1.0, "step": 0.135, "prebuild": 8.0},
     "llama_train_ckpt": {"build": 1.0, "first": 1.0, "step": 0.16, "prebuild": 0.0},
     "gpt2_generate": {"build": 0.5, "first": 3.5, "step": 4.5, "prebuild": 0.0},
+    # Held out: from their corpus captures (history recorded, GPU shared), not yet from live runs.
+    "qwen2_generate_sampled": {"build": 1.0, "first": 4.0, "step": 2.4, "prebuild": 4.0},
+    "maskrcnn_varsize_train": {"build": 2.0, "first": 2.0, "step": 0.62, "prebuild": 0.0},
+    "bert_large_mlm_train": {"build": 1.5, "first": 1.5, "step": 0.18, "prebuild": 4.0},
+    "whisper_varlen_train": {"build": 1.5, "first": 1.5, "step": 0.42, "prebuild": 3.0},
+    "efficientnet_progressive_train": {"build": 1.0, "first": 1.5, "step": 0.31, "prebuild": 0.0},
+    "gptneox_ckpt_varlen_train": {"build": 1.5, "first": 1.5, "step": 0.30, "prebuild": 4.0},
 }
 EST_MODE_FACTOR = {"gpumem_trace": 1.2, "gpumem_ops": 1.22, "native_history": 1.2}
 EST_IMPORTS_S = 6.0
@@ -185,8 +206,9 @@ def parse_args(argv):
     ap.add_argument("--lib", help="libgpumem_torch.so for the gpumem modes")
     ap.add_argument("--gpumem-via", choices=("library", "package"), default="library",
                     help="library: torch.ops.load_library(--lib); package: `import gpumem; gpumem.install()`")
-    ap.add_argument("--workloads", default=",".join(WORKLOAD_DEFAULTS),
-                    help="comma-separated (default: %(default)s)")
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                    help="comma-separated workloads of scripts/gpu/corpus/workloads.py, or held_out for "
+                         "the corpus's held-out ones (default: %(default)s)")
     ap.add_argument("--modes", help="comma-separated modes for every workload (default: per workload)")
     ap.add_argument("--mode-conf", action="append", default=[], metavar="NAME=CONF",
                     help="add or redefine a gpumem mode: NAME runs with GPUMEM_ALLOC_CONF=CONF")
@@ -234,7 +256,11 @@ def parse_args(argv):
         args.mode_defs = mode_definitions(args.mode_conf)
     except ValueError as err:
         ap.error(str(err))
-    args.workload_list = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.workload_list = []
+    for w in (w.strip() for w in args.workloads.split(",")):
+        for x in HELD_OUT_WORKLOADS if w == "held_out" else [w] if w else []:
+            if x not in args.workload_list:
+                args.workload_list.append(x)
     if not args.workload_list:
         ap.error("--workloads is empty")
     if args.reps < 1:
