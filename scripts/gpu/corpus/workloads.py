@@ -118,6 +118,18 @@ def _train_step(ctx, model, optimizer, forward):
     return step
 
 
+def _varlen_lm_forward(ctx, model, vocab, batch, lo, hi):
+    """A causal LM's forward on random tokens, batch x a sequence length uniform in lo..hi drawn
+    each step; returns (loss, the step's shapes) for _train_step."""
+    torch = _torch()
+
+    def forward(i):
+        seq = ctx.rng.randint(lo, hi)
+        ids = torch.randint(vocab, (batch, seq), generator=ctx.gen).to(ctx.device)
+        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    return forward
+
+
 def _adamw(model):
     torch = _torch()
     return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
@@ -219,18 +231,13 @@ def _generate(ctx, model, cfg, batch, prompt, new, sample):
                  summary="GPT-2 124M training, batch 16, sequence length uniform 64..1024 each step, "
                          "bf16 autocast, AdamW (issue 12's table)")
 def gpt2_varlen_train(ctx):
-    torch = _torch()
     from transformers import GPT2LMHeadModel
     cfg = _gpt2_config(ctx)
     batch, lo, hi = (16, 64, 1024) if not ctx.dry else (2, 8, 32)
     model = _new_model(ctx, GPT2LMHeadModel, cfg).to(ctx.device)
     model.train()
     opt = _adamw(model)
-
-    def forward(i):
-        seq = ctx.rng.randint(lo, hi)
-        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
-        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    forward = _varlen_lm_forward(ctx, model, cfg.vocab_size, batch, lo, hi)
     shapes = {"batch": batch, "seq": "uniform %d..%d per step" % (lo, hi), "layers": cfg.n_layer,
               "hidden": cfg.n_embd, "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights",
               "optimizer": "AdamW"}
@@ -370,7 +377,6 @@ def gpt2_compiled_train(ctx):
                          "per-expert loop) training, batch 4, sequence 128..2048 per step, bf16 "
                          "autocast, AdamW: variable tokens per expert inside variable-length steps")
 def mixtral_moe_varlen_train(ctx):
-    torch = _torch()
     from transformers import MixtralConfig, MixtralForCausalLM
     if ctx.dry:
         dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -389,11 +395,7 @@ def mixtral_moe_varlen_train(ctx):
     model = MixtralForCausalLM(cfg).to(ctx.device)
     model.train()
     opt = _adamw(model)
-
-    def forward(i):
-        seq = ctx.rng.randint(lo, hi)
-        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
-        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    forward = _varlen_lm_forward(ctx, model, cfg.vocab_size, batch, lo, hi)
     shapes = dict(dims, experts=8, top_k=2, batch=batch, seq="uniform %d..%d per step" % (lo, hi),
                   dtype="bf16 autocast, fp32 weights", optimizer="AdamW",
                   experts_implementation=cfg._experts_implementation)
@@ -626,7 +628,6 @@ def efficientnet_progressive_train(ctx):
                          "checkpointing, batch 8, sequence length 256..2048 per step, bf16 autocast, "
                          "AdamW")
 def gptneox_ckpt_varlen_train(ctx):
-    torch = _torch()
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
     if ctx.dry:
         cfg = GPTNeoXConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -640,11 +641,7 @@ def gptneox_ckpt_varlen_train(ctx):
     model.train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = _adamw(model)
-
-    def forward(i):
-        seq = ctx.rng.randint(lo, hi)
-        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=ctx.gen).to(ctx.device)
-        return model(input_ids=ids, labels=ids).loss, {"batch": batch, "seq": seq}
+    forward = _varlen_lm_forward(ctx, model, cfg.vocab_size, batch, lo, hi)
     shapes = {"batch": batch, "seq": "uniform %d..%d per step" % (lo, hi), "layers": cfg.num_hidden_layers,
               "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights",
               "optimizer": "AdamW", "gradient_checkpointing": "every layer, non-reentrant"}
