@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Stages a build made on the CPU machine for the GPU machine, which compiles nothing: every ELF
-# executable and shared library of BUILD (default build/), stripped, in the same relative layout,
+# executable and shared library of BUILD (default build/), stripped, in the same relative layout
+# (but the clang fuzzers of BUILD/fuzz-clang: CPU-only, 2.3 MiB of the archive, which must fit
+# with the working tree in the device tool's 64 MiB),
 # plus the shared libraries they link that the GPU machine may lack (libfmt), packed into
 # .gpu/build.tar.xz (git ignores .gpu/). scripts/gpu/env.sh unpacks it there into .gpu/build.
 #
@@ -20,7 +22,7 @@ while IFS= read -r -d '' f; do
   mkdir -p "$stage/$(dirname "$rel")"
   strip --strip-all -o "$stage/$rel" "$f" 2>/dev/null || cp "$f" "$stage/$rel"
   n=$((n + 1))
-done < <(find "$build" -type f -not -path '*/CMakeFiles/*' \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0)
+done < <(find "$build" -type f -not -path '*/CMakeFiles/*' -not -path "$build/fuzz-clang/*" \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0)
 mkdir -p "$stage/lib"
 for lib in $(find "$stage" -type f -exec sh -c 'ldd "$1" 2>/dev/null' _ {} \; | awk '/libfmt\.so/ { print $3 }' | sort -u); do
   cp -L "$lib" "$stage/lib/"
