@@ -193,6 +193,10 @@ void apply_short_pieces_below(const Entry& e, const KeyInfo& k, Config& c) {
   c.short_pieces_below_bytes = config_syntax::mib_to_bytes(e, k, want_uint(e, k));
 }
 
+void apply_footprint_pieces(const Entry& e, const KeyInfo& k, Config& c) {
+  c.footprint_pieces = static_cast<std::size_t>(want_uint(e, k));
+}
+
 void apply_recycle(const Entry& e, const KeyInfo& k, Config& c) { c.recycle = want_bool(e, k); }
 
 void apply_recycle_budget(const Entry& e, const KeyInfo& k, Config& c) {
@@ -298,6 +302,10 @@ constexpr Key<Config> kKeys[] = {
       "a whole number of MiB (0 = off): below this footprint the large pool's pieces are one slot long",
       "short_pieces_below_mb:4096"},
      apply_short_pieces_below},
+    {{"footprint_pieces", "",
+      "a whole number (0 = off): no large-pool piece is longer than the footprint divided by it (at least 2 MiB)",
+      "footprint_pieces:512"},
+     apply_footprint_pieces},
     {{"recycle", "", "True or False", "recycle:True"}, apply_recycle},
     {{"recycle_budget", "", "a number in [0, 1]: the share of time recycling may spend (0 = none: the memory guard decides "
       "every growth; 1 = no budget)",
@@ -377,6 +385,7 @@ std::string to_string(const Config& c) {
   put("max_piece_size_mb", mib(c.max_piece_bytes));
   put("frontier_piece_size_mb", mib(c.frontier_piece_bytes));
   put("short_pieces_below_mb", mib(c.short_pieces_below_bytes));
+  put("footprint_pieces", c.footprint_pieces);
   put("recycle", bool_text(c.recycle));
   put("recycle_budget", c.recycle_budget);
   put("recycle_burst_ms", c.recycle_burst_ms);

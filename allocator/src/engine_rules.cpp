@@ -36,7 +36,10 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
     large.max_piece_slots = std::max<std::size_t>(config.max_piece_bytes / r.slot_bytes, 1);
     large.frontier_max_piece_slots = config.frontier_piece_bytes / r.slot_bytes;
     small.overhang = large.overhang = config.recycle_overhang;
-    r.short_pieces_below_bytes = config.short_pieces_below_bytes;
+    // Pieces that follow the footprint (piece_rules_for_footprint), large pool (the small pool's
+    // are one slot already).
+    large.short_below_bytes = config.short_pieces_below_bytes;
+    large.footprint_pieces = config.footprint_pieces;
   }
   for (int p = 0; p < 2; ++p)
     r.region_va_bytes[p] = policy::region_va_bytes(config.va_reserve_bytes, provider_total_bytes,

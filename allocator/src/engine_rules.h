@@ -31,7 +31,6 @@ struct EngineRules {
   bool check_invariants = false;
   std::size_t slot_bytes = 0;              // slot of every expandable region (the smallest piece)
   policy::PieceRules pieces[2];            // by PoolKind: how pieces are sized
-  std::size_t short_pieces_below_bytes = 0;  // adaptive: one-slot pieces while reserving less
   std::size_t region_va_bytes[2] = {};     // by PoolKind: address space of an expandable region
   std::size_t large_segment_bytes = 0;     // classic 1-10 MiB segment size
   std::size_t granularity_bytes = 0;       // the source's

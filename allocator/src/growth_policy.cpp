@@ -254,6 +254,23 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
   return out;
 }
 
+PieceRules piece_rules_for_footprint(const PieceRules& rules, std::size_t reserved_bytes,
+                                     std::size_t slot_bytes) noexcept {
+  PieceRules out = rules;
+  if (rules.mode != PieceMode::adaptive) return out;
+  if (reserved_bytes < rules.short_below_bytes) {
+    out.max_piece_slots = 1;
+    out.frontier_max_piece_slots = 0;
+    return out;
+  }
+  if (rules.footprint_pieces != 0 && slot_bytes != 0) {
+    const std::size_t longest = std::max<std::size_t>(reserved_bytes / rules.footprint_pieces / slot_bytes, 1);
+    if (out.max_piece_slots == 0 || out.max_piece_slots > longest) out.max_piece_slots = longest;
+    if (out.frontier_max_piece_slots > longest) out.frontier_max_piece_slots = longest;
+  }
+  return out;
+}
+
 GrowthLayout lengthen_frontier_pieces(const GrowthLayout& layout, std::span<const TargetRun> runs,
                                       bool at_region_end, const PieceRules& rules) {
   GrowthLayout out = layout;

@@ -98,6 +98,12 @@ struct PieceRules {
   // does not grow (the piece was mapped elsewhere); the part past the request is free memory where
   // the next request in that hole lands (placement takes a hole's start).
   bool overhang = false;
+  // adaptive, pieces that follow the footprint (piece_rules_for_footprint): while the engine
+  // reserves less than short_below_bytes, every piece is one slot (short_pieces_below_mb; 0 = off);
+  // with footprint_pieces N, no piece is longer than the footprint / N, at least one slot
+  // (footprint_pieces; 0 = off).
+  std::size_t short_below_bytes = 0;
+  std::size_t footprint_pieces = 0;
 };
 
 // Growth maps whole units: fixed_slots in fixed mode, one slot in adaptive mode.
@@ -228,6 +234,19 @@ GrowthLayout lengthen_frontier_pieces(const GrowthLayout& layout, std::span<cons
 // The same change made in place (no copy of the layout).
 void lengthen_frontier_pieces_in_place(GrowthLayout& layout, std::span<const TargetRun> runs, bool at_region_end,
                                        const PieceRules& rules);
+
+// Pieces that follow the footprint (docs/notes/allocation-policy.md, "Held-out workloads" and
+// "Pieces that follow the footprint"): the piece rules a growth plans with when the engine reserves
+// reserved_bytes, in slots of slot_bytes. A piece that a small long-lived block lands in keeps the
+// rest of its length from moving, so the waste a hole's edges leave is up to a piece per edge:
+// pieces short against the footprint bound it as a share of the footprint.
+// - While reserved_bytes < short_below_bytes: every piece is one slot (frontier pieces too).
+// - With footprint_pieces N: the longest piece (max_piece_slots, and frontier_max_piece_slots when
+//   it is on) is at most reserved_bytes / N, and at least one slot; a longer limit is kept.
+// Unchanged in fixed mode (its pieces are fixed_slots long whatever the footprint), and with both
+// rules off (0).
+PieceRules piece_rules_for_footprint(const PieceRules& rules, std::size_t reserved_bytes,
+                                     std::size_t slot_bytes) noexcept;
 
 // ---- which planned growth to take
 

@@ -45,6 +45,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.max_piece_bytes == 8 * kMiB);
     CHECK(c.frontier_piece_bytes == 0);
     CHECK(c.short_pieces_below_bytes == 0);
+    CHECK(c.footprint_pieces == 0);
     CHECK(c.recycle_overhang);
     CHECK(c.recycle_headroom == 0.0);
     CHECK(c.thread_cache);
@@ -237,6 +238,11 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   CHECK(parse_ok("short_pieces_below_mb:0").short_pieces_below_bytes == 0);
   check_error("short_pieces_below_mb:-1", {"short_pieces_below_mb:-1"});
   check_error("short_pieces_below_mb:4GiB", {"short_pieces_below_mb:4GiB"});
+  CHECK(parse_ok("footprint_pieces:512").footprint_pieces == 512);
+  CHECK(parse_ok("footprint_pieces:0").footprint_pieces == 0);
+  check_error("footprint_pieces:-512", {"footprint_pieces:-512"});
+  check_error("footprint_pieces:0.5", {"footprint_pieces:0.5"});
+  check_error("footprint_pieces:1/512", {"footprint_pieces:1/512"});
   CHECK(parse_ok("recycle_budget:0").recycle_budget == 0.0);  // no driver time for recycling
   CHECK(parse_ok("recycle_budget:1").recycle_budget == 1.0);
   check_error("recycle_budget:-0.001", {"recycle_budget:-0.001", "out of range", "[0, 1]"});
@@ -374,7 +380,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 25);  // 7 PyTorch 2.11 keys + 18 of gpumem's engine
+  CHECK(keys.size() == 26);  // 7 PyTorch 2.11 keys + 18 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

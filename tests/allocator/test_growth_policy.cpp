@@ -263,6 +263,95 @@ TEST_CASE("growth policy: plan_growth recycles the longest fitting free piece be
   CHECK(n.created_slots() == 10);
 }
 
+TEST_CASE("growth policy: pieces are one slot while the footprint is below short_pieces_below_mb",
+          "[policy][growth][pieces][short_pieces]") {
+  constexpr std::size_t slot = 2 * MiB;
+  PieceRules r;
+  r.max_piece_slots = 4;            // 8 MiB
+  r.frontier_max_piece_slots = 16;  // 32 MiB
+  r.short_below_bytes = 4 * GiB;
+  // Below the bound: one-slot pieces, and no longer frontier pieces.
+  const PieceRules small = piece_rules_for_footprint(r, 4 * GiB - slot, slot);
+  CHECK(small.max_piece_slots == 1);
+  CHECK(small.frontier_max_piece_slots == 0);
+  CHECK(small.mode == PieceMode::adaptive);
+  CHECK(small.recycle_across_pools == r.recycle_across_pools);
+  CHECK(small.hole_edge_first == r.hole_edge_first);
+  // An empty engine is below any bound but 0.
+  CHECK(piece_rules_for_footprint(r, 0, slot).max_piece_slots == 1);
+  // At and above the bound, and with the rule off (0): unchanged.
+  PieceRules off = r;
+  off.short_below_bytes = 0;
+  for (const auto& [rules, reserved] : {std::pair{r, 4 * GiB}, std::pair{r, 4 * GiB + slot}, std::pair{off, std::size_t{0}}}) {
+    const PieceRules same = piece_rules_for_footprint(rules, reserved, slot);
+    CHECK(same.max_piece_slots == 4);
+    CHECK(same.frontier_max_piece_slots == 16);
+  }
+  // Fixed mode keeps its fixed pieces whatever the footprint.
+  PieceRules fixed = r;
+  fixed.mode = PieceMode::fixed;
+  fixed.fixed_slots = 10;
+  const PieceRules f = piece_rules_for_footprint(fixed, 0, slot);
+  CHECK(f.fixed_slots == 10);
+  CHECK(f.max_piece_slots == 4);
+  CHECK(unit_slots(f) == 10);
+
+  // What the planner makes of it: a 40-slot frontier growth whose first slot is shared with the
+  // memory below is 11 pieces with the rules as they are (1 + 10 of at most 4), 40 below the bound.
+  const std::vector<TargetRun> runs = {{{100, 140}, true, false}};
+  CHECK(plan_growth({}, runs, r, true).created.size() == 11);
+  const GrowthLayout one = plan_growth({}, runs, small, true);
+  REQUIRE(one.created.size() == 40);
+  for (const SlotRange& c : one.created) CHECK(c.size() == 1);
+  CHECK(lengthen_frontier_pieces(one, runs, /*at_region_end=*/true, small).created.size() == 40);
+}
+
+TEST_CASE("growth policy: with footprint_pieces no piece is longer than the footprint / N",
+          "[policy][growth][pieces][footprint_pieces]") {
+  constexpr std::size_t slot = 2 * MiB;
+  PieceRules r;
+  r.max_piece_slots = 4;  // 8 MiB
+  r.footprint_pieces = 512;
+  // footprint / 512: 1 GiB -> 2 MiB (1 slot), 2 GiB -> 4 MiB, 3 GiB -> 6 MiB; from 4 GiB on the
+  // longest piece is max_piece_slots again. Below 1 GiB: one slot, never none.
+  const std::vector<std::pair<std::size_t, std::size_t>> cases = {
+      {0, 1}, {100 * MiB, 1}, {GiB, 1}, {2 * GiB - slot, 1}, {2 * GiB, 2}, {3 * GiB, 3}, {4 * GiB, 4}, {64 * GiB, 4}};
+  for (const auto& [reserved, longest] : cases) {
+    CAPTURE(reserved, longest);
+    const PieceRules g = piece_rules_for_footprint(r, reserved, slot);
+    CHECK(g.max_piece_slots == longest);
+    CHECK(g.frontier_max_piece_slots == 0);  // off stays off
+  }
+  // Unlimited pieces (max_piece_slots 0) get the footprint's limit.
+  PieceRules unlimited = r;
+  unlimited.max_piece_slots = 0;
+  CHECK(piece_rules_for_footprint(unlimited, 64 * GiB, slot).max_piece_slots == 64);
+  // Frontier pieces: limited too, so below the footprint that allows them they are off
+  // (lengthen_frontier_pieces acts only when they are longer than max_piece_slots).
+  PieceRules frontier = r;
+  frontier.frontier_max_piece_slots = 16;
+  const PieceRules fs = piece_rules_for_footprint(frontier, 2 * GiB, slot);
+  CHECK(fs.max_piece_slots == 2);
+  CHECK(fs.frontier_max_piece_slots == 2);
+  const std::vector<TargetRun> runs = {{{100, 140}, true, false}};
+  const GrowthLayout planned = plan_growth({}, runs, fs, true);
+  CHECK(planned.created.size() == 1 + 20);  // the shared slot, then 39 inside slots in pieces of <= 2
+  for (const SlotRange& c : planned.created) CHECK(c.size() <= 2);
+  CHECK(lengthen_frontier_pieces(planned, runs, true, fs).created == planned.created);
+  CHECK(piece_rules_for_footprint(frontier, 32 * GiB, slot).frontier_max_piece_slots == 16);
+  // short_below_bytes wins below its bound; off (0), and in fixed mode: unchanged.
+  PieceRules both = r;
+  both.short_below_bytes = 4 * GiB;
+  CHECK(piece_rules_for_footprint(both, 3 * GiB, slot).max_piece_slots == 1);
+  CHECK(piece_rules_for_footprint(both, 4 * GiB, slot).max_piece_slots == 4);
+  PieceRules off = r;
+  off.footprint_pieces = 0;
+  CHECK(piece_rules_for_footprint(off, 0, slot).max_piece_slots == 4);
+  PieceRules fixed = r;
+  fixed.mode = PieceMode::fixed;
+  CHECK(piece_rules_for_footprint(fixed, 0, slot).max_piece_slots == 4);
+}
+
 TEST_CASE("growth policy: a growth at a region's end that moves nothing creates longer frontier pieces",
           "[policy][growth][pieces][frontier]") {
   PieceRules r;

@@ -20,7 +20,7 @@ inline constexpr const char* kEngineKeysAwayFromDefault =
     "large_segment_size_mb:32,expandable_segments:False,max_split_size_mb:256,"
     "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
     "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
-    "memory_limit_mb:1000,small_piece_size_mb:4,max_piece_size_mb:16,frontier_piece_size_mb:32,short_pieces_below_mb:2048,recycle:False,recycle_budget:0.05,"
+    "memory_limit_mb:1000,small_piece_size_mb:4,max_piece_size_mb:16,frontier_piece_size_mb:32,short_pieces_below_mb:2048,footprint_pieces:256,recycle:False,recycle_budget:0.05,"
     "recycle_burst_ms:25,recycle_slack:0.5,recycle_ceiling:0.05,recycle_keep_mappings:False,recycle_wait:sync,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
 
 // Checks that every field of c differs from the default's (c parsed from kEngineKeysAwayFromDefault).
@@ -45,6 +45,7 @@ inline void check_engine_fields_away_from_default(const alloc::Config& c) {
   CHECK(c.max_piece_bytes != d.max_piece_bytes);
   CHECK(c.frontier_piece_bytes != d.frontier_piece_bytes);
   CHECK(c.short_pieces_below_bytes != d.short_pieces_below_bytes);
+  CHECK(c.footprint_pieces != d.footprint_pieces);
   CHECK(c.recycle_overhang != d.recycle_overhang);
   CHECK(c.recycle_headroom != d.recycle_headroom);
   CHECK(c.thread_cache != d.thread_cache);
@@ -69,6 +70,7 @@ inline const std::vector<KeyChoices>& engine_key_choices() {
       {"max_piece_size_mb", {"2", "8", "20", "64"}},
       {"frontier_piece_size_mb", {"0", "16", "64"}},
       {"short_pieces_below_mb", {"0", "1024", "4096"}},
+      {"footprint_pieces", {"0", "256", "512", "1024"}},
       {"va_reserve_mb", {"0", "65536"}},
       {"recycle", {"True", "False"}},
       {"recycle_budget", {"0", "1", "0.005", "0.02"}},

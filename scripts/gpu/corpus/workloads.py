@@ -650,6 +650,171 @@ def gptneox_ckpt_varlen_train(ctx):
                  _hf_extra(model))
 
 
+# ---- the second held-out set ---------------------------------------------------------------------
+# Added on 2026-12-04 (session 16) to check a footprint-scaled piece length (docs/notes/
+# allocation-policy.md, "Pieces that follow the footprint") on workloads that were not in the
+# corpus when it was chosen. Small and medium footprints, where the piece length matters most.
+
+def _beam_generate(ctx, model, vocab, pad, batch, prompt, new, beams, encoder_decoder):
+    """generate() with beam search: every step reorders the KV cache by beam (index_select)."""
+    torch = _torch()
+    if ctx.dry:
+        batch, prompt, new, beams = (1, 2), (4, 16), (2, 6), 2
+
+    def step(i):
+        b, p, n = ctx.rng.randint(*batch), ctx.rng.randint(*prompt), ctx.rng.randint(*new)
+        ids = torch.randint(3, vocab, (b, p), generator=ctx.gen).to(ctx.device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                 min_new_tokens=n, num_beams=beams, do_sample=False, early_stopping=False,
+                                 pad_token_id=pad)
+        # A decoder-only model returns the prompt too; an encoder-decoder one its start token.
+        want = (b, (1 if encoder_decoder else p) + n)
+        assert tuple(out.shape) == want, (tuple(out.shape), want)
+        _observe(ctx, "tokens", out)
+        return {"batch": b, "prompt": p, "new_tokens": n}
+    return step
+
+
+@python_workload("t5_beam_generate", steps=6, warmup=1, est_gib=4, est_s=40,
+                 summary="T5-base encoder-decoder generate() in bf16 with beam search (4 beams), "
+                         "batch 1..16, input 32..512, 8..48 new tokens per call")
+def t5_beam_generate(ctx):
+    torch = _torch()
+    from transformers import T5Config, T5ForConditionalGeneration
+    if ctx.dry:
+        cfg = T5Config(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_heads=4, vocab_size=512,
+                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    else:
+        cfg = T5Config(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_heads=12, vocab_size=32128,
+                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = _new_model(ctx, T5ForConditionalGeneration, cfg).to(ctx.device, dtype=torch.bfloat16).eval()
+    batch, prompt, new, beams = (1, 16), (32, 512), (8, 48), 4
+    shapes = {"batch": "uniform %d..%d per call" % batch, "input": "uniform %d..%d" % prompt,
+              "new_tokens": "uniform %d..%d (min_new_tokens = max_new_tokens)" % new, "num_beams": beams,
+              "layers": "%d encoder + %d decoder" % (cfg.num_layers, cfg.num_layers), "d_model": cfg.d_model,
+              "dtype": "bf16 weights", "steps_are": "generate() calls"}
+    return Built(_beam_generate(ctx, model, cfg.vocab_size, cfg.pad_token_id, batch, prompt, new, beams,
+                                encoder_decoder=True),
+                 "transformers T5ForConditionalGeneration (t5-base sizes, random weights), generate()",
+                 shapes, _hf_extra(model))
+
+
+@python_workload("opt_beam_generate", steps=6, warmup=1, est_gib=6, est_s=40,
+                 summary="OPT-350M-style decoder generate() in bf16 with beam search (3 beams), "
+                         "batch 1..12, prompt 16..768, 8..40 new tokens per call")
+def opt_beam_generate(ctx):
+    torch = _torch()
+    from transformers import OPTConfig, OPTForCausalLM
+    if ctx.dry:
+        cfg = OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                        word_embed_proj_dim=64, vocab_size=512, max_position_embeddings=128,
+                        pad_token_id=1, bos_token_id=2, eos_token_id=2)
+    else:
+        cfg = OPTConfig(hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,
+                        word_embed_proj_dim=512, vocab_size=50272, max_position_embeddings=2048,
+                        do_layer_norm_before=False, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+    model = _new_model(ctx, OPTForCausalLM, cfg).to(ctx.device, dtype=torch.bfloat16).eval()
+    batch, prompt, new, beams = (1, 12), (16, 768), (8, 40), 3
+    shapes = {"batch": "uniform %d..%d per call" % batch, "prompt": "uniform %d..%d" % prompt,
+              "new_tokens": "uniform %d..%d (min_new_tokens = max_new_tokens)" % new, "num_beams": beams,
+              "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
+              "dtype": "bf16 weights", "steps_are": "generate() calls"}
+    return Built(_beam_generate(ctx, model, cfg.vocab_size, cfg.pad_token_id, batch, prompt, new, beams,
+                                encoder_decoder=False),
+                 "transformers OPTForCausalLM (opt-350m sizes, random weights), generate()", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("gptneo_small_train", steps=16, warmup=3, est_gib=10, est_s=30,
+                 summary="GPT-Neo 125M (local and global attention layers) training, batch 4, sequence "
+                         "length 128..1024 per step, bf16 autocast, AdamW: a small-footprint LM")
+def gptneo_small_train(ctx):
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    if ctx.dry:
+        cfg = GPTNeoConfig(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+                           vocab_size=512, max_position_embeddings=64, window_size=16, bos_token_id=1,
+                           eos_token_id=1)
+        batch, lo, hi = 2, 8, 32
+    else:
+        cfg = GPTNeoConfig(hidden_size=768, num_layers=12, num_heads=12,
+                           attention_types=[[["global", "local"], 6]], vocab_size=50257,
+                           max_position_embeddings=2048, window_size=256)
+        batch, lo, hi = 4, 128, 1024
+    model = _new_model(ctx, GPTNeoForCausalLM, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    forward = _varlen_lm_forward(ctx, model, cfg.vocab_size, batch, lo, hi)
+    shapes = {"batch": batch, "seq": "uniform %d..%d per step" % (lo, hi), "layers": cfg.num_layers,
+              "hidden": cfg.hidden_size, "attention": "global and local (window %d) alternating" % cfg.window_size,
+              "vocab": cfg.vocab_size, "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers GPTNeoForCausalLM (gpt-neo-125m sizes, random weights)", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("roberta_cls_dynpad_train", steps=20, warmup=3, est_gib=14, est_s=30,
+                 summary="RoBERTa-base sequence classification fine-tuning with dynamic padding: batch "
+                         "8..64 and padded length 32..320 drawn per step, bf16 autocast, AdamW")
+def roberta_cls_dynpad_train(ctx):
+    torch = _torch()
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+    if ctx.dry:
+        cfg = RobertaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=512, max_position_embeddings=80, num_labels=3)
+        (blo, bhi), (lo, hi) = (2, 4), (8, 32)
+    else:
+        cfg = RobertaConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                            intermediate_size=3072, vocab_size=50265, max_position_embeddings=514,
+                            num_labels=3)
+        (blo, bhi), (lo, hi) = (8, 64), (32, 320)
+    model = _new_model(ctx, RobertaForSequenceClassification, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        b, s = ctx.rng.randint(blo, bhi), ctx.rng.randint(lo, hi)
+        ids = torch.randint(3, cfg.vocab_size, (b, s), generator=ctx.gen)
+        lengths = torch.randint(max(1, s // 4), s + 1, (b,), generator=ctx.gen)
+        mask = (torch.arange(s)[None, :] < lengths[:, None]).long()
+        ids = ids.masked_fill(mask == 0, cfg.pad_token_id)
+        labels = torch.randint(cfg.num_labels, (b,), generator=ctx.gen)
+        out = model(input_ids=ids.to(ctx.device), attention_mask=mask.to(ctx.device),
+                    labels=labels.to(ctx.device))
+        return out.loss, {"batch": b, "seq": s}
+    shapes = {"batch": "uniform %d..%d per step" % (blo, bhi), "seq": "uniform %d..%d (padded per batch)" % (lo, hi),
+              "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "labels": cfg.num_labels,
+              "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers RobertaForSequenceClassification (roberta-base sizes, random weights)", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("deeplabv3_varsize_train", steps=16, warmup=3, est_gib=20, est_s=30,
+                 summary="torchvision DeepLabV3 (MobileNetV3-Large backbone) segmentation training, batch 16, "
+                         "square images of a random side 256..640 (multiple of 32) per step, bf16 autocast, AdamW")
+def deeplabv3_varsize_train(ctx):
+    torch = _torch()
+    import torchvision
+    batch, (lo, hi) = (16, (8, 20)) if not ctx.dry else (2, (2, 3))
+    model = torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=21, aux_loss=False).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=255)
+
+    def forward(i):
+        side = 32 * ctx.rng.randint(lo, hi)
+        x = torch.randn(batch, 3, side, side, generator=ctx.gen).to(ctx.device)
+        y = torch.randint(21, (batch, side, side), generator=ctx.gen).to(ctx.device)
+        return loss_fn(model(x)["out"], y), {"batch": batch, "image": side}
+    shapes = {"batch": batch, "image": "square, side 32 x uniform %d..%d per step" % (lo, hi), "classes": 21,
+              "dtype": "bf16 autocast", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "torchvision deeplabv3_mobilenet_v3_large (random weights)", shapes,
+                 {"parameters": _param_count(model)})
+
+
 # ---- C++ examples --------------------------------------------------------------------------------
 
 _CKPT_MODEL = ["--hidden", "2048", "--intermediate", "5504", "--layers", "12", "--heads", "16",
