@@ -24,6 +24,10 @@ Config test_config(bool expandable = true) {
   Config c;
   c.expandable_segments = expandable;
   c.pieces = PieceSizing::fixed;
+  // The cases below check piece mechanics with max_piece_size_mb's pieces at footprints of tens of
+  // MiB, where footprint_pieces (the default's 512) would make every piece one slot; its own case
+  // is "footprint_pieces: pieces grow with the footprint".
+  c.footprint_pieces = 0;
   c.check_invariants = true;
   c.va_reserve_bytes = 1024 * MiB;
   return c;
@@ -672,6 +676,34 @@ TEST_CASE("short_pieces_below_mb: one-slot pieces while the footprint is below t
       CHECK(f.source.inner.counters().creates == (below_mib ? 32u : 4u));
       held.push_back(f.alloc(32 * MiB));
       CHECK(f.source.inner.counters().creates == (below_mib ? 34u : 6u));
+      CHECK(f.engine.totals().reserved_bytes == 96 * MiB);
+      f.engine.check_invariants();
+      for (void* p : held) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+    }
+  }
+}
+
+TEST_CASE("footprint_pieces: pieces grow with the footprint", "[engine][pieces][footprint_pieces]") {
+  // Three 32 MiB requests in an empty engine, each at the region's end, no end shared. Off: the
+  // inside of each in pieces of at most 8 MiB (4 creates each). With footprint_pieces:8 the
+  // longest piece is the footprint / 8 when the growth starts: one slot at 0 reserved (16 creates),
+  // 4 MiB at 32 MiB (8 creates), 8 MiB at 64 MiB (4 creates: max_piece_size_mb bounds it again).
+  // The default (512) gives one-slot pieces at these footprints, and max_piece_size_mb's from 4 GiB.
+  CHECK(Config{}.footprint_pieces == 512);
+  for (const std::size_t n : {0, 8}) {
+    DYNAMIC_SECTION("footprint_pieces:" << n) {
+      Config c = test_config();
+      c.pieces = PieceSizing::adaptive;
+      c.max_piece_bytes = 8 * MiB;
+      c.footprint_pieces = n;
+      ClockedFixture f(c);
+      std::vector<void*> held;
+      held.push_back(f.alloc(32 * MiB));
+      CHECK(f.source.inner.counters().creates == (n ? 16u : 4u));
+      held.push_back(f.alloc(32 * MiB));
+      CHECK(f.source.inner.counters().creates == (n ? 24u : 8u));
+      held.push_back(f.alloc(32 * MiB));
+      CHECK(f.source.inner.counters().creates == (n ? 28u : 12u));
       CHECK(f.engine.totals().reserved_bytes == 96 * MiB);
       f.engine.check_invariants();
       for (void* p : held) REQUIRE(f.engine.free(p) == FreeStatus::ok);

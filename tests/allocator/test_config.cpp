@@ -45,7 +45,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.max_piece_bytes == 8 * kMiB);
     CHECK(c.frontier_piece_bytes == 0);
     CHECK(c.short_pieces_below_bytes == 0);
-    CHECK(c.footprint_pieces == 0);
+    CHECK(c.footprint_pieces == 512);
     CHECK(c.recycle_overhang);
     CHECK(c.recycle_headroom == 0.0);
     CHECK(c.thread_cache);

@@ -10,7 +10,8 @@ their spread over repetitions (issues 12, 13 and 14; ANCHORS.md "Live side by si
 
 Workloads (scripts/gpu/corpus/workloads.py builds them; their shapes are issue 12's table):
 gpt2_varlen_train, llama_train, llama_train_ckpt, gpt2_generate by default; `--workloads held_out`
-runs the corpus's six held-out workloads instead (shortened: WORKLOAD_DEFAULTS). Modes:
+(or `held_out_b`) runs the corpus's six (five) held-out workloads instead (shortened:
+WORKLOAD_DEFAULTS); names and groups mix. Modes:
 
     native          PyTorch's CUDA caching allocator as shipped
     expandable      the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -142,15 +143,25 @@ WORKLOAD_DEFAULTS = {
     "whisper_varlen_train": {"steps": 10, "warmup": 3, "metric": "median"},
     "efficientnet_progressive_train": {"steps": 18, "warmup": 3, "metric": "median"},
     "gptneox_ckpt_varlen_train": {"steps": 12, "warmup": 3, "metric": "median"},
+    # The second held-out set (held_out_b), shortened the same way.
+    "deeplabv3_varsize_train": {"steps": 10, "warmup": 3, "metric": "median"},
+    "roberta_cls_dynpad_train": {"steps": 12, "warmup": 3, "metric": "median"},
+    "gptneo_small_train": {"steps": 10, "warmup": 3, "metric": "median"},
+    "t5_beam_generate": {"steps": 4, "warmup": 1, "metric": "mean"},
+    "opt_beam_generate": {"steps": 4, "warmup": 1, "metric": "mean"},
 }
 # What a run without --workloads measures: issue 12's four live workloads.
 DEFAULT_WORKLOADS = ["gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate"]
 HELD_OUT_WORKLOADS = ["qwen2_generate_sampled", "maskrcnn_varsize_train", "bert_large_mlm_train",
                       "whisper_varlen_train", "efficientnet_progressive_train", "gptneox_ckpt_varlen_train"]
+HELD_OUT_B_WORKLOADS = ["deeplabv3_varsize_train", "roberta_cls_dynpad_train", "gptneo_small_train",
+                        "t5_beam_generate", "opt_beam_generate"]
+GROUPS = {"held_out": HELD_OUT_WORKLOADS, "held_out_b": HELD_OUT_B_WORKLOADS}
 DRY_STEPS = 4
 # Workloads whose builder takes its model from ctx.model_cache (built once in this process).
 PREBUILT = {"gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate", "qwen2_generate_sampled",
-            "bert_large_mlm_train", "whisper_varlen_train", "gptneox_ckpt_varlen_train"}
+            "bert_large_mlm_train", "whisper_varlen_train", "gptneox_ckpt_varlen_train", "roberta_cls_dynpad_train",
+            "gptneo_small_train", "t5_beam_generate", "opt_beam_generate"}
 
 # Wall-time estimates for --plan, seconds on an H200 host (README.md says where they come from):
 # per run, process start to CUDA ready plus exit; per workload, moving the prebuilt model to the
@@ -169,6 +180,12 @@ EST_WORKLOAD = {
     "whisper_varlen_train": {"build": 1.5, "first": 1.5, "step": 0.42, "prebuild": 3.0},
     "efficientnet_progressive_train": {"build": 1.0, "first": 1.5, "step": 0.31, "prebuild": 0.0},
     "gptneox_ckpt_varlen_train": {"build": 1.5, "first": 1.5, "step": 0.30, "prebuild": 4.0},
+    # The second held-out set: from its corpus captures (2026-12-04, five at once on one GPU).
+    "deeplabv3_varsize_train": {"build": 1.0, "first": 2.0, "step": 0.8, "prebuild": 0.0},
+    "roberta_cls_dynpad_train": {"build": 1.0, "first": 1.5, "step": 0.9, "prebuild": 2.0},
+    "gptneo_small_train": {"build": 1.0, "first": 1.5, "step": 0.8, "prebuild": 2.0},
+    "t5_beam_generate": {"build": 1.0, "first": 4.0, "step": 6.0, "prebuild": 2.0},
+    "opt_beam_generate": {"build": 1.0, "first": 4.0, "step": 6.0, "prebuild": 2.0},
 }
 EST_MODE_FACTOR = {"gpumem_trace": 1.2, "gpumem_ops": 1.22, "native_history": 1.2}
 EST_IMPORTS_S = 6.0
@@ -207,8 +224,8 @@ def parse_args(argv):
     ap.add_argument("--gpumem-via", choices=("library", "package"), default="library",
                     help="library: torch.ops.load_library(--lib); package: `import gpumem; gpumem.install()`")
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
-                    help="comma-separated workloads of scripts/gpu/corpus/workloads.py, or held_out for "
-                         "the corpus's held-out ones (default: %(default)s)")
+                    help="comma-separated workloads of scripts/gpu/corpus/workloads.py, or held_out / "
+                         "held_out_b for the corpus's held-out sets (default: %(default)s)")
     ap.add_argument("--modes", help="comma-separated modes for every workload (default: per workload)")
     ap.add_argument("--mode-conf", action="append", default=[], metavar="NAME=CONF",
                     help="add or redefine a gpumem mode: NAME runs with GPUMEM_ALLOC_CONF=CONF")
@@ -258,7 +275,7 @@ def parse_args(argv):
         ap.error(str(err))
     args.workload_list = []
     for w in (w.strip() for w in args.workloads.split(",")):
-        for x in HELD_OUT_WORKLOADS if w == "held_out" else [w] if w else []:
+        for x in GROUPS.get(w, [w] if w else []):
             if x not in args.workload_list:
                 args.workload_list.append(x)
     if not args.workload_list:

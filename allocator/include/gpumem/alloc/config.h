@@ -87,9 +87,10 @@ struct Config {
   std::size_t short_pieces_below_bytes = 0;
   // footprint_pieces: with pieces:adaptive, no large-pool piece a growth creates is longer than the
   // engine's footprint (reserved bytes) / this, nor shorter than one slot (2 MiB); 0 = off
-  // (max_piece_size_mb alone). Pieces follow the footprint: 2 MiB while it is small, longer as it
-  // grows (docs/notes/allocation-policy.md, "Pieces that follow the footprint").
-  std::size_t footprint_pieces = 0;
+  // (max_piece_size_mb alone). Pieces follow the footprint: with 512, 2 MiB below 2 GiB reserved,
+  // 8 MiB (max_piece_size_mb) from 4 GiB (docs/notes/allocation-policy.md, "Pieces that follow the
+  // footprint").
+  std::size_t footprint_pieces = 512;
   // recycle:True|False: physical page recycling (map wholly free pieces where a request lands
   // instead of creating new memory).
   bool recycle = true;
