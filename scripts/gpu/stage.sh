@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Stages a build made on the CPU machine for the GPU machine, which compiles nothing: every ELF
 # executable and shared library of BUILD (default build/), stripped, in the same relative layout
-# (but the clang fuzzers of BUILD/fuzz-clang: CPU-only, 2.3 MiB of the archive, which must fit
-# with the working tree in the device tool's 64 MiB),
+# but what no GPU script runs, since the archive must fit with the working tree in the device
+# tool's 64 MiB: the clang fuzzers of BUILD/fuzz-clang (2.3 MiB of the archive), the tests' installed
+# package_consumer copies of the libraries, and every test binary (BUILD/tests/) whose name no file
+# of scripts/gpu/ mentions (CPU tests: CI runs them);
 # plus the shared libraries they link that the GPU machine may lack (libfmt), packed into
 # .gpu/build.tar.xz (git ignores .gpu/). scripts/gpu/env.sh unpacks it there into .gpu/build.
 #
@@ -15,14 +17,21 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
+# Every word of the GPU scripts: a test binary is staged when one of them is its name.
+gpu_words=$(find "$root/scripts/gpu" -type f \( -name '*.sh' -o -name '*.py' \) -exec cat {} + | tr -cs 'A-Za-z0-9_' '\n' | sort -u)
 n=0
+skipped=0
 while IFS= read -r -d '' f; do
   file -b "$f" | grep -q '^ELF' || continue
   rel=${f#"$build"/}
+  case $rel in
+    tests/*) grep -qx "$(basename "$rel")" <<<"$gpu_words" || { skipped=$((skipped + 1)); continue; } ;;
+  esac
   mkdir -p "$stage/$(dirname "$rel")"
   strip --strip-all -o "$stage/$rel" "$f" 2>/dev/null || cp "$f" "$stage/$rel"
   n=$((n + 1))
-done < <(find "$build" -type f -not -path '*/CMakeFiles/*' -not -path "$build/fuzz-clang/*" \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0)
+done < <(find "$build" -type f -not -path '*/CMakeFiles/*' -not -path "$build/fuzz-clang/*" -not -path '*/package_consumer/*' \
+           \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0)
 mkdir -p "$stage/lib"
 for lib in $(find "$stage" -type f -exec sh -c 'ldd "$1" 2>/dev/null' _ {} \; | awk '/libfmt\.so/ { print $3 }' | sort -u); do
   cp -L "$lib" "$stage/lib/"
@@ -35,4 +44,4 @@ if [ -f "$build/torch/libgpumem_torch.so" ] && [ -x "$build/cli/gpumem" ]; then
 fi
 mkdir -p "$root/.gpu"
 tar cJf "$root/.gpu/build.tar.xz" -C "$stage" .
-echo "stage: $n binaries from $build -> .gpu/build.tar.xz ($(du -h "$root/.gpu/build.tar.xz" | cut -f1))"
+echo "stage: $n binaries from $build ($skipped CPU-only test binaries left out) -> .gpu/build.tar.xz ($(du -h "$root/.gpu/build.tar.xz" | cut -f1))"
