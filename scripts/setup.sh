@@ -24,11 +24,13 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # ---- Debian packages ----
 need=()
 # clang, libclang-rt-14-dev (libFuzzer and the sanitizer runtimes): the fuzz targets (fuzz/, scripts/fuzz.sh).
+# file, xz-utils: scripts/gpu/stage.sh (which binaries are ELF; the archive), tested by ctest stage_tools.
 # libgloo-dev: only the headers ProcessGroupGloo.hpp includes (the torch wheel has Gloo inside
 # libtorch_cpu but not its headers); gpumem::zero's multi-process CPU tests need them.
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 for pkg in build-essential cmake ninja-build pkg-config libfmt-dev libboost-dev catch2 zlib1g-dev \
-           libncurses-dev libjemalloc-dev tmux python3 python3-venv libgloo-dev clang libclang-rt-14-dev; do
+           libncurses-dev libjemalloc-dev tmux python3 python3-venv libgloo-dev clang libclang-rt-14-dev \
+           file xz-utils; do
   have_pkg "$pkg" || need+=("$pkg")
 done
 # python3-venv is only needed when the system python lacks venv (pyenv builds ship it).

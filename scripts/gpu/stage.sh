@@ -17,8 +17,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-# Every word of the GPU scripts: a test binary is staged when one of them is its name.
-gpu_words=$(find "$root/scripts/gpu" -type f \( -name '*.sh' -o -name '*.py' \) -exec cat {} + | tr -cs 'A-Za-z0-9_' '\n' | sort -u)
+# Every word of the GPU scripts (not their own CPU tests, test_*.py): a test binary is staged when
+# one of them is its name.
+gpu_words=$(find "$root/scripts/gpu" -type f \( -name '*.sh' -o -name '*.py' \) -not -name 'test_*' -exec cat {} + |
+            tr -cs 'A-Za-z0-9_' '\n' | sort -u)
 n=0
 skipped=0
 while IFS= read -r -d '' f; do
@@ -42,6 +44,7 @@ done
 if [ -f "$build/torch/libgpumem_torch.so" ] && [ -x "$build/cli/gpumem" ]; then
   "$root/scripts/build_wheel.sh" "$build" "$stage/wheels" || echo "stage: WARNING: scripts/build_wheel.sh failed; package.sh will report no wheel" >&2
 fi
-mkdir -p "$root/.gpu"
-tar cJf "$root/.gpu/build.tar.xz" -C "$stage" .
-echo "stage: $n binaries from $build ($skipped CPU-only test binaries left out) -> .gpu/build.tar.xz ($(du -h "$root/.gpu/build.tar.xz" | cut -f1))"
+out=${GPUMEM_STAGE_OUT:-$root/.gpu/build.tar.xz}  # another path: scripts/gpu/test_stage.py
+mkdir -p "$(dirname "$out")"
+tar cJf "$out" -C "$stage" .
+echo "stage: $n binaries from $build ($skipped CPU-only test binaries left out) -> $out ($(du -h "$out" | cut -f1))"
