@@ -5,7 +5,7 @@
 # several side by side where their memory fits, all within CORPUS_DEADLINE_S (default 420 s) plus
 # packing: under 8 minutes on one H200 for `tuned`, under 2 for `held_out`.
 #
-#   OUT=/results bash scripts/gpu/corpus/capture_all.sh --only tuned|held_out|held_out_b [run_corpus.py options]
+#   OUT=/results bash scripts/gpu/corpus/capture_all.sh --only tuned|held_out|held_out_b|held_out_c [run_corpus.py options]
 #
 # Without --only it tries every workload, which is more than one deadline holds.
 #

@@ -53,8 +53,13 @@ GROUPS = {
     # above, to check it on workloads that were in neither ("Pieces that follow the footprint").
     "held_out_b": ["deeplabv3_varsize_train", "roberta_cls_dynpad_train", "gptneo_small_train",
                    "t5_beam_generate", "opt_beam_generate"],
+    # Added on 2026-12-04 (session 17), with no change to the policy since, to check it on kinds of
+    # model none of the sets above has: 3D convolutions, a recurrent network, a two-tower
+    # contrastive model, raw-audio convolutions ("Held-out workloads").
+    "held_out_c": ["clip_contrastive_train", "r3d18_video_train", "wav2vec2_ctc_varlen_train",
+                   "lstm_lm_varlen_train"],
 }
-PRIORITY = GROUPS["tuned"] + GROUPS["held_out"] + GROUPS["held_out_b"]
+PRIORITY = GROUPS["tuned"] + GROUPS["held_out"] + GROUPS["held_out_b"] + GROUPS["held_out_c"]
 
 
 def log(msg):

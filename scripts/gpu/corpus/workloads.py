@@ -815,6 +815,164 @@ def deeplabv3_varsize_train(ctx):
                  {"parameters": _param_count(model)})
 
 
+# ---- The third held-out set (held_out_c): kinds of model none of the sets above has ----------------
+
+@python_workload("r3d18_video_train", steps=14, warmup=3, est_gib=30, est_s=40,
+                 summary="torchvision R3D-18 video classification training (3D convolutions), batch 16, "
+                         "112x112 clips of 8..32 frames drawn per step, bf16 autocast, AdamW")
+def r3d18_video_train(ctx):
+    torch = _torch()
+    import torchvision
+    batch, side, (lo, hi) = (16, 112, (8, 32)) if not ctx.dry else (2, 32, (2, 4))
+    model = torchvision.models.video.r3d_18(weights=None, num_classes=400).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward(i):
+        frames = ctx.rng.randint(lo, hi)
+        x = torch.randn(batch, 3, frames, side, side, generator=ctx.gen).to(ctx.device)
+        y = torch.randint(400, (batch,), generator=ctx.gen).to(ctx.device)
+        return loss_fn(model(x), y), {"batch": batch, "frames": frames}
+    shapes = {"batch": batch, "clip": "3 x uniform %d..%d frames x %d x %d per step" % (lo, hi, side, side),
+              "classes": 400, "dtype": "bf16 autocast", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward), "torchvision video r3d_18 (random weights)", shapes,
+                 {"parameters": _param_count(model)})
+
+
+class _LstmLm:
+    """A word-level LSTM language model (embedding, a stacked cuDNN LSTM, a projection to the
+    vocabulary): recurrent, not attention, so cuDNN's RNN workspaces follow the sequence length."""
+
+    @staticmethod
+    def make(vocab, embed, hidden, layers):
+        torch = _torch()
+
+        class LstmLm(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = torch.nn.Embedding(vocab, embed)
+                self.lstm = torch.nn.LSTM(embed, hidden, num_layers=layers, batch_first=True, dropout=0.1)
+                self.proj = torch.nn.Linear(hidden, vocab)
+
+            def forward(self, ids):
+                out, _ = self.lstm(self.embed(ids))
+                return self.proj(out)
+        return LstmLm()
+
+
+@python_workload("lstm_lm_varlen_train", steps=16, warmup=3, est_gib=24, est_s=40,
+                 summary="a 3-layer LSTM language model (cuDNN, hidden 2048, vocab 32,000), batch 8..48 "
+                         "and sequence length 64..512 drawn per step, bf16 autocast, AdamW")
+def lstm_lm_varlen_train(ctx):
+    torch = _torch()
+    if ctx.dry:
+        vocab, embed, hidden, layers, (blo, bhi), (lo, hi) = 256, 32, 64, 2, (2, 4), (8, 32)
+    else:
+        vocab, embed, hidden, layers, (blo, bhi), (lo, hi) = 32000, 1024, 2048, 3, (8, 48), (64, 512)
+    cache = getattr(ctx, "model_cache", None)
+    key = "LstmLm %d %d %d %d" % (vocab, embed, hidden, layers)
+    model = (cache.get(key, lambda: _LstmLm.make(vocab, embed, hidden, layers)) if cache is not None
+             else _LstmLm.make(vocab, embed, hidden, layers)).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward(i):
+        b, s = ctx.rng.randint(blo, bhi), ctx.rng.randint(lo, hi)
+        ids = torch.randint(vocab, (b, s + 1), generator=ctx.gen).to(ctx.device)
+        logits = model(ids[:, :-1])
+        return loss_fn(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1)), {"batch": b, "seq": s}
+    shapes = {"batch": "uniform %d..%d per step" % (blo, bhi), "seq": "uniform %d..%d per step" % (lo, hi),
+              "layers": layers, "embed": embed, "hidden": hidden, "vocab": vocab,
+              "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "torch.nn.LSTM language model (embedding, %d-layer LSTM, linear; random weights)" % layers,
+                 shapes, {"parameters": _param_count(model)})
+
+
+@python_workload("clip_contrastive_train", steps=14, warmup=3, est_gib=40, est_s=40,
+                 summary="CLIP (ViT-B/16 image tower, 12-layer text tower) contrastive training: batch "
+                         "32..256 image-text pairs and text length 8..77 drawn per step, bf16 autocast, AdamW")
+def clip_contrastive_train(ctx):
+    torch = _torch()
+    from transformers import CLIPConfig, CLIPModel
+    if ctx.dry:
+        cfg = CLIPConfig(text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                      "num_attention_heads": 2, "vocab_size": 256, "max_position_embeddings": 16,
+                                      "bos_token_id": 1, "eos_token_id": 2},
+                         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                        "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+                         projection_dim=16)
+        (blo, bhi), (lo, hi) = (2, 4), (4, 16)
+    else:
+        cfg = CLIPConfig(text_config={"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+                                      "num_attention_heads": 8, "vocab_size": 49408,
+                                      "max_position_embeddings": 77},
+                         vision_config={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                                        "num_attention_heads": 12, "image_size": 224, "patch_size": 16},
+                         projection_dim=512)
+        (blo, bhi), (lo, hi) = (32, 256), (8, 77)
+    model = _new_model(ctx, CLIPModel, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+    image = cfg.vision_config.image_size
+    vocab = cfg.text_config.vocab_size
+
+    def forward(i):
+        b, t = ctx.rng.randint(blo, bhi), ctx.rng.randint(lo, hi)
+        ids = torch.randint(vocab, (b, t), generator=ctx.gen).to(ctx.device)
+        pixels = torch.randn(b, 3, image, image, generator=ctx.gen).to(ctx.device)
+        return model(input_ids=ids, pixel_values=pixels, return_loss=True).loss, {"batch": b, "text": t}
+    shapes = {"batch": "uniform %d..%d image-text pairs per step" % (blo, bhi),
+              "text": "uniform %d..%d tokens" % (lo, hi), "image": [3, image, image],
+              "vision": "ViT, hidden %d, %d layers, patch %d" % (cfg.vision_config.hidden_size,
+                                                                cfg.vision_config.num_hidden_layers,
+                                                                cfg.vision_config.patch_size),
+              "text_tower": "hidden %d, %d layers" % (cfg.text_config.hidden_size,
+                                                      cfg.text_config.num_hidden_layers),
+              "dtype": "bf16 autocast, fp32 weights", "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers CLIPModel (clip-vit-base-patch16 sizes, random weights)", shapes,
+                 _hf_extra(model))
+
+
+@python_workload("wav2vec2_ctc_varlen_train", steps=14, warmup=3, est_gib=30, est_s=40,
+                 summary="wav2vec 2.0 (base sizes) CTC training on raw 16 kHz audio: batch 8, clips of "
+                         "2..15 s and 20..120 target characters drawn per step, bf16 autocast, AdamW")
+def wav2vec2_ctc_varlen_train(ctx):
+    torch = _torch()
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+    if ctx.dry:
+        cfg = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                             conv_dim=(16, 16, 16, 16, 16, 16, 16), vocab_size=32, num_conv_pos_embeddings=16,
+                             num_conv_pos_embedding_groups=2, pad_token_id=0, ctc_zero_infinity=True)
+        batch, (slo, shi), (tlo, thi) = 2, (4000, 8000), (2, 6)
+    else:
+        cfg = Wav2Vec2Config(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                             intermediate_size=3072, vocab_size=32, pad_token_id=0,
+                             ctc_loss_reduction="mean", ctc_zero_infinity=True)
+        batch, (slo, shi), (tlo, thi) = 8, (32000, 240000), (10, 120)
+    model = _new_model(ctx, Wav2Vec2ForCTC, cfg).to(ctx.device)
+    model.train()
+    opt = _adamw(model)
+
+    def forward(i):
+        # Targets no longer than the clip's output frames allow (one per 320 samples) at half rate.
+        n = ctx.rng.randint(slo, shi)
+        t = ctx.rng.randint(tlo, max(tlo, min(thi, n // 640)))
+        audio = torch.randn(batch, n, generator=ctx.gen).to(ctx.device)
+        labels = torch.randint(1, cfg.vocab_size, (batch, t), generator=ctx.gen).to(ctx.device)
+        return model(input_values=audio, labels=labels).loss, {"batch": batch, "samples": n, "labels": t}
+    shapes = {"batch": batch, "audio": "uniform %d..%d samples at 16 kHz per step" % (slo, shi),
+              "labels": "uniform %d..min(%d, samples / 640) characters" % (tlo, thi), "hidden": cfg.hidden_size,
+              "layers": cfg.num_hidden_layers, "loss": "CTC", "dtype": "bf16 autocast, fp32 weights",
+              "optimizer": "AdamW"}
+    return Built(_train_step(ctx, model, opt, forward),
+                 "transformers Wav2Vec2ForCTC (wav2vec2-base sizes, random weights)", shapes,
+                 _hf_extra(model))
+
+
 # ---- C++ examples --------------------------------------------------------------------------------
 
 _CKPT_MODEL = ["--hidden", "2048", "--intermediate", "5504", "--layers", "12", "--heads", "16",

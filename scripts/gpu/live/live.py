@@ -10,7 +10,7 @@ their spread over repetitions (issues 12, 13 and 14; ANCHORS.md "Live side by si
 
 Workloads (scripts/gpu/corpus/workloads.py builds them; their shapes are issue 12's table):
 gpt2_varlen_train, llama_train, llama_train_ckpt, gpt2_generate by default; `--workloads held_out`
-(or `held_out_b`) runs the corpus's six (five) held-out workloads instead (shortened:
+(`held_out_b`, `held_out_c`) runs the corpus's six (five, four) held-out workloads instead (shortened:
 WORKLOAD_DEFAULTS); names and groups mix. Modes:
 
     native          PyTorch's CUDA caching allocator as shipped
@@ -149,6 +149,11 @@ WORKLOAD_DEFAULTS = {
     "gptneo_small_train": {"steps": 10, "warmup": 3, "metric": "median"},
     "t5_beam_generate": {"steps": 4, "warmup": 1, "metric": "mean"},
     "opt_beam_generate": {"steps": 4, "warmup": 1, "metric": "mean"},
+    # The third held-out set (held_out_c), shortened the same way.
+    "clip_contrastive_train": {"steps": 10, "warmup": 3, "metric": "median"},
+    "r3d18_video_train": {"steps": 10, "warmup": 3, "metric": "median"},
+    "wav2vec2_ctc_varlen_train": {"steps": 10, "warmup": 3, "metric": "median"},
+    "lstm_lm_varlen_train": {"steps": 12, "warmup": 3, "metric": "median"},
 }
 # What a run without --workloads measures: issue 12's four live workloads.
 DEFAULT_WORKLOADS = ["gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate"]
@@ -156,7 +161,9 @@ HELD_OUT_WORKLOADS = ["qwen2_generate_sampled", "maskrcnn_varsize_train", "bert_
                       "whisper_varlen_train", "efficientnet_progressive_train", "gptneox_ckpt_varlen_train"]
 HELD_OUT_B_WORKLOADS = ["deeplabv3_varsize_train", "roberta_cls_dynpad_train", "gptneo_small_train",
                         "t5_beam_generate", "opt_beam_generate"]
-GROUPS = {"held_out": HELD_OUT_WORKLOADS, "held_out_b": HELD_OUT_B_WORKLOADS}
+HELD_OUT_C_WORKLOADS = ["clip_contrastive_train", "r3d18_video_train", "wav2vec2_ctc_varlen_train",
+                        "lstm_lm_varlen_train"]
+GROUPS = {"held_out": HELD_OUT_WORKLOADS, "held_out_b": HELD_OUT_B_WORKLOADS, "held_out_c": HELD_OUT_C_WORKLOADS}
 DRY_STEPS = 4
 # Workloads whose builder takes its model from ctx.model_cache (built once in this process).
 PREBUILT = {"gpt2_varlen_train", "llama_train", "llama_train_ckpt", "gpt2_generate", "qwen2_generate_sampled",
@@ -186,6 +193,12 @@ EST_WORKLOAD = {
     "gptneo_small_train": {"build": 1.0, "first": 1.5, "step": 0.8, "prebuild": 2.0},
     "t5_beam_generate": {"build": 1.0, "first": 4.0, "step": 6.0, "prebuild": 2.0},
     "opt_beam_generate": {"build": 1.0, "first": 4.0, "step": 6.0, "prebuild": 2.0},
+    # The third held-out set: guesses until its corpus captures (transformers models built in the
+    # parent; the torchvision and LSTM ones in each run).
+    "clip_contrastive_train": {"build": 1.5, "first": 2.0, "step": 0.6, "prebuild": 3.0},
+    "r3d18_video_train": {"build": 1.0, "first": 3.0, "step": 0.8, "prebuild": 0.0},
+    "wav2vec2_ctc_varlen_train": {"build": 1.0, "first": 2.0, "step": 0.6, "prebuild": 2.0},
+    "lstm_lm_varlen_train": {"build": 1.0, "first": 2.0, "step": 0.5, "prebuild": 2.0},
 }
 EST_MODE_FACTOR = {"gpumem_trace": 1.2, "gpumem_ops": 1.22, "native_history": 1.2}
 EST_IMPORTS_S = 6.0
@@ -225,7 +238,7 @@ def parse_args(argv):
                     help="library: torch.ops.load_library(--lib); package: `import gpumem; gpumem.install()`")
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
                     help="comma-separated workloads of scripts/gpu/corpus/workloads.py, or held_out / "
-                         "held_out_b for the corpus's held-out sets (default: %(default)s)")
+                         "held_out_b / held_out_c for the corpus's held-out sets (default: %(default)s)")
     ap.add_argument("--modes", help="comma-separated modes for every workload (default: per workload)")
     ap.add_argument("--mode-conf", action="append", default=[], metavar="NAME=CONF",
                     help="add or redefine a gpumem mode: NAME runs with GPUMEM_ALLOC_CONF=CONF")
