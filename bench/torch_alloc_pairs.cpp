@@ -26,8 +26,12 @@
 // adapter's per-call path without c10::cuda::current_device()). It is the CPU harness for the
 // adapter's own cost and its contention between threads (compare bench_alloc_pairs --observer,
 // the engine and observer alone).
-// The last column counts gpumem's driver calls during the pattern (all its rounds, 1 thread and T):
-// each costs microseconds on a GPU and nothing on a simulated device.
+// The last columns count gpumem's driver calls during the pattern's rounds, the 1-thread rounds and
+// the T-thread rounds apart ("1t / Tt"), and on a GPU the host time they took per pair of the
+// 1-thread rounds (gpumem.driver.*.ns of memory_stats: create, map, set_access, unmap, release; the
+// median of the rounds, as "gpumem ns"), which is part of the "gpumem ns" beside it: each call costs microseconds on a GPU and nothing on a
+// simulated device, so a pattern that keeps calling the driver in its steady state is slower
+// through libtorch than on SimSource by about that much.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
@@ -47,6 +51,7 @@
 #include "gpumem/torch/c_api.h"
 #include "gpumem/torch/config.h"
 #include "gpumem/torch/cuda_allocator.h"
+#include "gpumem/torch/memory_stats.h"
 
 namespace {
 
@@ -144,6 +149,18 @@ long long driver_calls(Allocator& a) {
   return static_cast<long long>(s.num_device_alloc + s.num_device_free);
 }
 
+// Host nanoseconds gpumem spent in driver calls so far (the VMM source's timed calls; 0 where the
+// source is not the CUDA driver's, e.g. --sim).
+long long driver_ns() {
+  const auto m = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
+  long long ns = 0;
+  for (const char* call : {"create", "release", "map", "set_access", "unmap"}) {
+    const auto it = m.find(std::string("gpumem.driver.") + call + ".ns");
+    if (it != m.end()) ns += static_cast<long long>(it->second);
+  }
+  return ns;
+}
+
 // One line of gpumem's statistics after the run: classic segments (the stats observer keeps its
 // lock for every event while one exists), driver calls, retries.
 void print_gpumem_stats(Allocator& a) {
@@ -206,7 +223,7 @@ int main(int argc, char** argv) {
     std::printf("torch_alloc_pairs --sim: gpumem on a simulated device through gpumem_malloc / gpumem_free, %zu pairs "
                 "(1 thread), %zu pairs per thread (%d threads), median of %d rounds\n",
                 ops, thread_ops, threads, rounds);
-    std::printf("%-28s %12s   %14s %14s\n", "pattern", "gpumem ns", "gpumem ns/thr", "driver calls");
+    std::printf("%-28s %12s   %14s %20s\n", "pattern", "gpumem ns", "gpumem ns/thr", "driver calls 1t / Tt");
     std::vector<double> g1(patterns.size());
     std::vector<long long> calls(patterns.size());
     for (std::size_t i = 0; i < patterns.size(); ++i) {  // 1 thread first (see the top)
@@ -221,8 +238,9 @@ int main(int argc, char** argv) {
       std::vector<double> gt;
       const long long calls0 = driver_calls(ours_allocator);
       for (int r = 0; r < rounds; ++r) gt.push_back(run_threads(ours, patterns[i], thread_ops, threads, false));
-      calls[i] += driver_calls(ours_allocator) - calls0;
-      std::printf("%-28s %12.1f   %14.1f %14lld\n", patterns[i].name, g1[i], median(gt), calls[i]);
+      const long long calls_t = driver_calls(ours_allocator) - calls0;
+      std::printf("%-28s %12.1f   %14.1f %20s\n", patterns[i].name, g1[i], median(gt),
+                  (std::to_string(calls[i]) + " / " + std::to_string(calls_t)).c_str());
       std::fflush(stdout);
     }
     print_gpumem_stats(ours_allocator);
@@ -241,20 +259,25 @@ int main(int argc, char** argv) {
   std::printf("c10::cuda::current_device() (in every raw_alloc of both): %.1f ns (1 thread), %.1f ns/thread (%d "
               "threads)\n",
               current_device_ns(0), current_device_ns(threads), threads);
-  std::printf("%-28s %12s %12s %8s   %14s %14s %8s %14s\n", "pattern", "native ns", "gpumem ns", "speedup",
-              "native ns/thr", "gpumem ns/thr", "speedup", "driver calls");
+  std::printf("%-28s %12s %12s %8s   %14s %14s %8s %20s %16s\n", "pattern", "native ns", "gpumem ns", "speedup",
+              "native ns/thr", "gpumem ns/thr", "speedup", "driver calls 1t / Tt", "driver ns (1t)");
   std::vector<double> n1(patterns.size()), g1(patterns.size());
+  std::vector<double> d1(patterns.size());
   std::vector<long long> calls(patterns.size());
   for (std::size_t i = 0; i < patterns.size(); ++i) {  // 1 thread first (see the top)
     const AllocSequence seq = gpumem::bench::make_alloc_sequence(patterns[i], ops, 1);
     std::vector<double> rn, rg;
+    std::vector<double> rd;  // driver ns per pair of each gpumem round
     const long long calls0 = driver_calls(ours_allocator);
     for (int r = 0; r < rounds; ++r) {
       rn.push_back(run(native, patterns[i], seq, ops, stream));
+      const long long ns0 = driver_ns();
       rg.push_back(run(ours, patterns[i], seq, ops, stream));
+      rd.push_back(static_cast<double>(driver_ns() - ns0) / static_cast<double>(ops));
     }
     n1[i] = median(rn);
     g1[i] = median(rg);
+    d1[i] = median(rd);
     calls[i] = driver_calls(ours_allocator) - calls0;
   }
   for (std::size_t i = 0; i < patterns.size(); ++i) {
@@ -264,10 +287,10 @@ int main(int argc, char** argv) {
       nt.push_back(run_threads(native, patterns[i], thread_ops, threads, true));
       gt.push_back(run_threads(ours, patterns[i], thread_ops, threads, true));
     }
-    calls[i] += driver_calls(ours_allocator) - calls0;
+    const long long calls_t = driver_calls(ours_allocator) - calls0;
     const double a = n1[i], b = g1[i], c = median(nt), d = median(gt);
-    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %14lld\n", patterns[i].name, a, b, a / b, c, d,
-                c / d, calls[i]);
+    std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %20s %16.1f\n", patterns[i].name, a, b, a / b, c, d,
+                c / d, (std::to_string(calls[i]) + " / " + std::to_string(calls_t)).c_str(), d1[i]);
     std::fflush(stdout);
   }
   print_gpumem_stats(ours_allocator);
