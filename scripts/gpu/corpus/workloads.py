@@ -939,7 +939,7 @@ def clip_contrastive_train(ctx):
 
 @python_workload("wav2vec2_ctc_varlen_train", steps=14, warmup=3, est_gib=30, est_s=40,
                  summary="wav2vec 2.0 (base sizes) CTC training on raw 16 kHz audio: batch 8, clips of "
-                         "2..15 s and 20..120 target characters drawn per step, bf16 autocast, AdamW")
+                         "2..15 s and 10..min(120, samples / 640) target characters drawn per step, bf16 autocast, AdamW")
 def wav2vec2_ctc_varlen_train(ctx):
     torch = _torch()
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
