@@ -10,7 +10,9 @@
 - capture.py's GPU path with torch.cuda's recording calls stood in (needs torch), its C++ path with
   a stand-in example, its checks; manifest.py's manifest and summary; run_corpus.py end to end
   with a stand-in capture;
-- schedule.py's admission policy (EASY backfilling) on the corpus's own plan.
+- schedule.py's admission policy (EASY backfilling) on the corpus's own plan;
+- every Python workload's dry run (tiny shapes, one step on the CPU; needs torch, transformers and
+  torchvision).
 
     test_corpus_tools.py [--gpumem PATH_TO_gpumem] [unittest options]
 """
@@ -555,6 +557,43 @@ json.dump({"peak_allocated": 40 << 20, "peak_reserved": 62 << 20, "peak_requeste
 print("step 0 ...")
 print('RESULT allocator=native stage=3 ms_per_step=12.500 plan="a b"')
 """
+
+
+class WorkloadDryRunTest(unittest.TestCase):
+    """Every Python workload of the corpus builds with its tiny (dry) shapes and runs one step on the
+    CPU, as `capture.py --workload NAME --dry-run-cpu` does: a workload that a transformers or
+    torchvision change broke fails here, not on the GPU machine. Needs torch, transformers and
+    torchvision (skips without them). gpt2_compiled_train is left out: its step is torch.compile's
+    CPU code generation (about 40 s, and a C++ toolchain with Python's headers); the GPU capture
+    runs it."""
+
+    LEFT_OUT = {"gpt2_compiled_train"}
+
+    def setUp(self):
+        try:
+            import torch  # noqa: F401
+            import torchvision  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as e:
+            self.skipTest("%s: the workloads' dry runs are not tested with %s" % (e, sys.executable))
+
+    def test_every_python_workload_builds_and_steps(self):
+        import torch
+        names = [n for n, w in workloads.WORKLOADS.items() if w.kind == "python" and n not in self.LEFT_OUT]
+        self.assertGreaterEqual(len(names), 26)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for name in names:
+                with self.subTest(workload=name):
+                    torch.manual_seed(0)
+                    built = workloads.WORKLOADS[name].build(capture.Ctx(torch, torch.device("cpu"), True, 0))
+                    info = built.step(0)
+                    self.assertIsInstance(info, dict)
+                    self.assertTrue(info, "step 0 of %s returned no shapes" % name)
+                    self.assertTrue(built.shapes, "%s describes no shapes" % name)
+        finally:
+            torch.set_num_threads(threads)
 
 
 class CaptureCppPathTest(unittest.TestCase):
