@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <array>
 #include <vector>
 
 #include "catch.h"
@@ -655,6 +656,24 @@ TEST_CASE("frontier_piece_size_mb: a growth at a region's end that moves nothing
   }
 }
 
+namespace {
+
+// Three 32 MiB requests in an empty engine under c, each growing the region at its end; after each,
+// the source's cumulative creates must be creates[k]. Reserved ends at 96 MiB; everything is freed.
+void check_three_growths(const Config& c, const std::array<unsigned, 3>& creates) {
+  ClockedFixture f(c);
+  std::vector<void*> held;
+  for (unsigned k = 0; k < 3; ++k) {
+    held.push_back(f.alloc(32 * MiB));
+    CHECK(f.source.inner.counters().creates == creates[k]);
+  }
+  CHECK(f.engine.totals().reserved_bytes == 96 * MiB);
+  f.engine.check_invariants();
+  for (void* p : held) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+}
+
+}  // namespace
+
 TEST_CASE("short_pieces_below_mb: one-slot pieces while the footprint is below the bound",
           "[engine][pieces][short_pieces]") {
   // Three 32 MiB requests in an empty engine, each at the region's end. Off: the inside of each in
@@ -668,17 +687,7 @@ TEST_CASE("short_pieces_below_mb: one-slot pieces while the footprint is below t
       c.max_piece_bytes = 8 * MiB;
       c.frontier_piece_bytes = 16 * MiB;
       c.short_pieces_below_bytes = below_mib * MiB;
-      ClockedFixture f(c);
-      std::vector<void*> held;
-      held.push_back(f.alloc(32 * MiB));
-      CHECK(f.source.inner.counters().creates == (below_mib ? 16u : 2u));
-      held.push_back(f.alloc(32 * MiB));
-      CHECK(f.source.inner.counters().creates == (below_mib ? 32u : 4u));
-      held.push_back(f.alloc(32 * MiB));
-      CHECK(f.source.inner.counters().creates == (below_mib ? 34u : 6u));
-      CHECK(f.engine.totals().reserved_bytes == 96 * MiB);
-      f.engine.check_invariants();
-      for (void* p : held) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+      check_three_growths(c, below_mib ? std::array<unsigned, 3>{16, 32, 34} : std::array<unsigned, 3>{2, 4, 6});
     }
   }
 }
@@ -696,17 +705,7 @@ TEST_CASE("footprint_pieces: pieces grow with the footprint", "[engine][pieces][
       c.pieces = PieceSizing::adaptive;
       c.max_piece_bytes = 8 * MiB;
       c.footprint_pieces = n;
-      ClockedFixture f(c);
-      std::vector<void*> held;
-      held.push_back(f.alloc(32 * MiB));
-      CHECK(f.source.inner.counters().creates == (n ? 16u : 4u));
-      held.push_back(f.alloc(32 * MiB));
-      CHECK(f.source.inner.counters().creates == (n ? 24u : 8u));
-      held.push_back(f.alloc(32 * MiB));
-      CHECK(f.source.inner.counters().creates == (n ? 28u : 12u));
-      CHECK(f.engine.totals().reserved_bytes == 96 * MiB);
-      f.engine.check_invariants();
-      for (void* p : held) REQUIRE(f.engine.free(p) == FreeStatus::ok);
+      check_three_growths(c, n ? std::array<unsigned, 3>{16, 24, 28} : std::array<unsigned, 3>{4, 8, 12});
     }
   }
 }
