@@ -27,11 +27,11 @@
 // adapter's own cost and its contention between threads (compare bench_alloc_pairs --observer,
 // the engine and observer alone).
 // The last columns count gpumem's driver calls during the pattern's rounds, the 1-thread rounds and
-// the T-thread rounds apart ("1t / Tt"), and on a GPU the host time they took per pair of the
-// 1-thread rounds (gpumem.driver.*.ns of memory_stats: create, map, set_access, unmap, release; the
-// median of the rounds, as "gpumem ns"), which is part of the "gpumem ns" beside it: each call costs microseconds on a GPU and nothing on a
-// simulated device, so a pattern that keeps calling the driver in its steady state is slower
-// through libtorch than on SimSource by about that much.
+// the T-thread rounds apart ("1t / Tt"), and, on a GPU, the host time those calls took per pair of
+// the 1-thread rounds (memory_stats' gpumem.driver.*.ns: create, map, set_access, unmap, release;
+// the median round, as for "gpumem ns", of which it is a part). A call costs microseconds on a GPU
+// and nothing on a simulated device, so a pattern that keeps calling the driver in its steady
+// state is slower through libtorch than on SimSource by about that much.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
@@ -261,13 +261,11 @@ int main(int argc, char** argv) {
               current_device_ns(0), current_device_ns(threads), threads);
   std::printf("%-28s %12s %12s %8s   %14s %14s %8s %20s %16s\n", "pattern", "native ns", "gpumem ns", "speedup",
               "native ns/thr", "gpumem ns/thr", "speedup", "driver calls 1t / Tt", "driver ns (1t)");
-  std::vector<double> n1(patterns.size()), g1(patterns.size());
-  std::vector<double> d1(patterns.size());
+  std::vector<double> n1(patterns.size()), g1(patterns.size()), d1(patterns.size());
   std::vector<long long> calls(patterns.size());
   for (std::size_t i = 0; i < patterns.size(); ++i) {  // 1 thread first (see the top)
     const AllocSequence seq = gpumem::bench::make_alloc_sequence(patterns[i], ops, 1);
-    std::vector<double> rn, rg;
-    std::vector<double> rd;  // driver ns per pair of each gpumem round
+    std::vector<double> rn, rg, rd;  // rd: driver ns per pair of each gpumem round
     const long long calls0 = driver_calls(ours_allocator);
     for (int r = 0; r < rounds; ++r) {
       rn.push_back(run(native, patterns[i], seq, ops, stream));
