@@ -1,6 +1,8 @@
 #include "growth_policy.h"
 
 #include <algorithm>
+#include <functional>
+#include <iterator>
 #include <tuple>
 
 #include "cap_policy.h"
@@ -114,21 +116,63 @@ void append_new_pieces(SlotRange gap, bool head_shared, bool tail_shared, const 
 
 void RecyclePlanner::prepare(std::span<const FreePiece> free_pieces, const PieceRules& rules) {
   pieces_ = free_pieces;
-  order_.clear();
-  lengths_.clear();
-  // The keys sorted by value (one comparison reads two records, not two pieces through indices).
   keys_.clear();
+  lengths_.clear();
+  ready_.clear();
   const bool edge_first = rules.hole_edge_first;
+  std::size_t longest = 0;
   for (std::size_t i = 0; i < free_pieces.size(); ++i) {
     const FreePiece& p = free_pieces[i];
-    if (p.slots > 0) keys_.push_back({p.slots, edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr, i});
+    if (p.slots == 0) continue;
+    keys_.push_back({p.slots, edge_first && !p.at_hole_edge, p.extent_bytes, p.stream, ~p.addr, i});
+    longest = std::max(longest, p.slots);
   }
-  std::sort(keys_.begin(), keys_.end());
-  for (std::size_t k = 0; k < keys_.size(); ++k) {
-    const std::size_t slots = keys_[k].slots;
-    order_.push_back(keys_[k].index);
-    if (lengths_.empty() || lengths_.back().slots != slots) lengths_.push_back({slots, k, k});
-    lengths_.back().end = k + 1;
+  order_.resize(keys_.size());
+  if (longest > kCountedSlots) {
+    // Pieces this long are not made by any rule in use; every length is put in order now.
+    std::sort(keys_.begin(), keys_.end());
+    for (std::size_t k = 0; k < keys_.size(); ++k) {
+      order_[k] = keys_[k].index;
+      if (lengths_.empty() || lengths_.back().slots != keys_[k].slots) lengths_.push_back({keys_[k].slots, k, k});
+      lengths_.back().end = k + 1;
+    }
+    ready_.reserve(lengths_.size());
+    for (const Length& l : lengths_) ready_.push_back(l.end);
+    return;
+  }
+  // The keys grouped by length (a counting sort: lengths ascending, each group in the keys' order).
+  counts_.assign(longest + 1, 0);
+  for (const Key& k : keys_) ++counts_[k.slots];
+  for (std::size_t slots = 1, at = 0; slots <= longest; ++slots) {
+    if (counts_[slots] == 0) continue;
+    lengths_.push_back({slots, at, at + counts_[slots]});
+    counts_[slots] = at;  // from here on: where the next key of this length goes
+    at = lengths_.back().end;
+  }
+  grouped_.resize(keys_.size());
+  for (const Key& k : keys_) grouped_[counts_[k.slots]++] = k;
+  // Each length a heap whose least key (the first taken) is found in O(1) and put in order in
+  // O(log n): the heap lies on [ready, end) seen backwards, so popping it leaves its least key at
+  // `ready`, the next place of the order.
+  ready_.reserve(lengths_.size());
+  for (const Length& l : lengths_) {
+    ready_.push_back(l.begin);
+    std::make_heap(std::make_reverse_iterator(grouped_.begin() + static_cast<std::ptrdiff_t>(l.end)),
+                   std::make_reverse_iterator(grouped_.begin() + static_cast<std::ptrdiff_t>(l.begin)),
+                   std::greater<>{});
+  }
+}
+
+// Puts length b's pieces in order up to position pos (the rest stays a heap).
+void RecyclePlanner::order_up_to(std::size_t b, std::size_t pos) {
+  const std::size_t end = lengths_[b].end;
+  std::size_t& ready = ready_[b];
+  while (ready <= pos) {
+    std::pop_heap(std::make_reverse_iterator(grouped_.begin() + static_cast<std::ptrdiff_t>(end)),
+                  std::make_reverse_iterator(grouped_.begin() + static_cast<std::ptrdiff_t>(ready)),
+                  std::greater<>{});
+    order_[ready] = grouped_[ready].index;
+    ++ready;
   }
 }
 
@@ -137,7 +181,7 @@ bool RecyclePlanner::has_piece(std::size_t b) {
   std::size_t& at = next_[b];
   const std::size_t end = lengths_[b].end;
   if (!skip_.empty())
-    while (at < end && skip_[order_[at]]) ++at;
+    while (at < end && skip_[piece_at(b, at)]) ++at;
   return at < end;
 }
 

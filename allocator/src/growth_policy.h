@@ -171,10 +171,12 @@ GrowthLayout plan_growth(std::span<const FreePiece> free_pieces, std::span<const
 // plan_growth for many places of one growth. The order in which recycling takes the free pieces
 // (by length; within a length, with hole_edge_first the pieces at a hole's edge first, then the
 // piece in the smaller free block, the lower stream, the higher address, then the lower index) does
-// not depend on where the request lands, so it is computed once (prepare) and every plan takes
-// from it, leaving out the pieces where its own request lands. plan_growth sorted the pieces and
-// built a map of lists by length for every place (docs/notes/fast-path.md). Reusable: its lists
-// keep their capacity from one growth to the next.
+// not depend on where the request lands, so it is shared by every plan of the growth, each leaving
+// out the pieces where its own request lands. plan_growth sorted the pieces and built a map of
+// lists by length for every place (docs/notes/fast-path.md). prepare groups the pieces by length;
+// within a length the order is made only as far as the plans read it (a heap per length), since a
+// growth takes a few of the pieces it is offered. Reusable: its lists keep their capacity from one
+// growth to the next.
 class RecyclePlanner {
  public:
   // The free pieces the following plans take from, in recycling's order for `rules`
@@ -205,15 +207,27 @@ class RecyclePlanner {
     friend auto operator<=>(const Key&, const Key&) = default;
   };
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  // Lengths up to this many slots are grouped by counting; longer ones (no rule makes them) by one
+  // sort of every piece.
+  static constexpr std::size_t kCountedSlots = 1024;
+  void order_up_to(std::size_t b, std::size_t pos);
+  // The piece at position pos of the order, pos in length b's range.
+  std::size_t piece_at(std::size_t b, std::size_t pos) {
+    if (pos >= ready_[b]) order_up_to(b, pos);
+    return order_[pos];
+  }
   bool has_piece(std::size_t b);
   std::size_t highest_at_or_below(std::size_t b);
   std::size_t lowest_at_or_above(std::size_t b);
-  std::size_t take_from(std::size_t b) { return order_[next_[b]++]; }
+  std::size_t take_from(std::size_t b) { return piece_at(b, next_[b]++); }
   std::optional<std::size_t> take_longest_within(std::size_t room);
 
   std::span<const FreePiece> pieces_;
-  std::vector<Key> keys_;
-  std::vector<std::size_t> order_;  // indices of the pieces of at least one slot, by length, then as taken
+  std::vector<Key> keys_;      // the pieces of at least one slot, in the pieces' order
+  std::vector<Key> grouped_;   // the same keys by length: per length, [begin, ready) in order, then a heap
+  std::vector<std::size_t> counts_;
+  std::vector<std::size_t> order_;  // indices of the pieces, by length, then as taken; valid below ready_
+  std::vector<std::size_t> ready_;  // per length, the end of the part of order_ made so far
   std::vector<Length> lengths_;     // the distinct lengths, ascending
   // One plan's state: per length, the next piece of order_ to look at; and links to skip lengths
   // found empty (below_: towards shorter ones, kNone past the shortest; above_: towards longer

@@ -550,10 +550,10 @@ TEST_CASE("growth policy: every planned growth covers its runs exactly once", "[
 
 TEST_CASE("growth policy: one RecyclePlanner plans every place as plan_growth did, sorting once",
           "[policy][growth][recycle][planner]") {
-  // Random free pieces (lengths 0-12, few distinct extents and streams so that the later keys
-  // decide, unique addresses as in the engine), planned over by one planner at several places,
-  // each leaving out random pieces (those where its request lands): every layout equals the old
-  // algorithm's over the pieces offered, its piece indices mapped back.
+  // Random free pieces (lengths 0-12, and over 1,024 in some rounds; few distinct extents and
+  // streams so that the later keys decide, unique addresses as in the engine), planned over by one
+  // planner at several places, each leaving out random pieces (those where its request lands):
+  // every layout equals the old algorithm's over the pieces offered, its piece indices mapped back.
   std::mt19937_64 rng(7);
   RecyclePlanner planner;  // one for every round: its lists are reused
   GrowthLayout got;
@@ -571,7 +571,9 @@ TEST_CASE("growth policy: one RecyclePlanner plans every place as plan_growth di
     std::vector<FreePiece> free;
     const int nf = static_cast<int>(rng() % 40);
     for (int i = 0; i < nf; ++i) {
-      const std::size_t len = r.mode == PieceMode::fixed ? r.fixed_slots * (rng() % 8 == 0 ? 0 : 1) : rng() % 13;
+      std::size_t len = r.mode == PieceMode::fixed ? r.fixed_slots * (rng() % 8 == 0 ? 0 : 1) : rng() % 13;
+      // Every tenth round has pieces longer than the planner groups by counting (its sorted path).
+      if (round % 10 == 0 && rng() % 5 == 0) len = 1025 + rng() % 3;
       free.push_back({len, (1 + rng() % 3) * MiB, rng() % 2, kBase + 0x100000000 * ((i * 7919) % 1000 + 1),
                       rng() % 2 == 0});
     }
