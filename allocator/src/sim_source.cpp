@@ -106,7 +106,8 @@ SourceResult<PhysHandle> SimSource::create(std::size_t size_bytes) {
                                     size_bytes, options_.capacity_bytes, physical_bytes_)),
             0};
   PhysHandle h = next_handle_++;
-  pieces_.emplace(h, size_bytes);
+  if (pieces_.size() <= h) pieces_.resize(h + 1);
+  pieces_[h] = {size_bytes, 0, true};
   physical_bytes_ += size_bytes;
   peak_physical_bytes_ = std::max(peak_physical_bytes_, physical_bytes_);
   ++counters_.creates;
@@ -115,14 +116,14 @@ SourceResult<PhysHandle> SimSource::create(std::size_t size_bytes) {
 
 SourceStatus SimSource::destroy(PhysHandle handle) {
   std::lock_guard lock(mutex_);
-  auto it = pieces_.find(handle);
-  if (it == pieces_.end())
+  Piece* piece = live_piece_locked(handle);
+  if (piece == nullptr)
     return fail_locked(SourceStatus::invalid_argument, fmt::format("destroy: unknown handle {}", handle));
-  if (piece_mappings_.count(handle))
+  if (piece->mappings != 0)
     return fail_locked(SourceStatus::invalid_argument, fmt::format("destroy: handle {} is still mapped", handle));
   if (inject_locked(Op::destroy)) return fail_locked(SourceStatus::fault_injected, "destroy: injected fault");
-  physical_bytes_ -= it->second;
-  pieces_.erase(it);
+  physical_bytes_ -= piece->size_bytes;
+  *piece = Piece{};
   ++counters_.destroys;
   return SourceStatus::ok;
 }
@@ -130,12 +131,12 @@ SourceStatus SimSource::destroy(PhysHandle handle) {
 SourceStatus SimSource::map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) {
   std::lock_guard lock(mutex_);
   if (!options_.virtual_memory) return fail_locked(SourceStatus::unsupported, "map: this source has no virtual memory");
-  auto piece = pieces_.find(handle);
-  if (piece == pieces_.end())
+  Piece* piece = live_piece_locked(handle);
+  if (piece == nullptr)
     return fail_locked(SourceStatus::invalid_argument, fmt::format("map: unknown handle {}", handle));
-  if (piece->second != size_bytes)
+  if (piece->size_bytes != size_bytes)
     return fail_locked(SourceStatus::invalid_argument,
-                       fmt::format("map: size {} differs from the piece's {}", size_bytes, piece->second));
+                       fmt::format("map: size {} differs from the piece's {}", size_bytes, piece->size_bytes));
   auto r = reserved_.upper_bound(va);
   if (r == reserved_.begin() || (--r, va + size_bytes > r->first + r->second) || va % options_.granularity_bytes)
     return fail_locked(SourceStatus::invalid_argument,
@@ -145,12 +146,12 @@ SourceStatus SimSource::map(std::uintptr_t va, std::size_t size_bytes, PhysHandl
     return fail_locked(SourceStatus::invalid_argument, fmt::format("map: {:#x} overlaps a mapping", va));
   if (next != mappings_.begin()) {
     auto prev = std::prev(next);
-    if (prev->first + pieces_.at(prev->second) > va)
+    if (prev->first + prev->second.size_bytes > va)
       return fail_locked(SourceStatus::invalid_argument, fmt::format("map: {:#x} overlaps a mapping", va));
   }
   if (inject_locked(Op::map)) return fail_locked(SourceStatus::fault_injected, "map: injected fault");
-  mappings_.emplace(va, handle);
-  ++piece_mappings_[handle];  // a piece may be mapped at several addresses (aliases)
+  mappings_.emplace_hint(next, va, Mapping{handle, size_bytes});
+  ++piece->mappings;
   mapped_bytes_ += size_bytes;
   ++counters_.maps;
   return SourceStatus::ok;
@@ -161,12 +162,11 @@ SourceStatus SimSource::unmap(std::uintptr_t va, std::size_t size_bytes) {
   auto it = mappings_.find(va);
   if (it == mappings_.end())
     return fail_locked(SourceStatus::invalid_argument, fmt::format("unmap: nothing is mapped at {:#x}", va));
-  if (pieces_.at(it->second) != size_bytes)
+  if (it->second.size_bytes != size_bytes)
     return fail_locked(SourceStatus::invalid_argument,
-                       fmt::format("unmap: size {} differs from the mapping's {}", size_bytes, pieces_.at(it->second)));
+                       fmt::format("unmap: size {} differs from the mapping's {}", size_bytes, it->second.size_bytes));
   if (inject_locked(Op::unmap)) return fail_locked(SourceStatus::fault_injected, "unmap: injected fault");
-  auto count = piece_mappings_.find(it->second);
-  if (--count->second == 0) piece_mappings_.erase(count);
+  --pieces_[it->second.handle].mappings;
   mappings_.erase(it);
   mapped_bytes_ -= size_bytes;
   ++counters_.unmaps;

@@ -11,7 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <vector>
 
 #include "gpumem/alloc/memory_source.h"
 
@@ -69,10 +69,25 @@ class SimSource final : public MemorySource {
   std::size_t physical_bytes_ = 0;
   std::size_t peak_physical_bytes_ = 0;
   std::size_t mapped_bytes_ = 0;
-  std::map<std::uintptr_t, std::size_t> reserved_;               // base -> size
-  std::unordered_map<PhysHandle, std::size_t> pieces_;           // handle -> size
-  std::unordered_map<PhysHandle, std::uint32_t> piece_mappings_;  // handle -> its mappings (mapped only)
-  std::map<std::uintptr_t, PhysHandle> mappings_;                // va -> handle
+  // A physical piece. Handles are 1, 2, 3, ... in order of creation, so pieces_ is indexed by
+  // handle (entry 0 unused; a destroyed piece's entry stays, not live): 16 bytes per piece ever
+  // created, and no hashing on the calls every growth makes.
+  struct Piece {
+    std::size_t size_bytes = 0;
+    std::uint32_t mappings = 0;  // a piece may be mapped at several addresses (aliases)
+    bool live = false;
+  };
+  struct Mapping {
+    PhysHandle handle = 0;
+    std::size_t size_bytes = 0;
+  };
+  Piece* live_piece_locked(PhysHandle handle) noexcept {
+    return handle < pieces_.size() && pieces_[handle].live ? &pieces_[handle] : nullptr;
+  }
+
+  std::map<std::uintptr_t, std::size_t> reserved_;  // base -> size
+  std::vector<Piece> pieces_;
+  std::map<std::uintptr_t, Mapping> mappings_;  // va -> piece
   std::uint64_t fail_countdown_[6] = {};
   SimSourceCounters counters_;
   std::string last_error_;
