@@ -237,7 +237,7 @@ class RecyclePlanner {
 };
 
 // Frontier pieces: a growth at a region's end that moves no free piece builds the footprint (the
-// warm-up, or a new high); every piece costs a create and a map (~43 us on an H200) whatever its
+// warm-up, or a new high); every piece costs a create and a map (~49 us on an H200) whatever its
 // length, so there the pieces may be longer: the layout planned again (no recycling: it moved
 // nothing) with frontier_max_piece_slots as the longest piece. Unchanged in fixed mode, when the
 // rule is off (frontier_max_piece_slots not above a limited max_piece_slots), away from a region's

@@ -1,15 +1,22 @@
 // Per-call costs of memory-provider calls on an NVIDIA H200, as measured there. Used to turn a
 // policy's call counts into the time they would take, as a share of the traced run.
 //
-// Mapping calls (driver 580.159.04, 2026-12-02, median of 5 rounds after a warm-up, memory touched
-// before unmapping; docs/notes/physical-page-recycling.md, "What a move costs"): cuMemMap 1.0 us,
-// cuMemSetAccess 28.3 us, cuMemUnmap 18.5 us, per mapping, for 2 and 20 MiB pieces alike. One
-// cuMemSetAccess or cuMemUnmap over a run of k back-to-back mappings costs k times as much (runs of
-// 1, 4, 16, 64: 29.2 / 28.5 / 27.9 / 28.3 us per mapping for cuMemSetAccess, 18.7 / 18.7 / 18.4 /
-// 18.5 for cuMemUnmap), so the cost is per mapping and batching calls over a range buys nothing.
-// cuMemCreate 14 us (13 for 20 MiB), cuMemRelease 10-14 us (26), from an earlier measurement
-// (driver 580). cudaMalloc + cudaFree of 1 MiB: 63-88 us per pair (split evenly below: not
-// measured apart). bench/cuda_vmm_calls.cpp measures them again.
+// Mapping calls, as real workloads pay them (since 2026-12-04): the mean host time per call of
+// gpumem's CUDA VMM source over 310 live runs of 19 workloads on the H200 (driver 580.159.04;
+// `scripts/gpu/live/call_costs.py docs/measurements/*/*.jsonl`, each run's gpumem.driver.* keys,
+// warm-up included): cuMemCreate 14.5 us (713,072 calls), cuMemMap 1.9 (974,761),
+// cuMemSetAccess 32.2 (974,761), cuMemUnmap 29.2 (72,543). The model charged 14.0 / 1.0 / 28.3 /
+// 18.5 before, from a loop of calls on an idle GPU (2026-12-02, median of 5 rounds after a warm-up,
+// memory touched before unmapping; docs/notes/physical-page-recycling.md, "What a move costs"),
+// which `bench/cuda_vmm_calls` still reads (23.1 / 15.3 us for cuMemSetAccess / cuMemUnmap on
+// 2026-12-04): inside a training or inference process the same calls cost more, an unmap most
+// (docs/notes/allocation-policy.md, "What the calls cost in live runs"). No live run released a
+// piece; cuMemRelease keeps the loop's 12 us (10-14; 26 for 20 MiB). The cost is per mapping, for 2
+// and 20 MiB pieces alike: one cuMemSetAccess or cuMemUnmap over a run of k back-to-back mappings
+// costs k times as much (runs of 1, 4, 16, 64: 29.2 / 28.5 / 27.9 / 28.3 us per mapping for
+// cuMemSetAccess, 18.7 / 18.7 / 18.4 / 18.5 for cuMemUnmap, in the loop), so batching calls over a
+// range buys nothing. cudaMalloc + cudaFree of 1 MiB: 63-88 us per pair (split evenly below: not
+// measured apart).
 //
 // A map counts cuMemMap plus its cuMemSetAccess. A move onto a kept mapping (the engine's ghosts)
 // makes no call and is not counted; a move that keeps its old mapping counts a map and no unmap.
@@ -36,8 +43,8 @@
 
 namespace gpumem::forensics {
 
-inline constexpr CallCosts kH200VmmCosts{/*create_us=*/14.0, /*release_us=*/12.0,
-                                         /*map_us=*/1.0 + 28.3, /*unmap_us=*/18.5, /*sync_us=*/1000.0};
+inline constexpr CallCosts kH200VmmCosts{/*create_us=*/14.5, /*release_us=*/12.0,
+                                         /*map_us=*/1.9 + 32.2, /*unmap_us=*/29.2, /*sync_us=*/1000.0};
 inline constexpr CallCosts kH200CudaMallocCosts{/*create_us=*/37.75, /*release_us=*/37.75,
                                                 /*map_us=*/0.0, /*unmap_us=*/0.0};
 

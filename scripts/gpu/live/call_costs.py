@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""What gpumem's driver calls cost in live runs: per call kind, the calls and the mean host time
+per call, summed over the gpumem runs of live.py's result files. Standard library only.
+
+    call_costs.py LIVE.jsonl [LIVE.jsonl ...] [--by-workload] [--json]
+
+Each gpumem run (mode gpumem or a gpumem variant) records gpumem.memory_stats at its end
+(`gpumem_stats`): for every CUDA VMM call kind its calls and its host nanoseconds, cumulative over
+the process (warm-up and model building included). This sums them over the runs given and divides:
+the same quantities the replay's cost model charges per call (forensics/offline/include/gpumem/
+forensics/call_costs.h), measured on real workloads instead of a loop of calls on an idle GPU.
+A "map" in that model is cuMemMap plus its cuMemSetAccess; the table prints both and their sum.
+Runs without gpumem_stats (native modes, failed runs, files from before the key existed) and runs
+whose source was not timed (gpumem.driver.timed 0: a simulated source) are left out and counted.
+"""
+
+import argparse
+import json
+import sys
+
+CALLS = ("create", "map", "set_access", "unmap", "release")
+
+
+def load(paths):
+    """(runs, skipped): runs as (workload, {call: (calls, ns)}) for every timed gpumem run."""
+    runs, skipped = [], 0
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    run = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise SystemExit("call_costs.py: %s:%d is not JSON (%s); pass live.py's live.jsonl files"
+                                     % (path, number, err))
+                stats = run.get("gpumem_stats") if isinstance(run, dict) else None
+                if not str(run.get("mode", "")).startswith("gpumem") or not isinstance(stats, dict) or \
+                        not stats.get("gpumem.driver.timed", 0):
+                    skipped += 1
+                    continue
+                calls = {c: (int(stats.get("gpumem.driver.%s.calls" % c, 0)), int(stats.get("gpumem.driver.%s.ns" % c, 0)))
+                         for c in CALLS}
+                runs.append((str(run.get("workload", "?")), calls))
+    return runs, skipped
+
+
+def summarize(runs):
+    """{call: (calls, ns)} summed over runs, with "map+set_access" (the cost model's map) added."""
+    total = {c: [0, 0] for c in CALLS}
+    for _, calls in runs:
+        for c, (n, ns) in calls.items():
+            total[c][0] += n
+            total[c][1] += ns
+    out = {c: tuple(v) for c, v in total.items()}
+    # cuMemSetAccess follows every cuMemMap, so per map the two means add.
+    out["map+set_access"] = (out["map"][0], out["map"][1] + out["set_access"][1])
+    return out
+
+
+def mean_us(calls, ns):
+    return ns / 1e3 / calls if calls else None
+
+
+def table(summary):
+    rows = []
+    for c in CALLS + ("map+set_access",):
+        n, ns = summary[c]
+        m = mean_us(n, ns)
+        rows.append("  %-16s %12d calls  %s" % (c, n, "%8.1f us per call" % m if m is not None else "       - (no call)"))
+    return "\n".join(rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", help="live.jsonl files written by scripts/gpu/live/live.py")
+    ap.add_argument("--by-workload", action="store_true", help="a table per workload as well")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    args = ap.parse_args(argv)
+    runs, skipped = load(args.files)
+    if not runs:
+        raise SystemExit("call_costs.py: no timed gpumem run with gpumem_stats in %d file(s) (%d runs left out); "
+                         "these keys exist in live.py's output since the driver-time keys were added" %
+                         (len(args.files), skipped))
+    overall = summarize(runs)
+    workloads = sorted({w for w, _ in runs})
+    by_workload = {w: summarize([r for r in runs if r[0] == w]) for w in workloads}
+    if args.json:
+        def as_json(s):
+            return {c: {"calls": n, "ns": ns, "mean_us": mean_us(n, ns)} for c, (n, ns) in s.items()}
+        json.dump({"runs": len(runs), "left_out": skipped, "all": as_json(overall),
+                   "by_workload": {w: as_json(s) for w, s in by_workload.items()} if args.by_workload else {}},
+                  sys.stdout, indent=1, sort_keys=True)
+        print()
+        return 0
+    print("%d gpumem runs of %d workloads (%d runs left out: not gpumem, not timed, or no gpumem_stats)"
+          % (len(runs), len(workloads), skipped))
+    print("all runs:")
+    print(table(overall))
+    if args.by_workload:
+        for w in workloads:
+            print("%s (%d runs):" % (w, sum(1 for r in runs if r[0] == w)))
+            print(table(by_workload[w]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
