@@ -31,12 +31,14 @@
 // the 1-thread rounds (memory_stats' gpumem.driver.*.ns: create, map, set_access, unmap, release;
 // the median round, as for "gpumem ns", of which it is a part). A call costs microseconds on a GPU
 // and nothing on a simulated device, so a pattern that keeps calling the driver in its steady
-// state is slower through libtorch than on SimSource by about that much.
+// state is slower through libtorch than on SimSource by about that much. After the table, a line
+// per pattern splits the 1-thread rounds' driver calls by kind: calls, host ns per pair, us per call.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -161,6 +163,23 @@ long long driver_ns() {
   return ns;
 }
 
+// gpumem's driver calls so far, by kind: calls and host nanoseconds (memory_stats'
+// gpumem.driver.<call>.{calls,ns}; zero where the source is not the CUDA driver's).
+constexpr std::array<const char*, 5> kDriverCalls = {"create", "map", "set_access", "unmap", "release"};
+struct DriverCall {
+  long long calls = 0, ns = 0;
+};
+std::array<DriverCall, kDriverCalls.size()> driver_by_call() {
+  const auto m = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
+  std::array<DriverCall, kDriverCalls.size()> out{};
+  for (std::size_t k = 0; k < kDriverCalls.size(); ++k) {
+    const std::string base = std::string("gpumem.driver.") + kDriverCalls[k];
+    if (const auto it = m.find(base + ".calls"); it != m.end()) out[k].calls = static_cast<long long>(it->second);
+    if (const auto it = m.find(base + ".ns"); it != m.end()) out[k].ns = static_cast<long long>(it->second);
+  }
+  return out;
+}
+
 // One line of gpumem's statistics after the run: classic segments (the stats observer keeps its
 // lock for every event while one exists), driver calls, retries.
 void print_gpumem_stats(Allocator& a) {
@@ -263,10 +282,13 @@ int main(int argc, char** argv) {
               "native ns/thr", "gpumem ns/thr", "speedup", "driver calls 1t / Tt", "driver ns (1t)");
   std::vector<double> n1(patterns.size()), g1(patterns.size()), d1(patterns.size());
   std::vector<long long> calls(patterns.size());
+  // Per pattern, the 1-thread rounds' driver calls by kind (all rounds together).
+  std::vector<std::array<DriverCall, kDriverCalls.size()>> by_call(patterns.size());
   for (std::size_t i = 0; i < patterns.size(); ++i) {  // 1 thread first (see the top)
     const AllocSequence seq = gpumem::bench::make_alloc_sequence(patterns[i], ops, 1);
     std::vector<double> rn, rg, rd;  // rd: driver ns per pair of each gpumem round
     const long long calls0 = driver_calls(ours_allocator);
+    const auto by_call0 = driver_by_call();
     for (int r = 0; r < rounds; ++r) {
       rn.push_back(run(native, patterns[i], seq, ops, stream));
       const long long ns0 = driver_ns();
@@ -277,6 +299,9 @@ int main(int argc, char** argv) {
     g1[i] = median(rg);
     d1[i] = median(rd);
     calls[i] = driver_calls(ours_allocator) - calls0;
+    const auto by_call1 = driver_by_call();
+    for (std::size_t k = 0; k < kDriverCalls.size(); ++k)
+      by_call[i][k] = {by_call1[k].calls - by_call0[k].calls, by_call1[k].ns - by_call0[k].ns};
   }
   for (std::size_t i = 0; i < patterns.size(); ++i) {
     std::vector<double> nt, gt;
@@ -290,6 +315,23 @@ int main(int argc, char** argv) {
     std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %20s %16.1f\n", patterns[i].name, a, b, a / b, c, d,
                 c / d, (std::to_string(calls[i]) + " / " + std::to_string(calls_t)).c_str(), d1[i]);
     std::fflush(stdout);
+  }
+  // Where the 1-thread rounds' driver time went, by call: calls, and host ns per pair of all the
+  // rounds (their sum is the mean of the rounds' "driver ns (1t)", whose column is the median).
+  std::printf("gpumem's driver calls of the 1-thread rounds by kind (all %d rounds): calls, ns per pair, us per call\n",
+              rounds);
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    std::string line;
+    for (std::size_t k = 0; k < kDriverCalls.size(); ++k) {
+      const DriverCall& c = by_call[i][k];
+      if (c.calls == 0) continue;
+      char cell[96];
+      std::snprintf(cell, sizeof cell, "  %s %lld, %.1f, %.1f", kDriverCalls[k], c.calls,
+                    static_cast<double>(c.ns) / static_cast<double>(ops * rounds),
+                    static_cast<double>(c.ns) / 1e3 / static_cast<double>(c.calls));
+      line += cell;
+    }
+    std::printf("  %-28s%s\n", patterns[i].name, line.empty() ? "  no driver call" : line.c_str());
   }
   print_gpumem_stats(ours_allocator);
   return 0;
