@@ -151,18 +151,6 @@ long long driver_calls(Allocator& a) {
   return static_cast<long long>(s.num_device_alloc + s.num_device_free);
 }
 
-// Host nanoseconds gpumem spent in driver calls so far (the VMM source's timed calls; 0 where the
-// source is not the CUDA driver's, e.g. --sim).
-long long driver_ns() {
-  const auto m = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
-  long long ns = 0;
-  for (const char* call : {"create", "release", "map", "set_access", "unmap"}) {
-    const auto it = m.find(std::string("gpumem.driver.") + call + ".ns");
-    if (it != m.end()) ns += static_cast<long long>(it->second);
-  }
-  return ns;
-}
-
 // gpumem's driver calls so far, by kind: calls and host nanoseconds (memory_stats'
 // gpumem.driver.<call>.{calls,ns}; zero where the source is not the CUDA driver's).
 constexpr std::array<const char*, 5> kDriverCalls = {"create", "map", "set_access", "unmap", "release"};
@@ -178,6 +166,14 @@ std::array<DriverCall, kDriverCalls.size()> driver_by_call() {
     if (const auto it = m.find(base + ".ns"); it != m.end()) out[k].ns = static_cast<long long>(it->second);
   }
   return out;
+}
+
+// Host nanoseconds gpumem spent in driver calls so far (the VMM source's timed calls; 0 where the
+// source is not the CUDA driver's, e.g. --sim).
+long long driver_ns() {
+  long long ns = 0;
+  for (const DriverCall& c : driver_by_call()) ns += c.ns;
+  return ns;
 }
 
 // One line of gpumem's statistics after the run: classic segments (the stats observer keeps its

@@ -35,7 +35,10 @@ def load(paths):
                 except json.JSONDecodeError as err:
                     raise SystemExit("call_costs.py: %s:%d is not JSON (%s); pass live.py's live.jsonl files"
                                      % (path, number, err))
-                stats = run.get("gpumem_stats") if isinstance(run, dict) else None
+                if not isinstance(run, dict):
+                    raise SystemExit("call_costs.py: %s:%d is not a JSON object (a run); pass live.py's live.jsonl "
+                                     "files" % (path, number))
+                stats = run.get("gpumem_stats")
                 if not str(run.get("mode", "")).startswith("gpumem") or not isinstance(stats, dict) or \
                         not stats.get("gpumem.driver.timed", 0):
                     skipped += 1

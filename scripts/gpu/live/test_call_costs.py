@@ -75,6 +75,11 @@ class CallCosts(unittest.TestCase):
             p = subprocess.run([sys.executable, os.path.join(HERE, "call_costs.py"), bad], capture_output=True, text=True)
             self.assertNotEqual(p.returncode, 0)
             self.assertIn("bad.jsonl:2 is not JSON", p.stderr)
+            not_run = write_jsonl(d, "list.jsonl", [[1, 2]])
+            p = subprocess.run([sys.executable, os.path.join(HERE, "call_costs.py"), not_run], capture_output=True,
+                               text=True)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("list.jsonl:1 is not a JSON object", p.stderr)
             empty = write_jsonl(d, "native.jsonl", [{"workload": "w", "mode": "native", "status": "ok"}])
             p = subprocess.run([sys.executable, os.path.join(HERE, "call_costs.py"), empty], capture_output=True, text=True)
             self.assertNotEqual(p.returncode, 0)
