@@ -6,6 +6,8 @@
 # one beside gpumem's, 1 thread and 4 threads (torch_alloc_pairs). The engine and torch steps run
 # again with thread_cache:False, so the default's choice is measured in every run (Note [Thread
 # caches]). Budget: 90 s wall; each step runs under its own timeout and says so when it is cut.
+# The torch step is one process: for the rows' verdicts (median of several fresh processes, pinned)
+# use scripts/gpu/torch_pairs_reps.sh.
 #
 #   OUT=/dir scripts/gpu/speed.sh          ($OUT gets speed-summary.txt and speed-logs.tar.gz)
 #   SPEED_QUICK=1 OUT=/dir BUILD=build scripts/gpu/speed.sh
