@@ -17,6 +17,7 @@ rm -rf "$work"; mkdir -p "$work"
 plan=(
   "regression 75 $here/regression.sh"
   "speed 100 $here/speed.sh"
+  "torch_pairs 140 env TORCH_PAIRS_DEADLINE_S=100 $here/torch_pairs_reps.sh"
   "reliability 100 $here/reliability.sh"
   "graphs 130 $here/graphs.sh"
   "package 55 $here/package.sh"
