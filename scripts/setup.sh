@@ -4,6 +4,9 @@
 #
 #   scripts/setup.sh [BUILD_DIR] [extra cmake args...]
 #
+# GPUMEM_BUILD_TARGETS="a b ..." builds only those targets (and what they need) instead of all of
+# them; GPUMEM_WITH_TORCH=OFF leaves libtorch out; GPUMEM_BUILD_TYPE sets CMAKE_BUILD_TYPE.
+#
 # Debian packages come from apt-get; libtorch comes from the PyPI wheel torch==2.11.0, installed
 # into a virtual environment that later runs reuse ($GPUMEM_DEPS, default ~/.cache/gpumem).
 set -euo pipefail
@@ -99,4 +102,6 @@ fi
 log "configuring $build"
 cmake "${cmake_args[@]}" "$@" >/dev/null
 log "building $build"
-cmake --build "$build" --parallel "${GPUMEM_JOBS:-$(nproc)}"
+targets=()
+for t in ${GPUMEM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" --parallel "${GPUMEM_JOBS:-$(nproc)}" "${targets[@]}"

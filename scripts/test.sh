@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start command 2: sets up, builds and runs the whole test suite, then runs the core suite
-# again built with AddressSanitizer and UndefinedBehaviorSanitizer. .ci/run calls this. Both builds
-# treat compiler warnings as errors (GPUMEM_WERROR=ON; a plain scripts/setup.sh build does not).
+# again built with AddressSanitizer and UndefinedBehaviorSanitizer, and the threaded tests built with
+# ThreadSanitizer. .ci/run calls this. Every build treats compiler warnings as errors
+# (GPUMEM_WERROR=ON; a plain scripts/setup.sh build does not).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -15,4 +16,16 @@ if [ "${GPUMEM_SKIP_SANITIZERS:-0}" != 1 ]; then
     -DGPUMEM_SANITIZE=address,undefined -DGPUMEM_WITH_BENCH=OFF -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_WERROR=ON
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$root/build-asan" --output-on-failure --timeout 1500 -j "${GPUMEM_JOBS:-$(nproc)}"
+
+  # ThreadSanitizer over the tests whose threads meet in the engine: thread caches and their leases,
+  # the engine lock, the stats observer's shards, the live table's shards, the observers, the
+  # engine stress test and the two-thread benchmark smoke runs. Only their targets are built.
+  tsan_tests=(test_thread_cache test_engine_locking test_engine_stress test_stats test_caching_allocator
+              test_live_table test_engine_capture forensics_test_observers bench_alloc_pairs)
+  GPUMEM_WITH_TORCH=OFF GPUMEM_BUILD_TARGETS="${tsan_tests[*]}" scripts/setup.sh "$root/build-tsan" \
+    -DGPUMEM_SANITIZE=thread -DGPUMEM_WITH_VIEWER=OFF -DGPUMEM_WERROR=ON
+  tsan_regex="^($(IFS='|'; echo "${tsan_tests[*]}" | sed 's/bench_alloc_pairs/bench_alloc_pairs_.*/'))\$"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir "$root/build-tsan" --output-on-failure --timeout 1500 -j "${GPUMEM_JOBS:-$(nproc)}" \
+    -R "$tsan_regex" --no-tests=error
 fi
