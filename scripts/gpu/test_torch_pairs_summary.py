@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Tests of torch_pairs_summary.py (standard library, no GPU): each process's speed-up is taken
-before the median over processes, the targets are read from the medians, a pattern missing from a
-run is counted, and logs that hold no comparison get an error that names them."""
+"""Tests of torch_pairs_summary.py and torch_pairs_reps.sh (standard library, no GPU): each
+process's speed-up is taken before the median over processes, the targets are read from the
+medians, a pattern missing from a run is counted, logs that hold no comparison get an error that
+names them; the script runs each process, leaves a failed one out and says so, and refuses bad
+arguments with one line each."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,6 +118,81 @@ class Summary(unittest.TestCase):
                                text=True)
             self.assertEqual(r.returncode, 2)
             self.assertIn("missing.log: cannot read it", r.stderr)
+
+
+class RepsScript(unittest.TestCase):
+    """torch_pairs_reps.sh with a stand-in torch_alloc_pairs (a shell script printing a table): the
+    argument errors, and a run whose processes differ, summarized into the files it promises."""
+
+    SCRIPT = os.path.join(HERE, "torch_pairs_reps.sh")
+
+    def run_script(self, build, out, *args, cpus=""):
+        env = dict(os.environ, BUILD=build, OUT=out, TORCH_PAIRS_CPUS=cpus)
+        env.pop("GPUMEM_GPU_ENV_DONE", None)
+        return subprocess.run(["bash", self.SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120)
+
+    def fake_build(self, d, body):
+        os.makedirs(os.path.join(d, "bench"))
+        path = os.path.join(d, "bench", "torch_alloc_pairs")
+        with open(path, "w") as f:
+            f.write("#!/usr/bin/env bash\n" + body)
+        os.chmod(path, 0o755)
+        return d
+
+    def test_runs_each_process_and_summarizes(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Each process reads a counter so that they differ: 4.0x, 5.0x, 4.5x -> median 4.5x.
+            table = {1: log([row("4 KiB pairs", 400, 100, 12000, 200)]),
+                     2: log([row("4 KiB pairs", 500, 100, 12000, 200)]),
+                     3: log([row("4 KiB pairs", 450, 100, 12000, 200)])}
+            for k, text in table.items():
+                with open(os.path.join(d, "t%d" % k), "w") as f:
+                    f.write(text)
+            body = ('n=$(cat "%s/count" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "%s/count"\n'
+                    'echo "args: $*"; cat "%s/t$n"\n') % (d, d, d)
+            build = self.fake_build(os.path.join(d, "build"), body)
+            out = os.path.join(d, "out")
+            r = self.run_script(build, out, "3", "--", "--ops", "10")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("args: --ops 10", r.stdout)
+            with open(os.path.join(out, "torch-pairs-summary.txt")) as f:
+                summary = f.read()
+            self.assertIn("over 3 processes", summary)
+            self.assertIn("4.50x (4.00..5.00)", summary)
+            with open(os.path.join(out, "torch-pairs-summary.json")) as f:
+                self.assertEqual(json.load(f)["runs"], 3)
+            self.assertTrue(all(os.path.exists(os.path.join(out, "run-%d.log" % k)) for k in (1, 2, 3)))
+
+    def test_failed_run_is_left_out_and_reported(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "t"), "w") as f:
+                f.write(log([row("4 KiB pairs", 400, 100, 12000, 200)]))
+            body = ('n=$(cat "%s/count" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "%s/count"\n'
+                    '[ $n = 2 ] && { echo "CUDA error"; exit 3; }; cat "%s/t"\n') % (d, d, d)
+            build = self.fake_build(os.path.join(d, "build"), body)
+            r = self.run_script(build, os.path.join(d, "out"), "3")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("run 2 exited 3", r.stdout)
+            self.assertIn("over 2 processes", r.stdout)
+
+    def test_argument_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            build = self.fake_build(os.path.join(d, "build"), "exit 0\n")
+            out = os.path.join(d, "out")
+            for args, message in [(["x"], "REPS must be a positive integer, got 'x'"),
+                                  (["0"], "REPS must be a positive integer, got '0'"),
+                                  (["2", "--ops", "5"], "usage:"),
+                                  (["2", "--", "--sim"], "--sim has no native column")]:
+                r = self.run_script(build, out, *args)
+                self.assertEqual(r.returncode, 2, args)
+                self.assertIn(message, r.stderr)
+            r = self.run_script(os.path.join(d, "nowhere"), out, "2")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("nowhere/bench/torch_alloc_pairs is not there", r.stderr)
+            if shutil.which("taskset"):
+                r = self.run_script(build, out, "2", cpus="100000")
+                self.assertEqual(r.returncode, 2)
+                self.assertIn("cannot pin to cores '100000'", r.stderr)
 
 
 if __name__ == "__main__":
