@@ -37,6 +37,11 @@ if timeout 60 "$BUILD/bench/cuda_vmm_calls" >"$logs/cuda_vmm_calls.log" 2>&1; th
 else
   note "cuda_vmm_calls: FAILED"; status=1
 fi
+if timeout 120 "$BUILD/bench/cuda_vmm_groups" >"$logs/cuda_vmm_groups.log" 2>&1; then
+  note "cuda_vmm_groups:"; tail -16 "$logs/cuda_vmm_groups.log" | tee -a "$summary"
+else
+  note "cuda_vmm_groups: FAILED"; tail -5 "$logs/cuda_vmm_groups.log" | tee -a "$summary"; status=1
+fi
 
 tt=$BUILD/examples/train_transformer
 det=(--device cuda --steps 12 --batch 8 --min-seq 32 --max-seq 256 --deterministic --seed 3)

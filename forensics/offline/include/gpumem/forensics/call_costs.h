@@ -15,7 +15,10 @@
 // and 20 MiB pieces alike: one cuMemSetAccess or cuMemUnmap over a run of k back-to-back mappings
 // costs k times as much (runs of 1, 4, 16, 64: 29.2 / 28.5 / 27.9 / 28.3 us per mapping for
 // cuMemSetAccess, 18.7 / 18.7 / 18.4 / 18.5 for cuMemUnmap, in the loop), so batching calls over a
-// range buys nothing. cudaMalloc + cudaFree of 1 MiB: 63-88 us per pair (split evenly below: not
+// range buys nothing. Nor does the length change much (bench/cuda_vmm_groups, 2026-12-04: 2, 8, 64
+// and 512 MiB handles, cuMemSetAccess 27-36 / 25-35 / 26-38 / 44-82 us; only cuMemRelease grows,
+// to 160-355 us at 512 MiB), and a handle is mapped and unmapped whole only (the driver refuses a
+// part), so a piece costs its calls whatever its length. cudaMalloc + cudaFree of 1 MiB: 63-88 us per pair (split evenly below: not
 // measured apart).
 //
 // A map counts cuMemMap plus its cuMemSetAccess. A move onto a kept mapping (the engine's ghosts)
