@@ -3,6 +3,7 @@
 per call, summed over the gpumem runs of live.py's result files. Standard library only.
 
     call_costs.py LIVE.jsonl [LIVE.jsonl ...] [--by-workload] [--json]
+    call_costs.py LIVE.jsonl [LIVE.jsonl ...] --engine-lock [--json]
 
 Each gpumem run (mode gpumem or a gpumem variant) records gpumem.memory_stats at its end
 (`gpumem_stats`): for every CUDA VMM call kind its calls and its host nanoseconds, cumulative over
@@ -12,6 +13,11 @@ forensics/call_costs.h), measured on real workloads instead of a loop of calls o
 A "map" in that model is cuMemMap plus its cuMemSetAccess; the table prints both and their sum.
 Runs without gpumem_stats (native modes, failed runs, files from before the key existed) and runs
 whose source was not timed (gpumem.driver.timed 0: a simulated source) are left out and counted.
+
+--engine-lock prints instead, per workload, how often the runs took the engine's lock and found it
+taken (gpumem.engine_lock.acquisitions / .contended) and in how many runs the thread caches came on
+(gpumem.thread_caches.on): whether real programs ever contend for the lock that per-thread caches
+and arenas exist for (docs/notes/thread-caches.md).
 """
 
 import argparse
@@ -21,9 +27,8 @@ import sys
 CALLS = ("create", "map", "set_access", "unmap", "release")
 
 
-def load(paths):
-    """(runs, skipped): runs as (workload, {call: (calls, ns)}) for every timed gpumem run."""
-    runs, skipped = [], 0
+def read_runs(paths):
+    """Every run (a JSON object per line) of the files, in order; an error names a bad line."""
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -38,15 +43,67 @@ def load(paths):
                 if not isinstance(run, dict):
                     raise SystemExit("call_costs.py: %s:%d is not a JSON object (a run); pass live.py's live.jsonl "
                                      "files" % (path, number))
-                stats = run.get("gpumem_stats")
-                if not str(run.get("mode", "")).startswith("gpumem") or not isinstance(stats, dict) or \
-                        not stats.get("gpumem.driver.timed", 0):
-                    skipped += 1
-                    continue
-                calls = {c: (int(stats.get("gpumem.driver.%s.calls" % c, 0)), int(stats.get("gpumem.driver.%s.ns" % c, 0)))
-                         for c in CALLS}
-                runs.append((str(run.get("workload", "?")), calls))
+                yield run
+
+
+def gpumem_stats(run):
+    """The run's gpumem_stats when it is a gpumem run that recorded them, else None."""
+    stats = run.get("gpumem_stats")
+    if not str(run.get("mode", "")).startswith("gpumem") or not isinstance(stats, dict):
+        return None
+    return stats
+
+
+def load(paths):
+    """(runs, skipped): runs as (workload, {call: (calls, ns)}) for every timed gpumem run."""
+    runs, skipped = [], 0
+    for run in read_runs(paths):
+        stats = gpumem_stats(run)
+        if stats is None or not stats.get("gpumem.driver.timed", 0):
+            skipped += 1
+            continue
+        calls = {c: (int(stats.get("gpumem.driver.%s.calls" % c, 0)), int(stats.get("gpumem.driver.%s.ns" % c, 0)))
+                 for c in CALLS}
+        runs.append((str(run.get("workload", "?")), calls))
     return runs, skipped
+
+
+def load_engine_lock(paths):
+    """({workload: [runs, acquisitions, contended, runs with thread caches on]}, skipped): every gpumem
+    run that recorded the engine-lock counters (simulated sources included: the lock is the same)."""
+    by_workload, skipped = {}, 0
+    for run in read_runs(paths):
+        stats = gpumem_stats(run)
+        if stats is None or "gpumem.engine_lock.acquisitions" not in stats:
+            skipped += 1
+            continue
+        row = by_workload.setdefault(str(run.get("workload", "?")), [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += int(stats["gpumem.engine_lock.acquisitions"])
+        row[2] += int(stats.get("gpumem.engine_lock.contended", 0))
+        row[3] += 1 if stats.get("gpumem.thread_caches.on", 0) else 0
+    return by_workload, skipped
+
+
+def engine_lock_main(args):
+    by_workload, skipped = load_engine_lock(args.files)
+    if not by_workload:
+        raise SystemExit("call_costs.py: no gpumem run with gpumem.engine_lock counters in %d file(s) (%d runs left "
+                         "out); live.py records them since the engine-lock keys were added" % (len(args.files), skipped))
+    total = [sum(r[i] for r in by_workload.values()) for i in range(4)]
+    if args.json:
+        keys = ("runs", "acquisitions", "contended", "thread_caches_on_runs")
+        json.dump({"left_out": skipped, "all": dict(zip(keys, total)),
+                   "by_workload": {w: dict(zip(keys, r)) for w, r in sorted(by_workload.items())}},
+                  sys.stdout, indent=1, sort_keys=True)
+        print()
+        return 0
+    print("%d gpumem runs of %d workloads with engine-lock counters (%d runs left out)" %
+          (total[0], len(by_workload), skipped))
+    print("  %-34s %5s %14s %10s %16s" % ("workload", "runs", "acquisitions", "contended", "caches on (runs)"))
+    for w, r in sorted(by_workload.items()) + [("all", total)]:
+        print("  %-34s %5d %14d %10d %16d" % (w, r[0], r[1], r[2], r[3]))
+    return 0
 
 
 def summarize(runs):
@@ -80,7 +137,11 @@ def main(argv=None):
     ap.add_argument("files", nargs="+", help="live.jsonl files written by scripts/gpu/live/live.py")
     ap.add_argument("--by-workload", action="store_true", help="a table per workload as well")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ap.add_argument("--engine-lock", action="store_true",
+                    help="engine-lock acquisitions, contended acquisitions and thread caches per workload instead")
     args = ap.parse_args(argv)
+    if args.engine_lock:
+        return engine_lock_main(args)
     runs, skipped = load(args.files)
     if not runs:
         raise SystemExit("call_costs.py: no timed gpumem run with gpumem_stats in %d file(s) (%d runs left out); "

@@ -86,5 +86,36 @@ class CallCosts(unittest.TestCase):
             self.assertIn("no timed gpumem run with gpumem_stats in 1 file(s) (1 runs left out)", p.stderr)
 
 
+class EngineLock(unittest.TestCase):
+    def test_sums_per_workload_and_counts_caches(self):
+        with tempfile.TemporaryDirectory() as d:
+            def run(workload, acq, contended, on, mode="gpumem"):
+                return {"workload": workload, "mode": mode, "status": "ok",
+                        "gpumem_stats": {"gpumem.engine_lock.acquisitions": acq,
+                                         "gpumem.engine_lock.contended": contended, "gpumem.thread_caches.on": on}}
+            a = write_jsonl(d, "a.jsonl", [
+                run("w1", 1000, 0, 0), run("w1", 500, 7, 1), run("w2", 40, 0, 0),
+                {"workload": "w1", "mode": "native", "status": "ok"},  # not gpumem: left out
+                gpumem_run("w2", create=(1, 1000)),  # no engine-lock counters: left out
+            ])
+            by_workload, skipped = call_costs.load_engine_lock([a])
+            self.assertEqual(by_workload, {"w1": [2, 1500, 7, 1], "w2": [1, 40, 0, 0]})
+            self.assertEqual(skipped, 2)
+            script = os.path.join(HERE, "call_costs.py")
+            out = subprocess.run([sys.executable, script, a, "--engine-lock"], capture_output=True, text=True,
+                                 check=True).stdout
+            self.assertIn("3 gpumem runs of 2 workloads with engine-lock counters (2 runs left out)", out)
+            self.assertRegex(out, r"w1\s+2\s+1500\s+7\s+1")
+            self.assertRegex(out, r"all\s+3\s+1540\s+7\s+1")
+            j = json.loads(subprocess.run([sys.executable, script, a, "--engine-lock", "--json"], capture_output=True,
+                                          text=True, check=True).stdout)
+            self.assertEqual(j["all"], {"runs": 3, "acquisitions": 1540, "contended": 7, "thread_caches_on_runs": 1})
+            self.assertEqual(j["by_workload"]["w2"]["acquisitions"], 40)
+            none = write_jsonl(d, "none.jsonl", [gpumem_run("w", create=(1, 1000))])
+            p = subprocess.run([sys.executable, script, none, "--engine-lock"], capture_output=True, text=True)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("no gpumem run with gpumem.engine_lock counters in 1 file(s) (1 runs left out)", p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
