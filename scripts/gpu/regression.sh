@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU regression checks of what already worked (binaries from scripts/gpu/stage.sh; nothing is
-# compiled here): the MemorySource conformance suite's [gpu] cases and the CUDA VMM call costs, the
+# compiled here): the MemorySource conformance suite's [gpu] cases, the CUDA VMM call costs and what
+# the driver answers for parts of a handle (cuda_vmm_groups), the
 # torch adapter's C++ tests, identical losses native vs gpumem (train_transformer, deterministic),
 # and every Python install path (examples/python_swap.py). About 60 s.
 #
