@@ -36,39 +36,12 @@
 
 namespace {
 
-// The driver entry points used here, looked up through cudart (nothing links libcuda).
-struct Driver {
-  decltype(&::cuGetErrorName) get_error_name = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
-  decltype(&::cuMemAddressReserve) mem_address_reserve = nullptr;
-  decltype(&::cuMemAddressFree) mem_address_free = nullptr;
-  decltype(&::cuMemCreate) mem_create = nullptr;
-  decltype(&::cuMemRelease) mem_release = nullptr;
-  decltype(&::cuMemMap) mem_map = nullptr;
-  decltype(&::cuMemUnmap) mem_unmap = nullptr;
-  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
-  std::string missing;  // the symbols not found
-
-  Driver() {
-    find("cuGetErrorName", get_error_name);
-    find("cuMemGetAllocationGranularity", mem_get_allocation_granularity);
-    find("cuMemAddressReserve", mem_address_reserve);
-    find("cuMemAddressFree", mem_address_free);
-    find("cuMemCreate", mem_create);
-    find("cuMemRelease", mem_release);
-    find("cuMemMap", mem_map);
-    find("cuMemUnmap", mem_unmap);
-    find("cuMemSetAccess", mem_set_access);
-  }
-  std::string error_name(CUresult r) const {
-    const char* s = nullptr;
-    if (get_error_name != nullptr && get_error_name(r, &s) == CUDA_SUCCESS && s != nullptr) return s;
-    return fmt::format("CUresult {}", static_cast<int>(r));
-  }
-
- private:
-  template <class Fn>
-  void find(const char* symbol, Fn& fn) {
+// One driver entry point, looked up through cudart when constructed (nothing links libcuda); a
+// symbol not found is added to `missing` and leaves the entry null.
+template <class Fn>
+struct Entry {
+  Fn fn = nullptr;
+  Entry(const char* symbol, std::string& missing) {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &query) != cudaSuccess ||
@@ -78,6 +51,31 @@ struct Driver {
       return;
     }
     fn = reinterpret_cast<Fn>(p);
+  }
+  template <class... A>
+  CUresult operator()(A... a) const {
+    return fn(a...);
+  }
+};
+
+// The entry points this program calls.
+struct Driver {
+  std::string missing;  // the symbols not found (declared first: the entries below append to it)
+  Entry<decltype(&::cuGetErrorName)> get_error_name{"cuGetErrorName", missing};
+  Entry<decltype(&::cuMemGetAllocationGranularity)> mem_get_allocation_granularity{"cuMemGetAllocationGranularity",
+                                                                                   missing};
+  Entry<decltype(&::cuMemAddressReserve)> mem_address_reserve{"cuMemAddressReserve", missing};
+  Entry<decltype(&::cuMemAddressFree)> mem_address_free{"cuMemAddressFree", missing};
+  Entry<decltype(&::cuMemCreate)> mem_create{"cuMemCreate", missing};
+  Entry<decltype(&::cuMemRelease)> mem_release{"cuMemRelease", missing};
+  Entry<decltype(&::cuMemMap)> mem_map{"cuMemMap", missing};
+  Entry<decltype(&::cuMemUnmap)> mem_unmap{"cuMemUnmap", missing};
+  Entry<decltype(&::cuMemSetAccess)> mem_set_access{"cuMemSetAccess", missing};
+
+  std::string error_name(CUresult r) const {
+    const char* s = nullptr;
+    if (get_error_name.fn != nullptr && get_error_name(r, &s) == CUDA_SUCCESS && s != nullptr) return s;
+    return fmt::format("CUresult {}", static_cast<int>(r));
   }
 };
 
