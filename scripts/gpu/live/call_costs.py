@@ -28,7 +28,8 @@ CALLS = ("create", "map", "set_access", "unmap", "release")
 
 
 def read_runs(paths):
-    """Every run (a JSON object per line) of the files, in order; an error names a bad line."""
+    """Every run (a JSON object per line) of the files, in order, as (where, run) with where
+    "PATH:LINE"; an error names a bad line."""
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -43,7 +44,16 @@ def read_runs(paths):
                 if not isinstance(run, dict):
                     raise SystemExit("call_costs.py: %s:%d is not a JSON object (a run); pass live.py's live.jsonl "
                                      "files" % (path, number))
-                yield run
+                yield "%s:%d" % (path, number), run
+
+
+def count(stats, key, where):
+    """stats[key] (0 when absent) as a non-negative integer; an error names the run and the key."""
+    value = stats.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        raise SystemExit("call_costs.py: %s: gpumem_stats[%r] is %r, not a count; pass live.py's live.jsonl files"
+                         % (where, key, value))
+    return int(value)
 
 
 def gpumem_stats(run):
@@ -57,12 +67,12 @@ def gpumem_stats(run):
 def load(paths):
     """(runs, skipped): runs as (workload, {call: (calls, ns)}) for every timed gpumem run."""
     runs, skipped = [], 0
-    for run in read_runs(paths):
+    for where, run in read_runs(paths):
         stats = gpumem_stats(run)
         if stats is None or not stats.get("gpumem.driver.timed", 0):
             skipped += 1
             continue
-        calls = {c: (int(stats.get("gpumem.driver.%s.calls" % c, 0)), int(stats.get("gpumem.driver.%s.ns" % c, 0)))
+        calls = {c: (count(stats, "gpumem.driver.%s.calls" % c, where), count(stats, "gpumem.driver.%s.ns" % c, where))
                  for c in CALLS}
         runs.append((str(run.get("workload", "?")), calls))
     return runs, skipped
@@ -72,16 +82,16 @@ def load_engine_lock(paths):
     """({workload: [runs, acquisitions, contended, runs with thread caches on]}, skipped): every gpumem
     run that recorded the engine-lock counters (simulated sources included: the lock is the same)."""
     by_workload, skipped = {}, 0
-    for run in read_runs(paths):
+    for where, run in read_runs(paths):
         stats = gpumem_stats(run)
         if stats is None or "gpumem.engine_lock.acquisitions" not in stats:
             skipped += 1
             continue
         row = by_workload.setdefault(str(run.get("workload", "?")), [0, 0, 0, 0])
         row[0] += 1
-        row[1] += int(stats["gpumem.engine_lock.acquisitions"])
-        row[2] += int(stats.get("gpumem.engine_lock.contended", 0))
-        row[3] += 1 if stats.get("gpumem.thread_caches.on", 0) else 0
+        row[1] += count(stats, "gpumem.engine_lock.acquisitions", where)
+        row[2] += count(stats, "gpumem.engine_lock.contended", where)
+        row[3] += 1 if count(stats, "gpumem.thread_caches.on", where) else 0
     return by_workload, skipped
 
 
@@ -138,7 +148,8 @@ def main(argv=None):
     ap.add_argument("--by-workload", action="store_true", help="a table per workload as well")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--engine-lock", action="store_true",
-                    help="engine-lock acquisitions, contended acquisitions and thread caches per workload instead")
+                    help="engine-lock acquisitions, contended acquisitions and thread caches per workload instead "
+                         "(always by workload)")
     args = ap.parse_args(argv)
     if args.engine_lock:
         return engine_lock_main(args)

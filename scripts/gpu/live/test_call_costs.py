@@ -84,6 +84,19 @@ class CallCosts(unittest.TestCase):
             p = subprocess.run([sys.executable, os.path.join(HERE, "call_costs.py"), empty], capture_output=True, text=True)
             self.assertNotEqual(p.returncode, 0)
             self.assertIn("no timed gpumem run with gpumem_stats in 1 file(s) (1 runs left out)", p.stderr)
+            odd = gpumem_run("w", create=(1, 1000))
+            odd["gpumem_stats"]["gpumem.driver.map.ns"] = "12"
+            not_count = write_jsonl(d, "odd.jsonl", [gpumem_run("w", create=(1, 1000)), odd])
+            for extra in ([], ["--engine-lock"]):
+                if extra:
+                    odd["gpumem_stats"]["gpumem.engine_lock.acquisitions"] = -3
+                    not_count = write_jsonl(d, "odd.jsonl", [odd])
+                p = subprocess.run([sys.executable, os.path.join(HERE, "call_costs.py"), not_count] + extra,
+                                   capture_output=True, text=True)
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertNotIn("Traceback", p.stderr)
+                self.assertIn("odd.jsonl:%d: gpumem_stats[" % (1 if extra else 2), p.stderr)
+                self.assertIn("not a count", p.stderr)
 
 
 class EngineLock(unittest.TestCase):
