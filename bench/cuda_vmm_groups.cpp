@@ -134,13 +134,7 @@ class Probe {
   }
   // The driver's answers, not treated as failures: cuMemMap (timed when accepted) and cuMemUnmap.
   CUresult try_map(CUdeviceptr va, std::size_t bytes, std::size_t offset, CUmemGenericAllocationHandle h, CallTime& t) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const CUresult r = d_.mem_map(va, bytes, offset, h, 0);
-    if (r == CUDA_SUCCESS) {
-      t.total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      ++t.calls;
-    }
-    return r;
+    return time_call(nullptr, t, [&] { return d_.mem_map(va, bytes, offset, h, 0); });
   }
   CUresult try_unmap(CUdeviceptr va, std::size_t bytes) { return d_.mem_unmap(va, bytes); }
   std::string name(CUresult r) const { return d_.error_name(r); }
@@ -154,14 +148,24 @@ class Probe {
   void free_range(CUdeviceptr va, std::size_t bytes) { (void)d_.mem_address_free(va, bytes); }
 
  private:
+  // A call that must work: false (after printing the failure) when the driver refuses.
   template <class F>
   bool timed(const char* what, CallTime& t, F&& call) {
+    return time_call(what, t, call) == CUDA_SUCCESS;
+  }
+  // Times `call` into t when it succeeds, or always when `what` names it (a call that must work,
+  // whose failure is printed); returns the driver's answer.
+  template <class F>
+  CUresult time_call(const char* what, CallTime& t, F&& call) {
     const auto t0 = std::chrono::steady_clock::now();
     const CUresult r = call();
-    t.total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    ++t.calls;
-    if (r != CUDA_SUCCESS) std::fprintf(stderr, "cuda_vmm_groups: %s failed: %s\n", what, d_.error_name(r).c_str());
-    return r == CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS || what != nullptr) {
+      t.total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      ++t.calls;
+    }
+    if (r != CUDA_SUCCESS && what != nullptr)
+      std::fprintf(stderr, "cuda_vmm_groups: %s failed: %s\n", what, d_.error_name(r).c_str());
+    return r;
   }
 
   Driver d_;
