@@ -3,6 +3,7 @@
 // docs/notes/graph-pools.md). The range must be free mapped memory of one block: the block is
 // carved to exactly the range (the rest stays free, in the free index) and handed out as an
 // ordinary allocation (alloc event, counters, live table). It never grows and never waits.
+#include "arenas.h"
 #include "engine.h"
 #include "size_policy.h"
 
@@ -12,6 +13,7 @@ using detail::Block;
 using detail::EventBatch;
 
 FreeStatus CachingAllocator::allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes) {
+  if (arenas_) return arenas_->allocate_at(ptr, size_bytes, requested_bytes);
   Impl& m = *impl_;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (ptr == nullptr) return FreeStatus::null_pointer;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 
+#include "arenas.h"
 #include "cap_policy.h"
 #include "engine.h"
 #include "size_policy.h"
@@ -80,12 +81,17 @@ std::string describe(const OomInfo& oom) {
 
 // ==================================================================== public interface
 
-CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device)
-    : impl_(std::make_unique<Impl>(source, events, std::move(config), device)) {
+CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device) {
+  if (config.arenas > 1) {
+    arenas_ = std::make_unique<detail::Arenas>(source, events, config, device);
+    return;
+  }
+  impl_ = std::make_unique<Impl>(source, events, std::move(config), device);
   detail::register_engine(impl_->thread_caches.id, impl_.get());
 }
 
 CachingAllocator::~CachingAllocator() {
+  if (arenas_) return;  // the arenas release their own
   // The bound StatsObserver (Note [Stats in place]) may outlive the engine: its hot counters go
   // back to its own lock while our lock still exists.
   if (StatsObserver* sink = impl_->stats_sink.exchange(nullptr, std::memory_order_relaxed)) sink->unbind_engine();
@@ -102,6 +108,7 @@ CachingAllocator::~CachingAllocator() {
 }
 
 std::size_t CachingAllocator::round_size(std::size_t size_bytes) const noexcept {
+  if (arenas_) return arenas_->round_size(size_bytes);
   return policy::round_size(size_bytes, impl_->rules.roundup_power2_divisions, impl_->rules.any_divisions);
 }
 
@@ -197,6 +204,8 @@ void CachingAllocator::Impl::free_leased_locked(Block* b, EventBatch& batch) {
 // ==================================================================== allocate / free
 
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
+  if (arenas_) [[unlikely]]
+    return arenas_->allocate(size_bytes, stream);
   Impl& m = *impl_;
   AllocResult result;
   if (size_bytes == 0) return result;
@@ -289,6 +298,8 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
 }
 
 FreeStatus CachingAllocator::free(void* ptr) {
+  if (arenas_) [[unlikely]]
+    return arenas_->free(ptr);
   Impl& m = *impl_;
   if (ptr == nullptr) return FreeStatus::null_pointer;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
@@ -339,6 +350,7 @@ FreeStatus CachingAllocator::free(void* ptr) {
 }
 
 FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
+  if (arenas_) return arenas_->record_stream(ptr, stream);
   Impl& m = *impl_;
   if (ptr == nullptr) return FreeStatus::null_pointer;
   std::lock_guard lock(m.mutex);
@@ -359,6 +371,7 @@ FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
 }
 
 void CachingAllocator::empty_cache() {
+  if (arenas_) return arenas_->empty_cache();
   Impl& m = *impl_;
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
@@ -375,6 +388,7 @@ void CachingAllocator::empty_cache() {
 }
 
 void CachingAllocator::set_capturing(bool capturing) {
+  if (arenas_) return arenas_->set_capturing(capturing);
   // Taking growth_mutex waits for a growth or release in progress, which may be synchronizing.
   std::lock_guard growth(impl_->growth_mutex);
   std::lock_guard lock(impl_->mutex);
@@ -382,32 +396,43 @@ void CachingAllocator::set_capturing(bool capturing) {
 }
 
 void CachingAllocator::set_holding(bool holding) {
+  if (arenas_) return arenas_->set_holding(holding);
   std::lock_guard growth(impl_->growth_mutex);
   std::lock_guard lock(impl_->mutex);
   impl_->holding.store(holding, std::memory_order_relaxed);
 }
 
-bool CachingAllocator::capturing() const noexcept { return impl_->capturing.load(std::memory_order_relaxed); }
-bool CachingAllocator::holding() const noexcept { return impl_->holding.load(std::memory_order_relaxed); }
+bool CachingAllocator::capturing() const noexcept {
+  if (arenas_) return arenas_->capturing();
+  return impl_->capturing.load(std::memory_order_relaxed);
+}
+bool CachingAllocator::holding() const noexcept {
+  if (arenas_) return arenas_->holding();
+  return impl_->holding.load(std::memory_order_relaxed);
+}
 
 void CachingAllocator::set_memory_fraction(double fraction) {
+  if (arenas_) return arenas_->set_memory_fraction(fraction);
   std::lock_guard lock(impl_->mutex);
   impl_->fraction = std::clamp(fraction, 0.0, 1.0);
   impl_->cap = policy::cap_bytes(impl_->fraction, impl_->limit_bytes, impl_->provider_total);
 }
 
 double CachingAllocator::memory_fraction() const {
+  if (arenas_) return arenas_->memory_fraction();
   std::lock_guard lock(impl_->mutex);
   return impl_->fraction;
 }
 
 void CachingAllocator::set_memory_limit(std::size_t bytes) {
+  if (arenas_) return arenas_->set_memory_limit(bytes);
   std::lock_guard lock(impl_->mutex);
   impl_->limit_bytes = bytes;
   impl_->cap = policy::cap_bytes(impl_->fraction, impl_->limit_bytes, impl_->provider_total);
 }
 
 void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) {
+  if (arenas_) return arenas_->attach_observer(std::move(observer));
   Impl& m = *impl_;
   // Note [Stats in place] (gpumem/alloc/stats.h): the first StatsObserver of an expandable engine
   // is bound to it (classic segments need the observer to see every event in order). Bound
@@ -439,6 +464,7 @@ void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) 
 }
 
 void CachingAllocator::detach_observer(const AllocObserver* observer) {
+  if (arenas_) return arenas_->detach_observer(observer);
   Impl& m = *impl_;
   StatsObserver* unbind = nullptr;
   {
@@ -495,13 +521,17 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
 
 }  // namespace
 
-bool CachingAllocator::thread_caches_on() const noexcept { return impl_->use_caches(); }
+bool CachingAllocator::thread_caches_on() const noexcept { return arenas_ ? false : impl_->use_caches(); }
+
+unsigned CachingAllocator::arenas() const noexcept { return arenas_ ? arenas_->count() : 1; }
 
 EngineLockCounts CachingAllocator::lock_counts() const noexcept {
+  if (arenas_) return arenas_->lock_counts();
   return {impl_->lock_acquisitions.load(std::memory_order_relaxed), impl_->lock_contended.load(std::memory_order_relaxed)};
 }
 
 EngineTotals CachingAllocator::totals() const {
+  if (arenas_) return arenas_->totals();
   Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
   detail::WorldStop stop(m.thread_caches);
@@ -509,6 +539,7 @@ EngineTotals CachingAllocator::totals() const {
 }
 
 EngineSnapshot CachingAllocator::snapshot() {
+  if (arenas_) return arenas_->snapshot();
   Impl& m = *impl_;
   EngineSnapshot snap;
   snap.device = m.device;
@@ -550,6 +581,7 @@ EngineSnapshot CachingAllocator::snapshot() {
 }
 
 std::optional<BlockLookup> CachingAllocator::lookup(const void* ptr) const {
+  if (arenas_) return arenas_->lookup(ptr);
   Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
   const Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr), m.use_caches());
@@ -566,6 +598,7 @@ std::optional<BlockLookup> CachingAllocator::lookup(const void* ptr) const {
 }
 
 std::vector<ExpandableRegionSize> CachingAllocator::expandable_region_sizes() const {
+  if (arenas_) return arenas_->expandable_region_sizes();
   const Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
   std::vector<ExpandableRegionSize> out;
@@ -575,6 +608,7 @@ std::vector<ExpandableRegionSize> CachingAllocator::expandable_region_sizes() co
 }
 
 std::size_t CachingAllocator::largest_free_block_bytes() const {
+  if (arenas_) return arenas_->largest_free_block_bytes();
   Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
   {
@@ -585,13 +619,14 @@ std::size_t CachingAllocator::largest_free_block_bytes() const {
 }
 
 void CachingAllocator::check_invariants() const {
+  if (arenas_) return arenas_->check_invariants();
   std::lock_guard lock(impl_->mutex);
   detail::WorldStop stop(impl_->thread_caches);
   impl_->check_locked();
 }
 
-const Config& CachingAllocator::config() const noexcept { return impl_->config; }
-MemorySource& CachingAllocator::source() noexcept { return impl_->source; }
-int CachingAllocator::device() const noexcept { return impl_->device; }
+const Config& CachingAllocator::config() const noexcept { return arenas_ ? arenas_->config : impl_->config; }
+MemorySource& CachingAllocator::source() noexcept { return arenas_ ? arenas_->source : impl_->source; }
+int CachingAllocator::device() const noexcept { return arenas_ ? arenas_->device : impl_->device; }
 
 }  // namespace gpumem::alloc

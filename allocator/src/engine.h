@@ -131,6 +131,9 @@ struct CachingAllocator::Impl {
   // recycle_wait:fence: how far the GPU is known to have got on each stream (stream_fences.h).
   detail::StreamFences fences;
   std::atomic<std::uint64_t> event_seq{0};  // AllocEvent::seq (only while recording)
+  // Where seqs come from: event_seq, or the counter the arenas of a device share (arenas.h), so
+  // that one device's events have one sequence whichever arena emits them.
+  std::atomic<std::uint64_t>* seq_source = &event_seq;
   // Note [Engine during graph capture] (caching_allocator.h). Written with growth_mutex and the
   // engine lock held, so a reader holding either sees the current value.
   std::atomic<bool> capturing{false};  // no query, no wait, no synchronization
@@ -212,7 +215,7 @@ struct CachingAllocator::Impl {
     e.size_bytes = size;
     e.requested_bytes = requested;
     e.stream = stream;
-    if (batch.needs() & kNeedsSequence) e.seq = event_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (batch.needs() & kNeedsSequence) e.seq = seq_source->fetch_add(1, std::memory_order_relaxed) + 1;
     if (batch.needs() & kNeedsTimestamps) e.t_ns = detail::now_ns();
     batch.push(e);
     return e.seq;

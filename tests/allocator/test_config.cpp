@@ -262,6 +262,12 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   check_error("max_piece_size_mb:5", {"max_piece_size_mb:5", "positive multiple of 2"});
   check_error("max_piece_size_mb:0", {"max_piece_size_mb:0", "positive multiple of 2"});
 
+  CHECK(parse_ok("arenas:1").arenas == 1);
+  CHECK(parse_ok("arenas:64").arenas == 64);
+  check_error("arenas:0", {"arenas:0", "from 1 to 64"});
+  check_error("arenas:65", {"arenas:65", "from 1 to 64"});
+  check_error("arenas:auto", {"arenas:auto"});
+
   CHECK(parse_ok("va_reserve_mb:0").va_reserve_bytes == 0);
   CHECK(parse_ok("va_reserve_mb:20").va_reserve_bytes == 20 * kMiB);
   CHECK(parse_ok("va_reserve_mb:262144").va_reserve_bytes == 262144 * kMiB);
@@ -380,7 +386,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 26);  // 7 PyTorch 2.11 keys + 18 of gpumem's engine
+  CHECK(keys.size() == 27);  // 7 PyTorch 2.11 keys + 20 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

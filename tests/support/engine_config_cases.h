@@ -21,7 +21,7 @@ inline constexpr const char* kEngineKeysAwayFromDefault =
     "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
     "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
     "memory_limit_mb:1000,small_piece_size_mb:4,max_piece_size_mb:16,frontier_piece_size_mb:32,short_pieces_below_mb:2048,footprint_pieces:256,recycle:False,recycle_budget:0.05,"
-    "recycle_burst_ms:25,recycle_slack:0.5,recycle_ceiling:0.05,recycle_keep_mappings:False,recycle_wait:sync,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,va_reserve_mb:4096,check_invariants:True";
+    "recycle_burst_ms:25,recycle_slack:0.5,recycle_ceiling:0.05,recycle_keep_mappings:False,recycle_wait:sync,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,arenas:4,va_reserve_mb:4096,check_invariants:True";
 
 // Checks that every field of c differs from the default's (c parsed from kEngineKeysAwayFromDefault).
 inline void check_engine_fields_away_from_default(const alloc::Config& c) {
@@ -49,6 +49,7 @@ inline void check_engine_fields_away_from_default(const alloc::Config& c) {
   CHECK(c.recycle_overhang != d.recycle_overhang);
   CHECK(c.recycle_headroom != d.recycle_headroom);
   CHECK(c.thread_cache != d.thread_cache);
+  CHECK(c.arenas != d.arenas);
   CHECK(c.va_reserve_bytes != d.va_reserve_bytes);
   CHECK(c.check_invariants != d.check_invariants);
   CHECK_FALSE(c == d);
@@ -82,6 +83,7 @@ inline const std::vector<KeyChoices>& engine_key_choices() {
       {"recycle_ceiling", {"0", "0.015", "0.5"}},
       {"recycle_headroom", {"0", "0.01", "0.5"}},
       {"thread_cache", {"True", "False"}},
+      {"arenas", {"1", "2", "64"}},
       {"check_invariants", {"True", "False"}},
   };
   return choices;

@@ -330,6 +330,7 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(keys.at("gpumem.thread_caches.on") == 0);
   CHECK(keys.at("gpumem.engine_lock.acquisitions") >= 1);  // live.alloc's, at least
   CHECK(keys.at("gpumem.engine_lock.contended") == 0);
+  CHECK(keys.at("gpumem.arenas") == 1);
   live.free_all();
   // The free took it once more.
   const auto after = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
@@ -343,4 +344,5 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(none.at("gpumem.thread_caches.on") == 0);
   CHECK(none.at("gpumem.engine_lock.acquisitions") == 0);
   CHECK(none.at("gpumem.engine_lock.contended") == 0);
+  CHECK(none.at("gpumem.arenas") == 1);
 }

@@ -131,6 +131,8 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   const alloc::EngineLockCounts locks = de != nullptr ? de->engine->lock_counts() : alloc::EngineLockCounts{};
   out["gpumem.engine_lock.acquisitions"] = static_cast<std::int64_t>(locks.acquisitions);
   out["gpumem.engine_lock.contended"] = static_cast<std::int64_t>(locks.contended);
+  // Engines serving the device (arenas:N; 1 until a thread moved to an arena of its own).
+  out["gpumem.arenas"] = de != nullptr ? static_cast<std::int64_t>(de->engine->arenas()) : 1;
   return out;
 }
 

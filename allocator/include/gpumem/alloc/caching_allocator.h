@@ -14,6 +14,9 @@
 // memory it holds. allocate_at() re-creates an allocation at a recorded address (PyTorch's
 // cudagraph trees restore a pool's state that way).
 //
+// Arenas (Config::arenas > 1; docs/notes/thread-caches.md, "Arenas"): threads that keep finding
+// the engine's lock taken get engines of their own, behind this same interface.
+//
 // Thread-safety: every member function may be called from any thread. One spin lock per engine
 // guards the block structures and is held only briefly: observers run after it is released, and
 // the slow calls (the source's reserve/create/map/unmap/destroy/release, stream synchronization)
@@ -38,6 +41,10 @@
 #include "gpumem/alloc/stream_events.h"
 
 namespace gpumem::alloc {
+
+namespace detail {
+struct Arenas;
+}
 
 // The facts of a failed request.
 struct OomInfo {
@@ -188,8 +195,11 @@ class CachingAllocator {
   // Whether thread caches came on (EngineTotals::thread_caches_on), without the engine's lock or
   // stopping the caches: cheap enough for a stats read every step.
   bool thread_caches_on() const noexcept;
-  // EngineLockCounts since the engine was made: two loads, no lock.
+  // EngineLockCounts since the engine was made: two loads, no lock. With arenas, their sums.
   EngineLockCounts lock_counts() const noexcept;
+  // The engines serving the device now: 1, or with Config::arenas > 1 the arenas made so far. A
+  // load, no lock.
+  unsigned arenas() const noexcept;
   std::optional<BlockLookup> lookup(const void* ptr) const;
   std::vector<ExpandableRegionSize> expandable_region_sizes() const;
   std::size_t largest_free_block_bytes() const;
@@ -207,7 +217,11 @@ class CachingAllocator {
   struct Impl;
 
  private:
+  friend struct detail::Arenas;
+  // One engine (arenas:1, the default), or null and the device's arenas (Config::arenas > 1;
+  // allocator/src/arenas.h), to which every call then goes.
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<detail::Arenas> arenas_;
 };
 
 }  // namespace gpumem::alloc

@@ -26,6 +26,8 @@ namespace gpumem::alloc {
 
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
+// The most engines a device may have (Config::arenas).
+inline constexpr unsigned kMaxArenas = 64;
 
 // How the physical pieces of expandable regions are sized (the `pieces` key).
 enum class PieceSizing : std::uint8_t {
@@ -135,6 +137,12 @@ struct Config {
   // thread_cache:True|False: per-thread caches (leases of free small-pool memory each thread
   // allocates in once threads contend for the engine).
   bool thread_cache = true;
+  // arenas:N (1..64): up to N engines per device (docs/notes/thread-caches.md, "Arenas"). With 1
+  // (the default) one engine serves every thread. With more, a thread that keeps finding its
+  // engine's lock taken gets an engine of its own (an arena: its own regions and free blocks,
+  // nothing shared with the others but the memory source, the stream events and one cap), up to
+  // N; thread caches are off in every arena. Single-threaded programs never leave the first.
+  unsigned arenas = 1;
   // va_reserve_mb: address space reserved per expandable region (0 = 1.125 x device memory).
   std::size_t va_reserve_bytes = 0;
   // check_invariants:True|False: run check_invariants() after every mutation (slow; tests).

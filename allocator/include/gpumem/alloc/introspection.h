@@ -77,6 +77,8 @@ struct EngineTotals {
   std::size_t thread_cached_bytes = 0; // bytes in those caches (part of cached_free_bytes)
   bool thread_caches_on = false;       // caches came on (the engine's lock was contended once);
                                        // never goes back, whether or not caches exist now
+  std::size_t arenas = 1;              // engines serving the device (Config::arenas; the sums above
+                                       // are over all of them)
 };
 
 struct EngineSnapshot {

@@ -1,0 +1,456 @@
+#include "arenas.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <new>
+#include <unordered_map>
+
+#include "cap_policy.h"
+#include "engine.h"
+
+namespace gpumem::alloc::detail {
+
+// ==================================================================== ArenaSource
+
+bool ArenaSource::admit(std::size_t n) {
+  if (ledger_.try_add(n)) return true;
+  const std::size_t cap = ledger_.cap.load(std::memory_order_relaxed);
+  std::lock_guard lock(mutex_);
+  refusal_ = fmt::format(
+      "the device's memory cap ({:.2f} MiB, per_process_memory_fraction or memory_limit_mb) is shared by its "
+      "arenas, which hold {:.2f} MiB: {:.2f} MiB more would pass it",
+      static_cast<double>(cap) / static_cast<double>(kMiB),
+      static_cast<double>(ledger_.bytes.load(std::memory_order_relaxed)) / static_cast<double>(kMiB),
+      static_cast<double>(n) / static_cast<double>(kMiB));
+  return false;
+}
+
+SourceResult<VaRange> ArenaSource::reserve(std::size_t size_bytes, std::size_t alignment_bytes) {
+  // Without virtual memory a reserved range is backed: it is physical memory.
+  if (!virtual_ && !admit(size_bytes)) return {SourceStatus::out_of_memory, {}};
+  {
+    std::lock_guard lock(mutex_);
+    refusal_.clear();
+  }
+  SourceResult<VaRange> r = inner_.reserve(size_bytes, alignment_bytes);
+  if (!virtual_ && !r.ok()) ledger_.sub(size_bytes);
+  return r;
+}
+
+SourceStatus ArenaSource::release(VaRange range) {
+  const SourceStatus s = inner_.release(range);
+  if (!virtual_ && s == SourceStatus::ok) ledger_.sub(range.size_bytes);
+  return s;
+}
+
+SourceResult<PhysHandle> ArenaSource::create(std::size_t size_bytes) {
+  if (!admit(size_bytes)) return {SourceStatus::out_of_memory, {}};
+  {
+    std::lock_guard lock(mutex_);
+    refusal_.clear();
+  }
+  SourceResult<PhysHandle> r = inner_.create(size_bytes);
+  if (!r.ok()) {
+    ledger_.sub(size_bytes);
+    return r;
+  }
+  try {
+    std::lock_guard lock(mutex_);
+    piece_bytes_.emplace(r.value, size_bytes);
+  } catch (const std::bad_alloc&) {
+    // The host cannot remember the piece: give it back rather than lose count of it.
+    inner_.destroy(r.value);
+    ledger_.sub(size_bytes);
+    return {SourceStatus::out_of_memory, {}};
+  }
+  return r;
+}
+
+SourceStatus ArenaSource::destroy(PhysHandle handle) {
+  const SourceStatus s = inner_.destroy(handle);
+  if (s != SourceStatus::ok) return s;
+  std::size_t n = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = piece_bytes_.find(handle); it != piece_bytes_.end()) {
+      n = it->second;
+      piece_bytes_.erase(it);
+    }
+  }
+  ledger_.sub(n);
+  return s;
+}
+
+std::string ArenaSource::last_error() const {
+  {
+    std::lock_guard lock(mutex_);
+    if (!refusal_.empty()) return refusal_;
+  }
+  return inner_.last_error();
+}
+
+// ==================================================================== Arenas
+
+namespace {
+
+std::atomic<std::uint64_t> g_next_arenas_id{1};
+
+// How many Arenas a thread remembers its place in; the oldest place is reused when all are taken.
+constexpr std::size_t kPlaces = 8;
+
+// The Arenas alive now, by id: a thread that exits forgets its places only in those.
+std::mutex g_live_mutex;
+std::unordered_map<std::uint64_t, Arenas*>& live_arenas() {
+  static auto* live = new std::unordered_map<std::uint64_t, Arenas*>();  // never destroyed: threads exit late
+  return *live;
+}
+
+Config arena_config(const Config& c) {
+  Config a = c;
+  a.arenas = 1;
+  a.thread_cache = false;  // arenas take the place of thread caches
+  return a;
+}
+
+// Sums b into a (the largest free extent: the largest of the two).
+void add_totals(EngineTotals& a, const EngineTotals& b) {
+  a.allocated_bytes += b.allocated_bytes;
+  a.requested_bytes += b.requested_bytes;
+  a.active_bytes += b.active_bytes;
+  a.reserved_bytes += b.reserved_bytes;
+  a.cached_free_bytes += b.cached_free_bytes;
+  a.largest_free_extent_bytes = std::max(a.largest_free_extent_bytes, b.largest_free_extent_bytes);
+  a.va_reserved_bytes += b.va_reserved_bytes;
+  a.segments += b.segments;
+  a.pieces_mapped += b.pieces_mapped;
+  a.kept_mapping_bytes += b.kept_mapping_bytes;
+  a.kept_mappings += b.kept_mappings;
+  a.thread_caches += b.thread_caches;
+  a.thread_cached_bytes += b.thread_cached_bytes;
+  a.thread_caches_on = a.thread_caches_on || b.thread_caches_on;
+}
+
+}  // namespace
+
+// A thread's places (Arenas::Place), forgotten when the thread exits.
+struct PlaceSet {
+  std::array<Arenas::Place, kPlaces> places{};
+  std::size_t next = 0;
+  Arenas::Place* last = nullptr;  // most threads use one device's allocator
+  PlaceSet() = default;
+  PlaceSet(const PlaceSet&) = delete;
+  PlaceSet& operator=(const PlaceSet&) = delete;
+  ~PlaceSet() {
+    for (const Arenas::Place& p : places)
+      if (p.owner != 0) Arenas::forget_place(p);
+  }
+};
+
+Arenas::Arenas(MemorySource& src, StreamEvents& events, const Config& cfg, int dev)
+    : config(cfg),
+      source(src),
+      device(dev),
+      id_(g_next_arenas_id.fetch_add(1, std::memory_order_relaxed)),
+      arena_config_(arena_config(cfg)),
+      events_(events),
+      fraction_(std::clamp(cfg.per_process_memory_fraction, 0.0, 1.0)),
+      limit_bytes_(cfg.memory_limit_bytes),
+      provider_total_(src.mem_info().total_bytes) {
+  {
+    std::lock_guard lock(mutex_);
+    update_cap_locked();
+    if (make_arena_locked() == nullptr) throw std::bad_alloc();
+  }
+  std::lock_guard live(g_live_mutex);
+  live_arenas().emplace(id_, this);
+}
+
+// owned_ then destroys the arenas, each giving its memory back to the source.
+Arenas::~Arenas() {
+  std::lock_guard live(g_live_mutex);
+  live_arenas().erase(id_);
+}
+
+void Arenas::forget_place(const Place& place) noexcept {
+  std::lock_guard live(g_live_mutex);
+  auto it = live_arenas().find(place.owner);
+  if (it != live_arenas().end()) it->second->users_[place.arena].fetch_sub(1, std::memory_order_relaxed);
+}
+
+Arenas::Arena* Arenas::make_arena_locked() {
+  const unsigned i = count_.load(std::memory_order_relaxed);
+  std::unique_ptr<Arena> a;
+  try {
+    owned_.reserve(owned_.size() + 1);
+    a = std::make_unique<Arena>(source, ledger_, events_, arena_config_, device);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+  CachingAllocator& e = a->engine;
+  e.impl_->seq_source = &seq_;
+  if (capturing_) e.set_capturing(true);
+  if (holding_) e.set_holding(true);
+  e.set_memory_fraction(fraction_);
+  e.set_memory_limit(limit_bytes_);
+  for (const auto& o : observers_) e.attach_observer(o);
+  Arena* raw = a.get();
+  owned_.push_back(std::move(a));
+  arenas_[i].store(raw, std::memory_order_release);
+  count_.store(i + 1, std::memory_order_release);
+  return raw;
+}
+
+std::uint64_t Arenas::contended(const CachingAllocator& e) noexcept {
+  return e.impl_->lock_contended.load(std::memory_order_relaxed);
+}
+
+void Arenas::update_cap_locked() {
+  ledger_.cap.store(policy::cap_bytes(fraction_, limit_bytes_, provider_total_), std::memory_order_relaxed);
+}
+
+namespace {
+thread_local PlaceSet t_places;
+}  // namespace
+
+Arenas::Place* Arenas::find_place() const noexcept {
+  PlaceSet& set = t_places;
+  if (set.last != nullptr && set.last->owner == id_) return set.last;
+  for (Place& p : set.places)
+    if (p.owner == id_) return set.last = &p;
+  return nullptr;
+}
+
+Arenas::Place& Arenas::place_for_this_thread() noexcept {
+  if (Place* p = find_place()) return *p;
+  PlaceSet& set = t_places;
+  Place& p = set.places[set.next];
+  set.next = (set.next + 1) % kPlaces;
+  if (p.owner != 0) forget_place(p);
+  p = Place{id_, 0, 0};
+  users_[0].fetch_add(1, std::memory_order_relaxed);
+  return *(set.last = &p);
+}
+
+void Arenas::note_contended(Place& place) {
+  if (users_[place.arena].load(std::memory_order_relaxed) <= 1) {
+    place.contended = 0;  // alone in its arena: nothing to move away from
+    return;
+  }
+  if (++place.contended < kMoveAfterContended || count() >= config.arenas) return;
+  move(place);
+}
+
+bool Arenas::move(Place& place) {
+  std::lock_guard lock(mutex_);
+  if (count() >= config.arenas || make_arena_locked() == nullptr) return false;
+  users_[place.arena].fetch_sub(1, std::memory_order_relaxed);
+  place.arena = count() - 1;
+  users_[place.arena].fetch_add(1, std::memory_order_relaxed);
+  place.contended = 0;
+  return true;
+}
+
+bool Arenas::move_this_thread() { return move(place_for_this_thread()); }
+
+unsigned Arenas::arena_if_placed() const noexcept {
+  // Looks only: a thread that frees or looks up, and never allocates, takes no place (it would
+  // count as a user of an arena, and a thread alone in its arena never moves).
+  const Place* p = find_place();
+  return p != nullptr ? p->arena : 0;
+}
+
+template <class F>
+void Arenas::for_owner(F&& f) const {
+  // The calling thread's arena first: a thread usually frees what it allocated.
+  const unsigned own = arena_if_placed();
+  if (f(engine(own))) return;
+  const unsigned n = count();
+  for (unsigned i = 0; i < n; ++i)
+    if (i != own && f(engine(i))) return;
+}
+
+// ---------------------------------------------------------------- requests
+
+AllocResult Arenas::allocate(std::size_t size_bytes, StreamId stream) {
+  if (count() == 1) [[likely]] {
+    // Nobody has moved yet: the first arena, and a thread's place only when the lock was found taken.
+    CachingAllocator& e = engine(0);
+    const std::uint64_t before = contended(e);
+    AllocResult r = e.allocate(size_bytes, stream);
+    if (contended(e) != before) [[unlikely]] note_contended(place_for_this_thread());
+    return r;
+  }
+  Place& place = place_for_this_thread();
+  CachingAllocator& e = engine(place.arena);
+  const std::uint64_t before = contended(e);
+  AllocResult r = e.allocate(size_bytes, stream);
+  if (contended(e) != before) [[unlikely]] note_contended(place);
+  if (r.ok()) return r;
+  // Out of memory in this arena: the others give their cached memory back, and the request is
+  // tried once more (the engine's own retry has released this arena's).
+  const unsigned own = place.arena, n = count();
+  for (unsigned i = 0; i < n; ++i)
+    if (i != own) engine(i).empty_cache();
+  AllocResult again = e.allocate(size_bytes, stream);
+  if (!again.ok())
+    again.oom->detail += fmt::format("{}arena {} of {}: the other arenas' cached memory was released and the request "
+                                     "tried again",
+                                     again.oom->detail.empty() ? "" : "; ", own, n);
+  return again;
+}
+
+FreeStatus Arenas::free(void* ptr) {
+  if (count() == 1) [[likely]]
+    return engine(0).free(ptr);
+  if (ptr == nullptr) return FreeStatus::null_pointer;
+  FreeStatus status = FreeStatus::foreign_pointer;
+  for_owner([&](CachingAllocator& e) {
+    status = e.free(ptr);
+    return status != FreeStatus::foreign_pointer;
+  });
+  return status;
+}
+
+FreeStatus Arenas::record_stream(void* ptr, StreamId stream) {
+  if (ptr == nullptr) return FreeStatus::null_pointer;
+  FreeStatus status = FreeStatus::foreign_pointer;
+  for_owner([&](CachingAllocator& e) {
+    status = e.record_stream(ptr, stream);
+    return status != FreeStatus::foreign_pointer;
+  });
+  return status;
+}
+
+FreeStatus Arenas::allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes) {
+  FreeStatus status = FreeStatus::foreign_pointer;
+  for_owner([&](CachingAllocator& e) {
+    status = e.allocate_at(ptr, size_bytes, requested_bytes);
+    return status != FreeStatus::foreign_pointer;
+  });
+  return status;
+}
+
+std::optional<BlockLookup> Arenas::lookup(const void* ptr) const {
+  std::optional<BlockLookup> found;
+  for_owner([&](CachingAllocator& e) {
+    found = e.lookup(ptr);
+    return found.has_value();
+  });
+  return found;
+}
+
+void Arenas::empty_cache() {
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).empty_cache();
+}
+
+// ---------------------------------------------------------------- settings
+
+void Arenas::set_capturing(bool capturing) {
+  std::lock_guard lock(mutex_);
+  capturing_ = capturing;
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).set_capturing(capturing);
+}
+
+void Arenas::set_holding(bool holding) {
+  std::lock_guard lock(mutex_);
+  holding_ = holding;
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).set_holding(holding);
+}
+
+bool Arenas::capturing() const {
+  std::lock_guard lock(mutex_);
+  return capturing_;
+}
+
+bool Arenas::holding() const {
+  std::lock_guard lock(mutex_);
+  return holding_;
+}
+
+void Arenas::set_memory_fraction(double fraction) {
+  std::lock_guard lock(mutex_);
+  fraction_ = std::clamp(fraction, 0.0, 1.0);
+  update_cap_locked();
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).set_memory_fraction(fraction_);
+}
+
+double Arenas::memory_fraction() const {
+  std::lock_guard lock(mutex_);
+  return fraction_;
+}
+
+void Arenas::set_memory_limit(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  limit_bytes_ = bytes;
+  update_cap_locked();
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).set_memory_limit(bytes);
+}
+
+void Arenas::attach_observer(std::shared_ptr<AllocObserver> observer) {
+  std::lock_guard lock(mutex_);
+  observers_.push_back(observer);
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).attach_observer(observer);
+}
+
+void Arenas::detach_observer(const AllocObserver* observer) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(observers_, [&](const std::shared_ptr<AllocObserver>& o) { return o.get() == observer; });
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).detach_observer(observer);
+}
+
+// ---------------------------------------------------------------- views
+
+EngineSnapshot Arenas::snapshot() {
+  EngineSnapshot snap;
+  snap.device = device;
+  snap.settings = to_string(config);
+  snap.totals.cap_bytes = ledger_.cap.load(std::memory_order_relaxed);
+  for (unsigned i = 0, n = count(); i < n; ++i) {
+    EngineSnapshot one = engine(i).snapshot();
+    add_totals(snap.totals, one.totals);
+    for (SegmentView& s : one.segments) snap.segments.push_back(std::move(s));
+  }
+  snap.totals.arenas = count();
+  std::sort(snap.segments.begin(), snap.segments.end(),
+            [](const SegmentView& a, const SegmentView& b) { return a.base < b.base; });
+  return snap;
+}
+
+EngineTotals Arenas::totals() const {
+  EngineTotals t;
+  t.cap_bytes = ledger_.cap.load(std::memory_order_relaxed);
+  const unsigned n = count();
+  for (unsigned i = 0; i < n; ++i) add_totals(t, engine(i).totals());
+  t.arenas = n;
+  return t;
+}
+
+EngineLockCounts Arenas::lock_counts() const noexcept {
+  EngineLockCounts c;
+  for (unsigned i = 0, n = count(); i < n; ++i) {
+    const EngineLockCounts one = engine(i).lock_counts();
+    c.acquisitions += one.acquisitions;
+    c.contended += one.contended;
+  }
+  return c;
+}
+
+std::vector<ExpandableRegionSize> Arenas::expandable_region_sizes() const {
+  std::vector<ExpandableRegionSize> out;
+  for (unsigned i = 0, n = count(); i < n; ++i)
+    for (const ExpandableRegionSize& r : engine(i).expandable_region_sizes()) out.push_back(r);
+  return out;
+}
+
+std::size_t Arenas::largest_free_block_bytes() const {
+  std::size_t m = 0;
+  for (unsigned i = 0, n = count(); i < n; ++i) m = std::max(m, engine(i).largest_free_block_bytes());
+  return m;
+}
+
+void Arenas::check_invariants() const {
+  for (unsigned i = 0, n = count(); i < n; ++i) engine(i).check_invariants();
+}
+
+}  // namespace gpumem::alloc::detail

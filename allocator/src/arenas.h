@@ -1,0 +1,213 @@
+// Arenas: several engines for one device (Config::arenas > 1; docs/notes/thread-caches.md,
+// "Arenas").
+//
+// One engine serves every thread until threads keep finding its lock taken. A thread during whose
+// allocations an engine's lock was found taken kMoveAfterContended times moves to an engine of its own (an
+// arena), made then, while fewer than Config::arenas exist; once they all exist, later threads stay
+// where they are. An arena is a whole engine (CachingAllocator with arenas:1 and thread caches off)
+// over the device's one source and stream events, so it has its own regions, free blocks and lock:
+// a thread allocating in its arena meets no other thread's allocations, and its pair costs what one
+// thread's costs (thread-caches.md, "Nothing shared").
+//
+// What the arenas share, and how:
+//   - memory ownership: every arena knows its own memory exactly (its regions), so a pointer is
+//     given to the calling thread's arena first and, when that arena says it is not its memory
+//     (FreeStatus::foreign_pointer, or no lookup), to the others in turn. A free from the thread
+//     that allocated costs one engine call, as without arenas; a free from another thread up to one
+//     call per arena.
+//   - one cap: each arena's source (ArenaSource) counts the physical bytes it holds into one sum for
+//     the device and refuses a growth that would take the sum past the cap (fraction x provider
+//     total, or the absolute limit: the engine's own rule, cap_policy.h); the refusal says so.
+//   - out of memory: a request an arena cannot serve is tried once more after every other arena has
+//     released its cached memory (empty_cache), before the failure is reported.
+//   - settings: capture, holding, the cap and the observers are set on every arena, and an arena
+//     made later starts with them. Events carry one sequence for the device (a counter the arenas
+//     share), so a trace of several arenas is one trace.
+//   - views: totals are summed (the largest free extent is the largest of any arena); a snapshot
+//     holds every arena's segments, sorted by address. Each arena emits its own snapshot event.
+//
+// What a thread remembers: a few (Arenas id, arena) pairs in thread-local slots; a thread that uses
+// more allocators than slots may lose its place and start again in the first arena. Each arena
+// counts the threads whose place is in it (a thread that exits is forgotten); a thread alone in its
+// arena never moves.
+//
+// Thread-safety: every member may be called from any thread. `mutex` guards making arenas and the
+// settings; the arena list is read without it (an arena, once made, lives as long as the Arenas).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumem/alloc/caching_allocator.h"
+
+namespace gpumem::alloc::detail {
+
+// The physical bytes the arenas of a device hold, and their cap.
+struct ArenaLedger {
+  std::atomic<std::size_t> bytes{0};
+  std::atomic<std::size_t> cap{kNoLimit};
+  // Adds n if the sum stays within the cap; false (nothing added) if it would not.
+  bool try_add(std::size_t n) noexcept {
+    std::size_t now = bytes.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::size_t c = cap.load(std::memory_order_relaxed);
+      if (c != kNoLimit && (now > c || n > c - now)) return false;
+      if (bytes.compare_exchange_weak(now, now + n, std::memory_order_relaxed)) return true;
+    }
+  }
+  void sub(std::size_t n) noexcept { bytes.fetch_sub(n, std::memory_order_relaxed); }
+};
+
+// One arena's view of the device's source: every call goes to the source; the physical memory it
+// backs (created pieces on a virtual-memory source, reserved ranges on one without) is counted in
+// the ledger, and a call that would pass the ledger's cap is refused with out_of_memory.
+class ArenaSource final : public MemorySource {
+ public:
+  ArenaSource(MemorySource& inner, ArenaLedger& ledger) noexcept
+      : inner_(inner), ledger_(ledger), virtual_(inner.caps().virtual_memory) {}
+
+  SourceCaps caps() const noexcept override { return inner_.caps(); }
+  SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override;
+  SourceStatus release(VaRange range) override;
+  SourceResult<PhysHandle> create(std::size_t size_bytes) override;
+  SourceStatus destroy(PhysHandle handle) override;
+  SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override {
+    return inner_.map(va, size_bytes, handle);
+  }
+  SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override { return inner_.unmap(va, size_bytes); }
+  ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
+  std::string last_error() const override;
+  std::int64_t now_ns() const override { return inner_.now_ns(); }
+
+ private:
+  // Counts n bytes in, or records why not (the cap) and returns false.
+  bool admit(std::size_t n);
+
+  MemorySource& inner_;
+  ArenaLedger& ledger_;
+  const bool virtual_;
+  mutable std::mutex mutex_;                                 // guards the two below
+  std::unordered_map<PhysHandle, std::size_t> piece_bytes_;  // created pieces' sizes (virtual memory)
+  std::string refusal_;  // why the last call was refused by the cap; empty once the source is called again
+};
+
+struct Arenas {
+  // After this many of its allocations met the lock found taken, a thread moves to an arena of its own.
+  static constexpr unsigned kMoveAfterContended = 8;
+
+  Arenas(MemorySource& source, StreamEvents& events, const Config& config, int device);
+  ~Arenas();
+  Arenas(const Arenas&) = delete;
+  Arenas& operator=(const Arenas&) = delete;
+
+  AllocResult allocate(std::size_t size_bytes, StreamId stream);
+  FreeStatus free(void* ptr);
+  FreeStatus record_stream(void* ptr, StreamId stream);
+  FreeStatus allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes);
+  std::optional<BlockLookup> lookup(const void* ptr) const;
+  void empty_cache();
+  void set_capturing(bool capturing);
+  void set_holding(bool holding);
+  bool capturing() const;
+  bool holding() const;
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  void set_memory_limit(std::size_t bytes);
+  void attach_observer(std::shared_ptr<AllocObserver> observer);
+  void detach_observer(const AllocObserver* observer);
+  EngineSnapshot snapshot();
+  EngineTotals totals() const;
+  EngineLockCounts lock_counts() const noexcept;
+  std::vector<ExpandableRegionSize> expandable_region_sizes() const;
+  std::size_t largest_free_block_bytes() const;
+  void check_invariants() const;
+  std::size_t round_size(std::size_t size_bytes) const noexcept { return engine(0).round_size(size_bytes); }
+  unsigned count() const noexcept { return count_.load(std::memory_order_acquire); }
+  // The arena the calling thread allocates in (0 until it moves).
+  unsigned arena_of_this_thread() const noexcept { return arena_if_placed(); }
+  // Moves the calling thread to a new arena now, as contention would; false when config.arenas
+  // exist already (or the host has no memory for one). For tests.
+  bool move_this_thread();
+  // engine's arenas, or null when it has one engine (arenas:1). For tests.
+  static Arenas* of(CachingAllocator& engine) noexcept { return engine.arenas_.get(); }
+
+  const Config config;  // as the user gave it (arenas:N)
+  MemorySource& source;
+  const int device;
+
+ private:
+  struct Arena {
+    Arena(MemorySource& inner, ArenaLedger& ledger, StreamEvents& events, const Config& config, int device)
+        : source(inner, ledger), engine(source, events, config, device) {}
+    ArenaSource source;
+    CachingAllocator engine;
+  };
+  // This thread's place: which arena it allocates in, and how often it found a lock taken there.
+ public:
+  struct Place {
+    std::uint64_t owner = 0;  // Arenas::id_ (0: free slot)
+    unsigned arena = 0;
+    unsigned contended = 0;
+  };
+
+ private:
+
+  CachingAllocator& engine(unsigned i) const noexcept { return arenas_[i].load(std::memory_order_acquire)->engine; }
+  // How often e's lock has been found taken (its lock_counts().contended, read inline). A call
+  // during which it moved met contention: this thread's or another's, either way the lock is
+  // being fought over, which is what moves a thread.
+  static std::uint64_t contended(const CachingAllocator& e) noexcept;
+  // The calling thread's place, made (in the first arena) if it has none.
+  Place& place_for_this_thread() noexcept;
+  // The calling thread's place, or null; makes none.
+  Place* find_place() const noexcept;
+  // The calling thread's arena, or the first if it has no place.
+  unsigned arena_if_placed() const noexcept;
+  // The calling thread found a lock taken: counts it, and past kMoveAfterContended moves the thread
+  // to a new arena while fewer than config.arenas exist.
+  void note_contended(Place& place);
+  // Moves the thread of `place` to a new arena, if fewer than config.arenas exist.
+  bool move(Place& place);
+  // Makes arena count() with the current settings (mutex held); null if the host has no memory.
+  Arena* make_arena_locked();
+  // The cap the ledger enforces, from the settings (mutex held).
+  void update_cap_locked();
+  // Calls f(engine) on the calling thread's arena, then on the others, until f says it found the
+  // pointer (returns true).
+  template <class F>
+  void for_owner(F&& f) const;
+
+  // A thread stops using this Arenas (it exits, or its place is taken for another): its arena has
+  // one user fewer. Safe after the Arenas is gone (then nothing happens).
+  static void forget_place(const Place& place) noexcept;
+  friend struct PlaceSet;
+
+  const std::uint64_t id_;            // distinct for every Arenas made in the process
+  const Config arena_config_;         // arenas:1, thread caches off
+  StreamEvents& events_;
+  ArenaLedger ledger_;
+  std::atomic<std::uint64_t> seq_{0};  // the device's event sequence
+  std::array<std::atomic<Arena*>, kMaxArenas> arenas_{};
+  // Threads whose place is in each arena. A thread alone in its arena never moves: the contention
+  // it meets there is another thread's free of memory it allocated before it moved, not a fight.
+  std::array<std::atomic<unsigned>, kMaxArenas> users_{};
+  std::atomic<unsigned> count_{0};
+  mutable std::mutex mutex_;  // making arenas; the settings below
+  std::vector<std::unique_ptr<Arena>> owned_;
+  bool capturing_ = false;
+  bool holding_ = false;
+  double fraction_ = 1.0;
+  std::size_t limit_bytes_ = 0;
+  std::size_t provider_total_ = 0;
+  std::vector<std::shared_ptr<AllocObserver>> observers_;
+};
+
+}  // namespace gpumem::alloc::detail
