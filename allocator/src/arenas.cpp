@@ -189,6 +189,14 @@ Arenas::Arena* Arenas::make_arena_locked() {
   }
   CachingAllocator& e = a->engine;
   e.impl_->seq_source = &seq_;
+  if (i >= 1) {
+    // More than one arena from now on: no StatsObserver counts in place in any of them (Note
+    // [Stats in place]). Bound to the first, it would apply every other arena's events under the
+    // first arena's lock, and the arenas would wait on each other there; unbound, it takes their
+    // events on its own, in per-thread shards once they meet.
+    e.impl_->may_bind_stats.store(false, std::memory_order_relaxed);
+    if (i == 1) unbind_stats(engine(0));
+  }
   if (capturing_) e.set_capturing(true);
   if (holding_) e.set_holding(true);
   e.set_memory_fraction(fraction_);
@@ -203,6 +211,17 @@ Arenas::Arena* Arenas::make_arena_locked() {
 
 std::uint64_t Arenas::contended(const CachingAllocator& e) noexcept {
   return e.impl_->lock_contended.load(std::memory_order_relaxed);
+}
+
+void Arenas::unbind_stats(CachingAllocator& first) {
+  CachingAllocator::Impl& m = *first.impl_;
+  StatsObserver* sink = nullptr;
+  {
+    std::lock_guard lock(m.mutex);
+    m.may_bind_stats.store(false, std::memory_order_relaxed);
+    sink = m.stats_sink.exchange(nullptr, std::memory_order_relaxed);
+  }
+  if (sink != nullptr) sink->unbind_engine();
 }
 
 void Arenas::update_cap_locked() {
@@ -237,21 +256,36 @@ void Arenas::note_contended(Place& place) {
     place.contended = 0;  // alone in its arena: nothing to move away from
     return;
   }
-  if (++place.contended < kMoveAfterContended || count() >= config.arenas) return;
-  move(place);
+  if (++place.contended < kMoveAfterContended) return;
+  place.contended = 0;
+  move(place, /*make_new=*/true);
 }
 
-bool Arenas::move(Place& place) {
+bool Arenas::move(Place& place, bool make_new) {
   std::lock_guard lock(mutex_);
-  if (count() >= config.arenas || make_arena_locked() == nullptr) return false;
-  users_[place.arena].fetch_sub(1, std::memory_order_relaxed);
-  place.arena = count() - 1;
-  users_[place.arena].fetch_add(1, std::memory_order_relaxed);
-  place.contended = 0;
+  const unsigned from = place.arena, n = count();
+  // Where to: an arena no thread uses now (its threads exited: its memory is there to reuse), else
+  // a new one while fewer than config.arenas exist, else the arena with the fewest threads if that
+  // evens the load (a thread that exits leaves its arena to the next one that needs it).
+  unsigned to = kMaxArenas, fewest = from;
+  for (unsigned i = 0; i < n; ++i) {
+    if (i == from) continue;
+    const unsigned u = users_[i].load(std::memory_order_relaxed);
+    if (u == 0 && to == kMaxArenas) to = i;
+    if (u < users_[fewest].load(std::memory_order_relaxed)) fewest = i;
+  }
+  if (to == kMaxArenas && make_new && n < config.arenas && make_arena_locked() != nullptr) to = n;
+  if (to == kMaxArenas && fewest != from &&
+      users_[fewest].load(std::memory_order_relaxed) + 1 < users_[from].load(std::memory_order_relaxed))
+    to = fewest;
+  if (to == kMaxArenas) return false;
+  users_[from].fetch_sub(1, std::memory_order_relaxed);
+  users_[to].fetch_add(1, std::memory_order_relaxed);
+  place.arena = to;
   return true;
 }
 
-bool Arenas::move_this_thread() { return move(place_for_this_thread()); }
+bool Arenas::move_this_thread() { return move(place_for_this_thread(), /*make_new=*/true); }
 
 unsigned Arenas::arena_if_placed() const noexcept {
   // Looks only: a thread that frees or looks up, and never allocates, takes no place (it would

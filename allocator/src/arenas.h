@@ -2,10 +2,12 @@
 // "Arenas").
 //
 // One engine serves every thread until threads keep finding its lock taken. A thread during whose
-// allocations an engine's lock was found taken kMoveAfterContended times moves to an engine of its own (an
-// arena), made then, while fewer than Config::arenas exist; once they all exist, later threads stay
-// where they are. An arena is a whole engine (CachingAllocator with arenas:1 and thread caches off)
-// over the device's one source and stream events, so it has its own regions, free blocks and lock:
+// allocations an engine's lock was found taken kMoveAfterContended times, while it shares its
+// engine with another thread, moves: to an arena no thread uses now (its threads exited), else to
+// an engine of its own (an arena) made then while fewer than Config::arenas exist, else to the
+// arena with the fewest threads if that evens the load. An arena is a whole engine
+// (CachingAllocator with arenas:1 and thread caches off) over the device's one source and stream
+// events, so it has its own regions, free blocks and lock:
 // a thread allocating in its arena meets no other thread's allocations, and its pair costs what one
 // thread's costs (thread-caches.md, "Nothing shared").
 //
@@ -133,8 +135,8 @@ struct Arenas {
   unsigned count() const noexcept { return count_.load(std::memory_order_acquire); }
   // The arena the calling thread allocates in (0 until it moves).
   unsigned arena_of_this_thread() const noexcept { return arena_if_placed(); }
-  // Moves the calling thread to a new arena now, as contention would; false when config.arenas
-  // exist already (or the host has no memory for one). For tests.
+  // Moves the calling thread now, as contention would (to an unused arena, a new one, or a less
+  // used one); false if it stays. For tests.
   bool move_this_thread();
   // engine's arenas, or null when it has one engine (arenas:1). For tests.
   static Arenas* of(CachingAllocator& engine) noexcept { return engine.arenas_.get(); }
@@ -174,12 +176,17 @@ struct Arenas {
   // The calling thread found a lock taken: counts it, and past kMoveAfterContended moves the thread
   // to a new arena while fewer than config.arenas exist.
   void note_contended(Place& place);
-  // Moves the thread of `place` to a new arena, if fewer than config.arenas exist.
-  bool move(Place& place);
+  // Moves the thread of `place` to an arena no thread uses, else (make_new) to a new one while
+  // fewer than config.arenas exist, else to the least used if that evens the load; false if it
+  // stays.
+  bool move(Place& place, bool make_new);
   // Makes arena count() with the current settings (mutex held); null if the host has no memory.
   Arena* make_arena_locked();
   // The cap the ledger enforces, from the settings (mutex held).
   void update_cap_locked();
+  // The first arena stops counting a StatsObserver's events in place, for good (a second arena is
+  // being made).
+  static void unbind_stats(CachingAllocator& first);
   // Calls f(engine) on the calling thread's arena, then on the others, until f says it found the
   // pointer (returns true).
   template <class F>

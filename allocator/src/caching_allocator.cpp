@@ -438,7 +438,8 @@ void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) 
   // is bound to it (classic segments need the observer to see every event in order). Bound
   // without the engine lock (the observer takes its own lock, then may take ours).
   StatsObserver* sink = nullptr;
-  if (m.rules.expandable && m.stats_sink.load(std::memory_order_relaxed) == nullptr)
+  if (m.rules.expandable && m.may_bind_stats.load(std::memory_order_relaxed) &&
+      m.stats_sink.load(std::memory_order_relaxed) == nullptr)
     if (auto* stats = dynamic_cast<StatsObserver*>(observer.get()))
       if (stats->bind_engine([&m](const std::function<void()>& f) {
             std::lock_guard lock(m.mutex);

@@ -152,6 +152,9 @@ struct CachingAllocator::Impl {
   // whose hot counters emit() adds to under the engine lock; null if none. Written under mutex
   // (attach / detach); the observer is kept alive by the observer lists.
   std::atomic<StatsObserver*> stats_sink{nullptr};
+  // Whether attach_observer may bind a StatsObserver to this engine: not once the device has more
+  // than one arena (arenas.h), whose events would all be applied under this engine's lock.
+  std::atomic<bool> may_bind_stats{true};
 
   // Thread caches of recently freed blocks (thread_caches.h); `caches` under mutex.
   detail::ThreadCacheSet thread_caches;

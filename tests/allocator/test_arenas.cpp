@@ -18,6 +18,7 @@
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/manual_stream_events.h"
 #include "gpumem/alloc/sim_source.h"
+#include "gpumem/alloc/stats.h"
 
 using namespace gpumem::alloc;
 using gpumem::alloc::detail::Arenas;
@@ -42,6 +43,14 @@ struct Recorder final : AllocObserver {
     events.insert(events.end(), batch.begin(), batch.end());
   }
 };
+
+// Live allocations, from a snapshot.
+std::size_t live_count(CachingAllocator& engine) {
+  std::size_t n = 0;
+  for (const SegmentView& s : engine.snapshot().segments)
+    for (const BlockView& b : s.blocks) n += b.state == BlockState::allocated;
+  return n;
+}
 
 // Runs fn on a thread of its own and waits for it (a thread that starts in the first arena).
 template <class Fn>
@@ -101,7 +110,13 @@ TEST_CASE("arenas: a pointer goes back to the arena that allocated it, from any 
   // This thread moves to arena 1; another thread allocates in arena 0.
   REQUIRE(set.move_this_thread());
   CHECK(set.arena_of_this_thread() == 1);
-  CHECK_FALSE(set.move_this_thread());  // arenas:2: no third
+  // Arena 0 has no thread now: a second move goes there rather than making a third (arenas:2
+  // would not allow one anyway), and a third comes back.
+  REQUIRE(set.move_this_thread());
+  CHECK(set.arena_of_this_thread() == 0);
+  REQUIRE(set.move_this_thread());
+  CHECK(set.arena_of_this_thread() == 1);
+  CHECK(set.count() == 2);
   AllocResult mine = engine.allocate(3 * MiB, 0);
   REQUIRE(mine.ok());
   AllocResult theirs;
@@ -221,6 +236,89 @@ TEST_CASE("arenas: events of every arena carry one sequence; settings reach aren
   }
   CHECK(allocs == 10);
   CHECK(seqs.size() == rec->events.size());  // no seq given twice
+}
+
+TEST_CASE("arenas: a thread that exits leaves its arena to the next thread that moves", "[arenas]") {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, arena_config(3));
+  Arenas& set = *Arenas::of(engine);
+  AllocResult kept;
+  on_other_thread([&] {
+    REQUIRE(set.move_this_thread());
+    CHECK(set.arena_of_this_thread() == 1);
+    kept = engine.allocate(6 * MiB, 0);
+  });
+  REQUIRE(kept.ok());
+  const std::size_t reserved = engine.totals().reserved_bytes;
+  // That thread has exited: the next thread to move takes its arena (and the memory cached there),
+  // not a third one.
+  on_other_thread([&] {
+    REQUIRE(set.move_this_thread());
+    CHECK(set.arena_of_this_thread() == 1);
+    CHECK(engine.free(kept.ptr) == FreeStatus::ok);
+    AllocResult again = engine.allocate(6 * MiB, 0);  // from arena 1's cache: nothing new
+    REQUIRE(again.ok());
+    CHECK(again.ptr == kept.ptr);
+    CHECK(engine.free(again.ptr) == FreeStatus::ok);
+  });
+  CHECK(set.count() == 2);
+  CHECK(engine.totals().reserved_bytes == reserved);
+  // With the other arenas in use and room for one more, a move makes it.
+  on_other_thread([&] {
+    REQUIRE(set.move_this_thread());  // arena 1 is free again: there
+    CHECK(set.arena_of_this_thread() == 1);
+    std::thread second([&] {
+      REQUIRE(set.move_this_thread());  // from arena 0 (its own place), arena 1 in use: a new one
+      CHECK(set.arena_of_this_thread() == 2);
+      REQUIRE(set.move_this_thread());  // arena 0 has no thread now: there
+      CHECK(set.arena_of_this_thread() == 0);
+    });
+    second.join();
+  });
+  CHECK(set.count() == 3);
+  engine.check_invariants();
+}
+
+// A StatsObserver counts the first arena's events in place while it is alone (Note [Stats in
+// place]); when a second arena is made it is unbound and takes every arena's events as events. Its
+// numbers stay exact across the change.
+TEST_CASE("arenas: the stats observer stays exact when a second arena is made", "[arenas]") {
+  SimSource source;
+  ManualStreamEvents events;
+  const Config c = arena_config(2);
+  CachingAllocator engine(source, events, c);
+  Arenas& set = *Arenas::of(engine);
+  auto stats = std::make_shared<StatsObserver>(c);
+  engine.attach_observer(stats);
+  auto check = [&] {
+    const EngineTotals t = engine.totals();
+    const DeviceStatsView v = stats->stats();
+    CHECK(v.allocated_bytes[0].current == static_cast<std::int64_t>(t.allocated_bytes));
+    CHECK(v.reserved_bytes[0].current == static_cast<std::int64_t>(t.reserved_bytes));
+    CHECK(v.allocation[0].current == static_cast<std::int64_t>(live_count(engine)));
+  };
+  std::vector<void*> first;
+  for (int i = 0; i < 6; ++i) first.push_back(engine.allocate((i + 1) * MiB, 0).ptr);
+  CHECK(engine.free(first.back()) == FreeStatus::ok);
+  first.pop_back();
+  check();
+  std::vector<void*> second;
+  on_other_thread([&] {
+    REQUIRE(set.move_this_thread());
+    for (int i = 0; i < 6; ++i) second.push_back(engine.allocate((i + 3) * MiB, 0).ptr);
+  });
+  CHECK(set.count() == 2);
+  check();
+  const std::int64_t peak = stats->stats().allocated_bytes[0].peak;
+  CHECK(peak == static_cast<std::int64_t>(engine.totals().allocated_bytes));
+  for (void* p : first) CHECK(engine.free(p) == FreeStatus::ok);
+  on_other_thread([&] {
+    for (void* p : second) CHECK(engine.free(p) == FreeStatus::ok);
+  });
+  check();
+  CHECK(stats->stats().allocated_bytes[0].current == 0);
+  CHECK(stats->stats().allocated_bytes[0].peak == peak);
 }
 
 // Threads that allocate at once: with the lock fought over, threads move to arenas of their own;
