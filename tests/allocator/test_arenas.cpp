@@ -15,6 +15,7 @@
 
 #include "arenas.h"
 #include "catch.h"
+#include "event_recorder.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/manual_stream_events.h"
 #include "gpumem/alloc/sim_source.h"
@@ -35,13 +36,13 @@ Config arena_config(unsigned n) {
   return c;
 }
 
-struct Recorder final : AllocObserver {
-  std::mutex mutex;
-  std::vector<AllocEvent> events;
-  void on_events(std::span<const AllocEvent> batch) override {
-    std::lock_guard lock(mutex);
-    events.insert(events.end(), batch.begin(), batch.end());
-  }
+// An engine with arenas on a simulated device.
+struct ArenaEngine {
+  explicit ArenaEngine(Config c) : engine(source, events, c), set(*Arenas::of(engine)) {}
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine;
+  Arenas& set;
 };
 
 // Live allocations, from a snapshot.
@@ -102,10 +103,8 @@ TEST_CASE("arenas: one thread stays in the first arena and gets what one engine 
 }
 
 TEST_CASE("arenas: a pointer goes back to the arena that allocated it, from any thread", "[arenas]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, arena_config(2));
-  Arenas& set = *Arenas::of(engine);
+  ArenaEngine a(arena_config(2));
+  auto& [source, events, engine, set] = a;
 
   // This thread moves to arena 1; another thread allocates in arena 0.
   REQUIRE(set.move_this_thread());
@@ -204,11 +203,9 @@ TEST_CASE("arenas: one cap for the device, and an arena out of memory gets the o
 }
 
 TEST_CASE("arenas: events of every arena carry one sequence; settings reach arenas made later", "[arenas]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, arena_config(3));
-  Arenas& set = *Arenas::of(engine);
-  auto rec = std::make_shared<Recorder>();
+  ArenaEngine a(arena_config(3));
+  auto& [source, events, engine, set] = a;
+  auto rec = std::make_shared<gpumem::alloc::test::EventRecorder>();
   engine.attach_observer(rec);
   engine.set_holding(true);
 
@@ -239,10 +236,8 @@ TEST_CASE("arenas: events of every arena carry one sequence; settings reach aren
 }
 
 TEST_CASE("arenas: a thread that exits leaves its arena to the next thread that moves", "[arenas]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, arena_config(3));
-  Arenas& set = *Arenas::of(engine);
+  ArenaEngine a(arena_config(3));
+  auto& [source, events, engine, set] = a;
   AllocResult kept;
   on_other_thread([&] {
     REQUIRE(set.move_this_thread());

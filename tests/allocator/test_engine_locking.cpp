@@ -14,6 +14,7 @@
 #include "gpumem/alloc/host_vmm_source.h"
 #include "gpumem/alloc/manual_stream_events.h"
 #include "gpumem/alloc/sim_source.h"
+#include "event_recorder.h"
 #include "slow_source.h"
 
 using namespace gpumem::alloc;
@@ -36,13 +37,7 @@ Config locking_config() {
   return c;
 }
 
-struct Recorder final : AllocObserver {
-  std::mutex mutex;
-  std::vector<AllocEvent> events;
-  void on_events(std::span<const AllocEvent> batch) override {
-    std::lock_guard lock(mutex);
-    events.insert(events.end(), batch.begin(), batch.end());
-  }
+struct Recorder final : gpumem::alloc::test::EventRecorder {
   // Reserved bytes as an observer can follow them: pieces created minus pieces destroyed.
   std::size_t reserved_bytes(std::size_t piece_bytes) {
     std::lock_guard lock(mutex);
