@@ -307,18 +307,23 @@ void Arenas::for_owner(F&& f) const {
 // ---------------------------------------------------------------- requests
 
 AllocResult Arenas::allocate(std::size_t size_bytes, StreamId stream) {
-  if (count() == 1) [[likely]] {
-    // Nobody has moved yet: the first arena, and a thread's place only when the lock was found taken.
-    CachingAllocator& e = engine(0);
-    const std::uint64_t before = contended(e);
-    AllocResult r = e.allocate(size_bytes, stream);
-    if (contended(e) != before) [[unlikely]] note_contended(place_for_this_thread());
-    return r;
-  }
+  if (count() != 1) [[unlikely]]
+    return allocate_in_arenas(size_bytes, stream);
+  // Nobody has moved yet: the first arena, and a thread's place only when the lock was found taken.
+  // (One result object on this path, so that it is built in the caller's.)
+  CachingAllocator::Impl& m = *engine(0).impl_;
+  const std::uint64_t before = m.lock_contended.load(std::memory_order_relaxed);
+  AllocResult r = m.allocate(size_bytes, stream);
+  if (m.lock_contended.load(std::memory_order_relaxed) != before) [[unlikely]]
+    note_contended(place_for_this_thread());
+  return r;
+}
+
+AllocResult Arenas::allocate_in_arenas(std::size_t size_bytes, StreamId stream) {
   Place& place = place_for_this_thread();
   CachingAllocator& e = engine(place.arena);
   const std::uint64_t before = contended(e);
-  AllocResult r = e.allocate(size_bytes, stream);
+  AllocResult r = e.impl_->allocate(size_bytes, stream);
   if (contended(e) != before) [[unlikely]] note_contended(place);
   if (r.ok()) return r;
   // Out of memory in this arena: the others give their cached memory back, and the request is
@@ -326,17 +331,17 @@ AllocResult Arenas::allocate(std::size_t size_bytes, StreamId stream) {
   const unsigned own = place.arena, n = count();
   for (unsigned i = 0; i < n; ++i)
     if (i != own) engine(i).empty_cache();
-  AllocResult again = e.allocate(size_bytes, stream);
-  if (!again.ok())
-    again.oom->detail += fmt::format("{}arena {} of {}: the other arenas' cached memory was released and the request "
-                                     "tried again",
-                                     again.oom->detail.empty() ? "" : "; ", own, n);
-  return again;
+  r = e.allocate(size_bytes, stream);
+  if (!r.ok())
+    r.oom->detail += fmt::format("{}arena {} of {}: the other arenas' cached memory was released and the request "
+                                 "tried again",
+                                 r.oom->detail.empty() ? "" : "; ", own, n);
+  return r;
 }
 
 FreeStatus Arenas::free(void* ptr) {
   if (count() == 1) [[likely]]
-    return engine(0).free(ptr);
+    return engine(0).impl_->free(ptr);
   if (ptr == nullptr) return FreeStatus::null_pointer;
   FreeStatus status = FreeStatus::foreign_pointer;
   for_owner([&](CachingAllocator& e) {

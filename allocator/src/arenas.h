@@ -182,6 +182,9 @@ struct Arenas {
   bool move(Place& place, bool make_new);
   // Makes arena count() with the current settings (mutex held); null if the host has no memory.
   Arena* make_arena_locked();
+  // allocate() once a thread has moved: the calling thread's arena, and the retry after the others
+  // released their cache.
+  AllocResult allocate_in_arenas(std::size_t size_bytes, StreamId stream);
   // The cap the ledger enforces, from the settings (mutex held).
   void update_cap_locked();
   // The first arena stops counting a StatsObserver's events in place, for good (a second arena is

@@ -203,16 +203,37 @@ void CachingAllocator::Impl::free_leased_locked(Block* b, EventBatch& batch) {
 
 // ==================================================================== allocate / free
 
+namespace {
+
+// The engine's allocate and free. Of internal linkage, so that the public functions inline them
+// (a member of Impl would be interposable in the shared library and stay a call); Impl::allocate
+// and Impl::free, which the arenas call, are the same code out of line.
+[[gnu::always_inline]] inline AllocResult allocate_in(CachingAllocator::Impl& m, std::size_t size_bytes, StreamId stream);
+[[gnu::always_inline]] inline FreeStatus free_in(CachingAllocator::Impl& m, void* ptr);
+
+}  // namespace
+
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
   if (arenas_) [[unlikely]]
     return arenas_->allocate(size_bytes, stream);
-  Impl& m = *impl_;
+  return allocate_in(*impl_, size_bytes, stream);
+}
+
+AllocResult CachingAllocator::Impl::allocate(std::size_t size_bytes, StreamId stream) {
+  return allocate_in(*this, size_bytes, stream);
+}
+
+namespace {
+
+AllocResult allocate_in(CachingAllocator::Impl& m, std::size_t size_bytes, StreamId stream) {
+  using Impl = CachingAllocator::Impl;
   AllocResult result;
   if (size_bytes == 0) return result;
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
   const bool too_large = size_bytes >= policy::kMaxRequestBytes;
-  const std::size_t rounded = too_large ? size_bytes : round_size(size_bytes);
+  const std::size_t rounded =
+      too_large ? size_bytes : policy::round_size(size_bytes, m.rules.roundup_power2_divisions, m.rules.any_divisions);
   const PoolKind pool = policy::pool_for(rounded);
 
   // Fast path: this thread's leases (once the engine lock has been contended; small-pool leases
@@ -297,10 +318,20 @@ AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) 
   return result;
 }
 
+}  // namespace
+
 FreeStatus CachingAllocator::free(void* ptr) {
   if (arenas_) [[unlikely]]
     return arenas_->free(ptr);
-  Impl& m = *impl_;
+  return free_in(*impl_, ptr);
+}
+
+FreeStatus CachingAllocator::Impl::free(void* ptr) { return free_in(*this, ptr); }
+
+namespace {
+
+FreeStatus free_in(CachingAllocator::Impl& m, void* ptr) {
+  using Impl = CachingAllocator::Impl;
   if (ptr == nullptr) return FreeStatus::null_pointer;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   EventBatch batch = m.new_batch();
@@ -348,6 +379,8 @@ FreeStatus CachingAllocator::free(void* ptr) {
   Impl::publish(obs, batch);
   return FreeStatus::ok;
 }
+
+}  // namespace
 
 FreeStatus CachingAllocator::record_stream(void* ptr, StreamId stream) {
   if (arenas_) return arenas_->record_stream(ptr, stream);

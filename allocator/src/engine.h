@@ -260,6 +260,12 @@ struct CachingAllocator::Impl {
       if (!o->sleeping()) o->on_events(batch.view());
   }
 
+  // ---------------------------------------------------------------- requests (caching_allocator.cpp)
+
+  // CachingAllocator::allocate and free of this engine (the arenas call them directly).
+  AllocResult allocate(std::size_t size_bytes, StreamId stream);
+  FreeStatus free(void* ptr);
+
   // ---------------------------------------------------------------- freeing (engine.cpp)
 
   // b (allocated or pending_free, in the live table) becomes free memory.
