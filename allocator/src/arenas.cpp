@@ -258,10 +258,10 @@ void Arenas::note_contended(Place& place) {
   }
   if (++place.contended < kMoveAfterContended) return;
   place.contended = 0;
-  move(place, /*make_new=*/true);
+  move(place);
 }
 
-bool Arenas::move(Place& place, bool make_new) {
+bool Arenas::move(Place& place) {
   std::lock_guard lock(mutex_);
   const unsigned from = place.arena, n = count();
   // Where to: an arena no thread uses now (its threads exited: its memory is there to reuse), else
@@ -274,7 +274,7 @@ bool Arenas::move(Place& place, bool make_new) {
     if (u == 0 && to == kMaxArenas) to = i;
     if (u < users_[fewest].load(std::memory_order_relaxed)) fewest = i;
   }
-  if (to == kMaxArenas && make_new && n < config.arenas && make_arena_locked() != nullptr) to = n;
+  if (to == kMaxArenas && n < config.arenas && make_arena_locked() != nullptr) to = n;
   if (to == kMaxArenas && fewest != from &&
       users_[fewest].load(std::memory_order_relaxed) + 1 < users_[from].load(std::memory_order_relaxed))
     to = fewest;
@@ -285,7 +285,7 @@ bool Arenas::move(Place& place, bool make_new) {
   return true;
 }
 
-bool Arenas::move_this_thread() { return move(place_for_this_thread(), /*make_new=*/true); }
+bool Arenas::move_this_thread() { return move(place_for_this_thread()); }
 
 unsigned Arenas::arena_if_placed() const noexcept {
   // Looks only: a thread that frees or looks up, and never allocates, takes no place (it would

@@ -176,10 +176,9 @@ struct Arenas {
   // The calling thread found a lock taken: counts it, and past kMoveAfterContended moves the thread
   // to a new arena while fewer than config.arenas exist.
   void note_contended(Place& place);
-  // Moves the thread of `place` to an arena no thread uses, else (make_new) to a new one while
-  // fewer than config.arenas exist, else to the least used if that evens the load; false if it
-  // stays.
-  bool move(Place& place, bool make_new);
+  // Moves the thread of `place` to an arena no thread uses, else to a new one while fewer than
+  // config.arenas exist, else to the least used if that evens the load; false if it stays.
+  bool move(Place& place);
   // Makes arena count() with the current settings (mutex held); null if the host has no memory.
   Arena* make_arena_locked();
   // allocate() once a thread has moved: the calling thread's arena, and the retry after the others
