@@ -84,6 +84,9 @@ std::shared_ptr<PrivatePool> GraphPools::make_pool_locked(PoolId id) {
   // writes); the rest of the device's settings apply as they are.
   alloc::Config config = device_.config.engine;
   config.recycle = false;
+  // One engine per pool: a capture allocates from one thread, and arenas would split the memory a
+  // pool holds for its replays (arenas:N applies to the device's engine).
+  config.arenas = 1;
   pool->engine = std::make_unique<alloc::CachingAllocator>(*pool->source, *pool->events, config, device_.device);
   pool->engine->set_memory_fraction(device_.engine->memory_fraction());
   pool->engine->set_holding(true);
