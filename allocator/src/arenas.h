@@ -7,9 +7,11 @@
 // an engine of its own (an arena) made then while fewer than Config::arenas exist, else to the
 // arena with the fewest threads if that evens the load. An arena is a whole engine
 // (CachingAllocator with arenas:1 and thread caches off) over the device's one source and stream
-// events, so it has its own regions, free blocks and lock:
-// a thread allocating in its arena meets no other thread's allocations, and its pair costs what one
-// thread's costs (thread-caches.md, "Nothing shared").
+// events, so it has its own regions, free blocks and lock: a thread allocating in its arena meets
+// no other thread's allocations, and its pair costs what one thread's costs (thread-caches.md,
+// "Nothing shared"). A StatsObserver counts in place only while there is one arena (Note [Stats in
+// place]): when the second is made it is unbound from the first, which would otherwise apply every
+// arena's events under its own lock.
 //
 // What the arenas share, and how:
 //   - memory ownership: every arena knows its own memory exactly (its regions), so a pointer is
@@ -35,6 +37,8 @@
 //
 // Thread-safety: every member may be called from any thread. `mutex` guards making arenas and the
 // settings; the arena list is read without it (an arena, once made, lives as long as the Arenas).
+// The arenas call each engine's allocate and free directly (CachingAllocator::Impl), the rest
+// through its public functions.
 #pragma once
 
 #include <array>
