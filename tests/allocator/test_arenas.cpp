@@ -164,10 +164,16 @@ TEST_CASE("arenas: a pointer goes back to the arena that allocated it, from any 
 }
 
 TEST_CASE("arenas: one cap for the device, and an arena out of memory gets the others' cache", "[arenas]") {
-  SimSource source;
+  // On a virtual-memory source the arenas count the pieces they create; on one without, the
+  // (backed) ranges they reserve: classic segments.
+  SimSourceOptions o;
+  o.virtual_memory = GENERATE(true, false);
+  INFO("virtual memory: " << o.virtual_memory);
+  SimSource source(o);
   ManualStreamEvents events;
   Config c = arena_config(2);
   c.memory_limit_bytes = 64 * MiB;
+  c.expandable_segments = o.virtual_memory;
   CachingAllocator engine(source, events, c);
   Arenas& set = *Arenas::of(engine);
   CHECK(engine.totals().cap_bytes == 64 * MiB);
