@@ -208,6 +208,36 @@ TEST_CASE("arenas: one cap for the device, and an arena out of memory gets the o
   engine.check_invariants();
 }
 
+// The provider itself out of memory (no cap set): the same retry after the other arenas release.
+TEST_CASE("arenas: a device out of memory serves an arena from the others' cache", "[arenas]") {
+  SimSourceOptions o;
+  o.capacity_bytes = 64 * MiB;
+  SimSource source(o);
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, arena_config(2));
+  Arenas& set = *Arenas::of(engine);
+  void* first = nullptr;
+  on_other_thread([&] {
+    AllocResult r = engine.allocate(48 * MiB, 0);
+    REQUIRE(r.ok());
+    first = r.ptr;
+  });
+  REQUIRE(set.move_this_thread());
+  AllocResult refused = engine.allocate(48 * MiB, 0);
+  REQUIRE_FALSE(refused.ok());
+  INFO(describe(*refused.oom));
+  CHECK_FALSE(refused.oom->cap_reached);
+  CHECK(refused.oom->detail.find("arena 1 of 2") != std::string::npos);
+  on_other_thread([&] { CHECK(engine.free(first) == FreeStatus::ok); });
+  // Arena 0 still holds the 48 MiB it cached: the device has 16 MiB left. The retry gets them back.
+  CHECK(engine.totals().reserved_bytes >= 48 * MiB);
+  AllocResult served = engine.allocate(48 * MiB, 0);
+  REQUIRE(served.ok());
+  CHECK(source.peak_physical_bytes() <= 64 * MiB);
+  CHECK(engine.free(served.ptr) == FreeStatus::ok);
+  engine.check_invariants();
+}
+
 TEST_CASE("arenas: events of every arena carry one sequence; settings reach arenas made later", "[arenas]") {
   ArenaEngine a(arena_config(3));
   auto& [source, events, engine, set] = a;
