@@ -60,6 +60,17 @@ void on_other_thread(Fn&& fn) {
   t.join();
 }
 
+// Allocates `bytes` from a thread of its own (one that stays in the first arena); the pointer.
+void* allocate_on_other_thread(CachingAllocator& engine, std::size_t bytes) {
+  void* p = nullptr;
+  on_other_thread([&] {
+    AllocResult r = engine.allocate(bytes, 0);
+    REQUIRE(r.ok());
+    p = r.ptr;
+  });
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("arenas: one thread stays in the first arena and gets what one engine gives", "[arenas]") {
@@ -179,12 +190,7 @@ TEST_CASE("arenas: one cap for the device, and an arena out of memory gets the o
   CHECK(engine.totals().cap_bytes == 64 * MiB);
 
   // Arena 0 (another thread) holds 40 MiB, then frees it: cached there.
-  void* first = nullptr;
-  on_other_thread([&] {
-    AllocResult r = engine.allocate(40 * MiB, 0);
-    REQUIRE(r.ok());
-    first = r.ptr;
-  });
+  void* first = allocate_on_other_thread(engine, 40 * MiB);
   REQUIRE(set.move_this_thread());
   // Arena 1 alone would be within the cap; the device is not: 40 + 40 > 64 while arena 0 holds its 40.
   AllocResult kept = engine.allocate(40 * MiB, 0);
@@ -216,12 +222,7 @@ TEST_CASE("arenas: a device out of memory serves an arena from the others' cache
   ManualStreamEvents events;
   CachingAllocator engine(source, events, arena_config(2));
   Arenas& set = *Arenas::of(engine);
-  void* first = nullptr;
-  on_other_thread([&] {
-    AllocResult r = engine.allocate(48 * MiB, 0);
-    REQUIRE(r.ok());
-    first = r.ptr;
-  });
+  void* first = allocate_on_other_thread(engine, 48 * MiB);
   REQUIRE(set.move_this_thread());
   AllocResult refused = engine.allocate(48 * MiB, 0);
   REQUIRE_FALSE(refused.ok());
