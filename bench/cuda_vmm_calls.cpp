@@ -8,14 +8,26 @@
 // each into the first half and a second time into the other half while the first mapping stays
 // (a kept mapping, the engine's default), unmaps both and destroys them.
 //
-//   cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N]
+// With --threads T (T >= 2) it then measures whether recycling from several threads at once runs in
+// parallel (what arenas:N does on one device: each arena moves its own pieces): T threads each map
+// 16 pieces of 2 MiB of their own into their own reservation and unmap them, --rounds times, first
+// through one CudaVmmSource shared by the threads (its mutex holds every call, as the engine's
+// arenas share their device's source), then through a source of each thread's own (only the driver
+// is shared), each after the same loop on one thread. It prints the microseconds per cuMemMap +
+// cuMemSetAccess + cuMemUnmap of a thread (wall time over its calls): equal to the one-thread time
+// when the calls run in parallel, T times it when they take turns.
+//
+//   cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N] [--threads T]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_args.h"
@@ -32,23 +44,26 @@ struct Args {
   int rounds = 5;
   int pieces_2mib = 64;
   int pieces_20mib = 32;
+  int threads = 0;  // 0: no concurrency measurement
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
                "cuda_vmm_calls: %s\nusage: cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] "
-               "[--pieces-20mib N]  (all positive integers; device may be 0)\n",
+               "[--pieces-20mib N] [--threads T]  (all positive integers; device may be 0; T at least 2)\n",
                what.c_str());
   std::exit(2);
 }
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  gpumem::bench::BenchArgs args("cuda_vmm_calls", "[--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N]");
+  gpumem::bench::BenchArgs args("cuda_vmm_calls",
+                                "[--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N] [--threads T]");
   args.number("--device", a.device, 0, 1024)
       .number("--rounds", a.rounds, 1, 1000000)
       .number("--pieces-2mib", a.pieces_2mib, 1, 1000000)
-      .number("--pieces-20mib", a.pieces_20mib, 1, 1000000);
+      .number("--pieces-20mib", a.pieces_20mib, 1, 1000000)
+      .number("--threads", a.threads, 2, 256);
   args.parse(argc, argv);
   return a;
 }
@@ -146,6 +161,89 @@ bool run_size(const Args& args, std::size_t piece_bytes, int pieces) {
   return true;
 }
 
+// One thread's recycling loop for the concurrency measurement: `kPieces` pieces of 2 MiB, created
+// once, mapped into its reservation and unmapped, `rounds` times. Returns the wall nanoseconds of the
+// map/unmap calls (0 on a failure, already reported) and adds the mappings recycled to *recycles.
+constexpr std::size_t kConcurrencyPieces = 16;
+std::uint64_t recycle_loop(CudaVmmSource& source, int rounds, std::uint64_t* recycles) {
+  const std::size_t piece = 2 * kMiB;
+  auto range = source.reserve(kConcurrencyPieces * piece, 0);
+  if (!check(range.status, source, "reserve")) return 0;
+  std::vector<PhysHandle> handles;
+  for (std::size_t i = 0; i < kConcurrencyPieces; ++i) {
+    auto h = source.create(piece);
+    if (!check(h.status, source, "create")) return 0;
+    handles.push_back(h.value);
+  }
+  std::uint64_t ns = 0;
+  bool ok = true;
+  for (int r = 0; r < rounds && ok; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < kConcurrencyPieces && ok; ++i)
+      ok = check(source.map(range.value.base + i * piece, piece, handles[i]), source, "map");
+    for (std::size_t i = 0; i < kConcurrencyPieces && ok; ++i)
+      ok = check(source.unmap(range.value.base + i * piece, piece), source, "unmap");
+    ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+  *recycles += ok ? static_cast<std::uint64_t>(rounds) * kConcurrencyPieces : 0;
+  for (PhysHandle h : handles) ok = check(source.destroy(h), source, "destroy") && ok;
+  ok = check(source.release(range.value), source, "release") && ok;
+  return ok ? ns : 0;
+}
+
+// T threads recycling at once, on one shared source or a source each; prints us per recycled
+// mapping (map + set access + unmap) per thread against the same loop on one thread.
+bool run_concurrency(const Args& args) {
+  std::printf("\nrecycling from %d threads at once: %zu pieces of 2 MiB per thread, %d rounds; us per "
+              "cuMemMap + cuMemSetAccess + cuMemUnmap of a thread (wall time over its calls)\n",
+              args.threads, kConcurrencyPieces, args.rounds);
+  std::printf("  %-34s %12s %12s %8s\n", "sources", "1 thread", "per thread", "ratio");
+  bool ok = true;
+  for (const bool shared : {true, false}) {
+    const int t = args.threads;
+    std::vector<std::unique_ptr<CudaVmmSource>> sources;
+    for (int i = 0; i < (shared ? 1 : t); ++i) {
+      sources.push_back(std::make_unique<CudaVmmSource>(args.device));
+      if (sources.back()->init_status() != SourceStatus::ok) {
+        std::fprintf(stderr, "cuda_vmm_calls: %s\n", sources.back()->last_error().c_str());
+        return false;
+      }
+    }
+    std::uint64_t one_calls = 0;
+    const std::uint64_t one_ns = recycle_loop(*sources[0], args.rounds, &one_calls);
+    std::vector<std::uint64_t> ns(static_cast<std::size_t>(t)), calls(static_cast<std::size_t>(t));
+    std::barrier start(t);
+    std::vector<std::thread> pool;
+    for (int i = 0; i < t; ++i)
+      pool.emplace_back([&, i] {
+        if (cudaSetDevice(args.device) != cudaSuccess) return;
+        start.arrive_and_wait();
+        const auto k = static_cast<std::size_t>(i);
+        ns[k] = recycle_loop(*sources[shared ? 0 : k], args.rounds, &calls[k]);
+      });
+    for (auto& th : pool) th.join();
+    double per_thread_us = 0;
+    int measured = 0;
+    for (int i = 0; i < t; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      if (ns[k] == 0 || calls[k] == 0) continue;
+      per_thread_us += static_cast<double>(ns[k]) / static_cast<double>(calls[k]) / 1000.0;
+      ++measured;
+    }
+    if (one_ns == 0 || one_calls == 0 || measured != t) {
+      std::fprintf(stderr, "cuda_vmm_calls: the concurrency loop failed (%s)\n", shared ? "shared source" : "a source each");
+      ok = false;
+      continue;
+    }
+    per_thread_us /= measured;
+    const double one_us = static_cast<double>(one_ns) / static_cast<double>(one_calls) / 1000.0;
+    std::printf("  %-34s %12.1f %12.1f %7.2fx\n", shared ? "one source shared by the threads" : "a source per thread",
+                one_us, per_thread_us, per_thread_us / one_us);
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,5 +265,6 @@ int main(int argc, char** argv) {
   }
   bool ok = run_size(args, 2 * kMiB, args.pieces_2mib);
   ok = run_size(args, 20 * kMiB, args.pieces_20mib) && ok;
+  if (args.threads >= 2) ok = run_concurrency(args) && ok;
   return ok ? 0 : 1;
 }

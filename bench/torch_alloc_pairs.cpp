@@ -7,7 +7,7 @@
 // single-threaded and with T threads each running its own sequence.
 //
 //   torch_alloc_pairs [--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR] [--sim]
-//                     [--pattern TEXT]...
+//                     [--gpumem-only] [--pattern TEXT]...
 //
 // --pattern keeps the patterns whose name contains TEXT (repeatable), as in bench_alloc_pairs: one
 // pattern alone under callgrind gives its instructions per pair.
@@ -32,7 +32,13 @@
 // the median round, as for "gpumem ns", of which it is a part). A call costs microseconds on a GPU
 // and nothing on a simulated device, so a pattern that keeps calling the driver in its steady
 // state is slower through libtorch than on SimSource by about that much. After the table, a line
-// per pattern splits the 1-thread rounds' driver calls by kind: calls, host ns per pair, us per call.
+// per pattern splits the 1-thread rounds' driver calls by kind: calls, host ns per pair, us per call,
+// and a second line the T-thread rounds' (ns per pair per thread: the calls' host time summed over
+// the threads, over the pairs of one thread; the wall time they add to each thread's pairs if the
+// calls take turns, T times what they add if they run in parallel; the microseconds per call,
+// against the 1-thread line's, show which).
+// --gpumem-only skips PyTorch's allocator (its columns read 0): a gpumem run to sample with a
+// profiler (scripts/gpu/profile.sh), whose time is otherwise mostly native's four-thread rounds.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
@@ -200,17 +206,18 @@ int main(int argc, char** argv) {
   std::size_t ops = 200000, thread_ops = 20000;
   int threads = 4, rounds = 3;
   std::string config_text;
-  bool sim = false;
+  bool sim = false, gpumem_only = false;
   std::vector<std::string> wanted;
   gpumem::bench::BenchArgs args("torch_alloc_pairs",
                                 "[--ops N] [--thread-ops N] [--threads T] [--rounds R] [--config STR] [--sim] "
-                                "[--pattern TEXT]...");
+                                "[--gpumem-only] [--pattern TEXT]...");
   args.count("--ops", ops, 1)
       .count("--thread-ops", thread_ops, 1)
       .number("--threads", threads, 1, 1024)
       .number("--rounds", rounds, 1, 1000)
       .text("--config", config_text)
       .flag("--sim", sim)
+      .flag("--gpumem-only", gpumem_only)
       .texts("--pattern", wanted);
   args.parse(argc, argv);
   std::vector<AllocPattern> patterns;
@@ -271,8 +278,9 @@ int main(int argc, char** argv) {
   const Calls native{&native_allocator}, ours{&ours_allocator};
 
   std::printf("torch_alloc_pairs: %s vs %s, %zu pairs (1 thread), %zu pairs per thread (%d threads), median of %d "
-              "rounds\n",
-              native_allocator.name().c_str(), ours_allocator.name().c_str(), ops, thread_ops, threads, rounds);
+              "rounds%s\n",
+              native_allocator.name().c_str(), ours_allocator.name().c_str(), ops, thread_ops, threads, rounds,
+              gpumem_only ? " (--gpumem-only: PyTorch's allocator not run, its columns 0)" : "");
   std::printf("c10::cuda::current_device() (in every raw_alloc of both): %.1f ns (1 thread), %.1f ns/thread (%d "
               "threads)\n",
               current_device_ns(0), current_device_ns(threads), threads);
@@ -288,7 +296,7 @@ int main(int argc, char** argv) {
     const long long calls0 = driver_calls(ours_allocator);
     const auto by_call0 = driver_by_call();
     for (int r = 0; r < rounds; ++r) {
-      rn.push_back(run(native, patterns[i], seq, ops, stream));
+      rn.push_back(gpumem_only ? 0.0 : run(native, patterns[i], seq, ops, stream));
       const long long ns0 = driver_ns();
       rg.push_back(run(ours, patterns[i], seq, ops, stream));
       rd.push_back(static_cast<double>(driver_ns() - ns0) / static_cast<double>(ops));
@@ -301,14 +309,20 @@ int main(int argc, char** argv) {
     for (std::size_t k = 0; k < kDriverCalls.size(); ++k)
       by_call[i][k] = {by_call1[k].calls - by_call0[k].calls, by_call1[k].ns - by_call0[k].ns};
   }
+  // Per pattern, the T-thread rounds' driver calls by kind (all rounds together).
+  std::vector<std::array<DriverCall, kDriverCalls.size()>> by_call_t(patterns.size());
   for (std::size_t i = 0; i < patterns.size(); ++i) {
     std::vector<double> nt, gt;
     const long long calls0 = driver_calls(ours_allocator);
+    const auto by_call0 = driver_by_call();
     for (int r = 0; r < rounds; ++r) {
-      nt.push_back(run_threads(native, patterns[i], thread_ops, threads, true));
+      nt.push_back(gpumem_only ? 0.0 : run_threads(native, patterns[i], thread_ops, threads, true));
       gt.push_back(run_threads(ours, patterns[i], thread_ops, threads, true));
     }
     const long long calls_t = driver_calls(ours_allocator) - calls0;
+    const auto by_call1 = driver_by_call();
+    for (std::size_t k = 0; k < kDriverCalls.size(); ++k)
+      by_call_t[i][k] = {by_call1[k].calls - by_call0[k].calls, by_call1[k].ns - by_call0[k].ns};
     const double a = n1[i], b = g1[i], c = median(nt), d = median(gt);
     std::printf("%-28s %12.1f %12.1f %7.2fx   %14.1f %14.1f %7.2fx %20s %16.1f\n", patterns[i].name, a, b, a / b, c, d,
                 c / d, (std::to_string(calls[i]) + " / " + std::to_string(calls_t)).c_str(), d1[i]);
@@ -316,20 +330,25 @@ int main(int argc, char** argv) {
   }
   // Where the 1-thread rounds' driver time went, by call: calls, and host ns per pair of all the
   // rounds (their sum is the mean of the rounds' "driver ns (1t)", whose column is the median).
-  std::printf("gpumem's driver calls of the 1-thread rounds by kind (all %d rounds): calls, ns per pair, us per call\n",
-              rounds);
-  for (std::size_t i = 0; i < patterns.size(); ++i) {
+  std::printf("gpumem's driver calls by kind (all %d rounds): calls, ns per pair (%d threads: summed over the threads, "
+              "per pair of one thread), us per call\n",
+              rounds, threads);
+  const auto by_kind = [&](const std::array<DriverCall, kDriverCalls.size()>& calls, std::size_t pairs) {
     std::string line;
     for (std::size_t k = 0; k < kDriverCalls.size(); ++k) {
-      const DriverCall& c = by_call[i][k];
+      const DriverCall& c = calls[k];
       if (c.calls == 0) continue;
       char cell[96];
       std::snprintf(cell, sizeof cell, "  %s %lld, %.1f, %.1f", kDriverCalls[k], c.calls,
-                    static_cast<double>(c.ns) / static_cast<double>(ops * rounds),
+                    static_cast<double>(c.ns) / static_cast<double>(pairs),
                     static_cast<double>(c.ns) / 1e3 / static_cast<double>(c.calls));
       line += cell;
     }
-    std::printf("  %-28s%s\n", patterns[i].name, line.empty() ? "  no driver call" : line.c_str());
+    return line.empty() ? std::string("  no driver call") : line;
+  };
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    std::printf("  %-28s 1t%s\n", patterns[i].name, by_kind(by_call[i], ops * rounds).c_str());
+    std::printf("  %-28s %dt%s\n", "", threads, by_kind(by_call_t[i], thread_ops * rounds).c_str());
   }
   print_gpumem_stats(ours_allocator);
   return 0;

@@ -6,7 +6,8 @@
 #   OUT=/dir scripts/gpu/profile.sh [WORKLOAD]...
 #
 # Default workloads: torch_alloc_pairs (the C++ benchmark, PyTorch's allocator and gpumem's in one
-# process, sampled whole), engine_pairs_threads (bench_alloc_pairs' window patterns on the engine
+# process, sampled whole; torch_pairs_arenas, not a default, samples gpumem alone with arenas:4 on the
+# windows), engine_pairs_threads (bench_alloc_pairs' window patterns on the engine
 # alone, one thread then 4 threads, sampled whole: where the 4-thread windows' time goes), alloc_loop (a Python loop of 20,000 torch.empty a step, 512 B..4 MiB)
 # and gpt2_generate (GPT-2 generate(), the loop of issue 13's step-time row). Each Python workload
 # runs under native and gpumem, PROFILE_REPS times (default 2), alternated, each a fresh process
@@ -59,18 +60,23 @@ for w in "${workloads[@]}"; do
     [ -f "$rep" ] && { head -1 "$rep"; echo "   $(groups_of "$rep")"; cat "$OUT/reports/engine_pairs_threads-stdout.txt"; } | tee -a "$summary"
     continue
   fi
-  if [ "$w" = torch_alloc_pairs ]; then
+  if [ "$w" = torch_alloc_pairs ] || [ "$w" = torch_pairs_arenas ]; then
     bin=$BUILD/bench/torch_alloc_pairs
     [ -x "$bin" ] || { echo "== $w: no $bin" | tee -a "$summary"; status=1; continue; }
-    rep=$OUT/reports/torch_alloc_pairs.txt
-    echo "== torch_alloc_pairs --ops 200000 --thread-ops 20000 --threads 4 --rounds 3, sampled whole" | tee -a "$summary"
+    rep=$OUT/reports/$w.txt
+    extra=()
+    # torch_pairs_arenas: gpumem alone (--gpumem-only) with arenas:4 on the windows, where the adapter
+    # adds ~800 ns per pair with four threads (docs/notes/thread-caches.md, "Arenas").
+    [ "$w" = torch_pairs_arenas ] && extra=(--gpumem-only --config arenas:4 --pattern window)
+    echo "== torch_alloc_pairs --ops 200000 --thread-ops 20000 --threads 4 --rounds 3 ${extra[*]}, sampled whole" | tee -a "$summary"
     # LD_PRELOAD on the program alone: an armed ITIMER_PROF survives exec, so a wrapper (timeout)
     # that carried the sampler would be killed by SIGPROF in the exec'd image.
     GPUMEM_SAMPLER_OUT=$rep timeout 120 env LD_PRELOAD="$sampler" "$bin" --ops 200000 --thread-ops 20000 \
-      --threads 4 --rounds 3 >"$OUT/reports/torch_alloc_pairs-stdout.txt" 2>&1
+      --threads 4 --rounds 3 "${extra[@]}" >"$OUT/reports/$w-stdout.txt" 2>&1
     rc=$?
-    [ $rc -eq 0 ] || { echo "   exit $rc (see torch_alloc_pairs-stdout.txt)" | tee -a "$summary"; status=1; }
+    [ $rc -eq 0 ] || { echo "   exit $rc (see $w-stdout.txt)" | tee -a "$summary"; status=1; }
     [ -f "$rep" ] && { head -1 "$rep"; echo "   $(groups_of "$rep")"; } | tee -a "$summary"
+    [ "$w" = torch_pairs_arenas ] && cat "$OUT/reports/$w-stdout.txt" | tee -a "$summary"
     continue
   fi
   for r in $(seq 1 "$reps"); do
