@@ -189,6 +189,7 @@ Arenas::Arena* Arenas::make_arena_locked() {
   }
   CachingAllocator& e = a->engine;
   e.impl_->seq_source = &seq_;
+  e.impl_->device_footprint = &ledger_.bytes;
   if (i >= 1) {
     // More than one arena from now on: no StatsObserver counts in place in any of them (Note
     // [Stats in place]). Bound to the first, it would apply every other arena's events under the

@@ -45,6 +45,7 @@
 // Thread-safety: the public CachingAllocator methods may be called from any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -134,6 +135,15 @@ struct CachingAllocator::Impl {
   // Where seqs come from: event_seq, or the counter the arenas of a device share (arenas.h), so
   // that one device's events have one sequence whichever arena emits them.
   std::atomic<std::uint64_t>* seq_source = &event_seq;
+  // With arenas (arenas.h), the physical bytes of all the device's arenas (their shared ledger);
+  // null for an engine alone. Piece lengths follow the larger of it and this engine's reserved
+  // bytes (piece_footprint_bytes): a new arena on a device that holds gigabytes builds in the pieces
+  // one engine holding that memory would make, not in the 2 MiB pieces of its own small footprint.
+  const std::atomic<std::size_t>* device_footprint = nullptr;
+  std::size_t piece_footprint_bytes() const noexcept {
+    const std::size_t device = device_footprint ? device_footprint->load(std::memory_order_relaxed) : 0;
+    return std::max(map.reserved_bytes, device);
+  }
   // Note [Engine during graph capture] (caching_allocator.h). Written with growth_mutex and the
   // engine lock held, so a reader holding either sees the current value.
   std::atomic<bool> capturing{false};  // no query, no wait, no synchronization

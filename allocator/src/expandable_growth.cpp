@@ -273,7 +273,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   mutex.assert_held();
   const int p = static_cast<int>(pool);
   const std::size_t slot = rules.slot_bytes;
-  const policy::PieceRules pieces = policy::piece_rules_for_footprint(rules.pieces[p], map.reserved_bytes, slot);
+  const policy::PieceRules pieces = policy::piece_rules_for_footprint(rules.pieces[p], piece_footprint_bytes(), slot);
   const std::size_t unit = policy::unit_slots(pieces);
 
   if (!growth_scratch) growth_scratch.reset(new detail::GrowthScratch);

@@ -174,6 +174,38 @@ TEST_CASE("arenas: a pointer goes back to the arena that allocated it, from any 
   CHECK(source.physical_bytes() == 0);
 }
 
+// Pieces follow the device's footprint (the arenas' shared ledger), not the arena's own: a thread
+// that moves to a new arena on a device holding gigabytes builds its first 64 MiB in the pieces of
+// up to 8 MiB that one engine holding that memory would make, not in 2 MiB pieces (the footprint
+// rule, footprint_pieces:512, on the new arena's nothing). Fewer pieces are fewer driver calls: each
+// arena builds and recycles on its own, and on a GPU the calls cost 10-60 us and take turns.
+TEST_CASE("arenas: a new arena's pieces follow the device's footprint", "[arenas]") {
+  Config c = arena_config(2);
+  c.va_reserve_bytes = 8192 * MiB;
+  ArenaEngine a(c);
+  std::vector<void*> held;
+  for (int i = 0; i < 9; ++i) held.push_back(allocate_on_other_thread(a.engine, 512 * MiB));  // arena 0
+  REQUIRE(a.set.move_this_thread());
+  const std::uint64_t creates0 = a.source.counters().creates;
+  AllocResult r = a.engine.allocate(64 * MiB, 0);
+  REQUIRE(r.ok());
+  const std::uint64_t arena_creates = a.source.counters().creates - creates0;
+
+  // The same request on an engine of its own, with nothing else on its device: 2 MiB pieces.
+  SimSource plain_source;
+  ManualStreamEvents plain_events;
+  CachingAllocator plain(plain_source, plain_events, arena_config(1));
+  AllocResult q = plain.allocate(64 * MiB, 0);
+  REQUIRE(q.ok());
+  const std::uint64_t plain_creates = plain_source.counters().creates;
+  CHECK(plain_creates == 32);
+  CHECK(arena_creates <= 64 / 8 + 2);
+  CHECK(a.engine.free(r.ptr) == FreeStatus::ok);
+  CHECK(plain.free(q.ptr) == FreeStatus::ok);
+  for (void* p : held) CHECK(a.engine.free(p) == FreeStatus::ok);
+  a.engine.check_invariants();
+}
+
 TEST_CASE("arenas: one cap for the device, and an arena out of memory gets the others' cache", "[arenas]") {
   // On a virtual-memory source the arenas count the pieces they create; on one without, the
   // (backed) ranges they reserve: classic segments.

@@ -835,6 +835,73 @@ TEST_CASE("CudaVmmSource restores the caller's device and times its driver calls
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
 }
 
+// The arenas of one device share its source and call it from their threads at once; the driver
+// calls run outside the source's mutex (Note [Driver calls outside the source's mutex]). Four
+// threads map, write, read back and unmap pieces of their own in one shared range, and try to take
+// a piece another thread has mapped: the ledger refuses it, and ends empty.
+TEST_CASE("CudaVmmSource serves threads at once and refuses a piece another holds", "[source][gpu][cuda_vmm]") {
+  if (cuda_device_count() == 0) GPUMEM_SKIP("no CUDA device");
+  CudaVmmSource source(0);
+  INFO(source.last_error());
+  REQUIRE(source.init_status() == SourceStatus::ok);
+  const std::size_t g = source.caps().granularity_bytes;
+  constexpr int kThreads = 4, kPieces = 4, kRounds = 25;
+  auto range = source.reserve(std::size_t{kThreads} * kPieces * g, 0);
+  REQUIRE(range.ok());
+  std::atomic<PhysHandle> shared_piece{0};  // thread 0's first piece, mapped while the others try it
+  std::atomic<int> failures{0}, refusals{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t)
+    pool.emplace_back([&, t] {
+      if (cudaSetDevice(0) != cudaSuccess) return void(++failures);
+      const std::uintptr_t base = range.value.base + static_cast<std::size_t>(t) * kPieces * g;
+      std::vector<PhysHandle> pieces;
+      for (int i = 0; i < kPieces; ++i) {
+        auto h = source.create(g);
+        if (!h.ok()) return void(++failures);
+        pieces.push_back(h.value);
+      }
+      for (int r = 0; r < kRounds; ++r) {
+        for (int i = 0; i < kPieces; ++i)
+          if (source.map(base + static_cast<std::size_t>(i) * g, g, pieces[static_cast<std::size_t>(i)]) !=
+              SourceStatus::ok)
+            ++failures;
+        if (t == 0 && r == 0) shared_piece = pieces[0];
+        // Another thread's mapped piece cannot be destroyed, nor its address mapped again.
+        if (t != 0 && r == 0) {
+          while (shared_piece.load() == 0 && failures.load() == 0) std::this_thread::yield();
+          if (source.destroy(shared_piece.load()) == SourceStatus::invalid_argument) ++refusals;
+          if (source.map(range.value.base, g, pieces[0]) == SourceStatus::invalid_argument) ++refusals;
+        }
+        const auto byte = static_cast<unsigned char>(t * 16 + r % 16);
+        if (cudaMemset(reinterpret_cast<void*>(base), byte, kPieces * g) != cudaSuccess) ++failures;
+        unsigned char back = 0;
+        if (cudaMemcpy(&back, reinterpret_cast<void*>(base + kPieces * g - 1), 1, cudaMemcpyDeviceToHost) !=
+                cudaSuccess ||
+            back != byte)
+          ++failures;
+        if (t == 0 && r == 0)
+          while (refusals.load() < 2 * (kThreads - 1) && failures.load() == 0) std::this_thread::yield();
+        for (int i = 0; i < kPieces; ++i)
+          if (source.unmap(base + static_cast<std::size_t>(i) * g, g) != SourceStatus::ok) ++failures;
+      }
+      for (PhysHandle h : pieces)
+        if (source.destroy(h) != SourceStatus::ok) ++failures;
+    });
+  for (auto& th : pool) th.join();
+  CHECK(failures.load() == 0);
+  CHECK(refusals.load() == 2 * (kThreads - 1));
+  CHECK(source.mapped_bytes() == 0);
+  CHECK(source.physical_bytes() == 0);
+  const CudaVmmCallTimes t = source.call_times();
+  CHECK(t.map.calls == std::uint64_t{kThreads} * kPieces * kRounds);
+  CHECK(t.set_access.calls == t.map.calls);
+  CHECK(t.unmap.calls == t.map.calls);
+  CHECK(t.create.calls == std::uint64_t{kThreads} * kPieces);
+  CHECK(t.release.calls == t.create.calls);
+  CHECK(source.release(range.value) == SourceStatus::ok);
+}
+
 TEST_CASE("CudaStreamEvents records, completes and reuses pooled events", "[gpu][stream_events]") {
   if (cuda_device_count() == 0) GPUMEM_SKIP("no CUDA device");
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
