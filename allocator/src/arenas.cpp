@@ -247,22 +247,9 @@ Arenas::Place& Arenas::place_for_this_thread() noexcept {
   Place& p = set.places[set.next];
   set.next = (set.next + 1) % kPlaces;
   if (p.owner != 0) forget_place(p);
-  p = Place{id_, first_arena_for_new_thread(), 0};
-  return *(set.last = &p);
-}
-
-unsigned Arenas::first_arena_for_new_thread() noexcept {
-  // An arena whose threads have all exited holds memory no thread uses: a new thread starts there
-  // rather than in the first arena, where it would build on another thread's memory until it met
-  // that thread's lock 8 times, and leave there what it built. (A program whose threads live on
-  // never has such an arena; one that starts threads per phase reuses the last phase's.)
-  const unsigned n = count();
-  for (unsigned i = 1; i < n; ++i) {
-    unsigned none = 0;
-    if (users_[i].compare_exchange_strong(none, 1, std::memory_order_relaxed)) return i;
-  }
+  p = Place{id_, 0, 0};
   users_[0].fetch_add(1, std::memory_order_relaxed);
-  return 0;
+  return *(set.last = &p);
 }
 
 void Arenas::note_contended(Place& place) {

@@ -171,11 +171,8 @@ struct Arenas {
   // during which it moved met contention: this thread's or another's, either way the lock is
   // being fought over, which is what moves a thread.
   static std::uint64_t contended(const CachingAllocator& e) noexcept;
-  // The calling thread's place, made if it has none (first_arena_for_new_thread).
+  // The calling thread's place, made (in the first arena) if it has none.
   Place& place_for_this_thread() noexcept;
-  // Where a thread without a place starts, counted as a user there: an arena other than the first
-  // that no thread uses now, else the first.
-  unsigned first_arena_for_new_thread() noexcept;
   // The calling thread's place, or null; makes none.
   Place* find_place() const noexcept;
   // The calling thread's arena, or the first if it has no place.

@@ -53,15 +53,14 @@ std::size_t live_count(CachingAllocator& engine) {
   return n;
 }
 
-// Runs fn on a thread of its own and waits for it (a new thread: it starts in an arena whose threads
-// have all exited, else in the first).
+// Runs fn on a thread of its own and waits for it (a thread that starts in the first arena).
 template <class Fn>
 void on_other_thread(Fn&& fn) {
   std::thread t(std::forward<Fn>(fn));
   t.join();
 }
 
-// Allocates `bytes` from a thread of its own (in the first arena while no other is unused); the pointer.
+// Allocates `bytes` from a thread of its own (one that stays in the first arena); the pointer.
 void* allocate_on_other_thread(CachingAllocator& engine, std::size_t bytes) {
   void* p = nullptr;
   on_other_thread([&] {
@@ -305,7 +304,7 @@ TEST_CASE("arenas: events of every arena carry one sequence; settings reach aren
   CHECK(seqs.size() == rec->events.size());  // no seq given twice
 }
 
-TEST_CASE("arenas: a thread that exits leaves its arena to the next new thread", "[arenas]") {
+TEST_CASE("arenas: a thread that exits leaves its arena to the next thread that moves", "[arenas]") {
   ArenaEngine a(arena_config(3));
   auto& [source, events, engine, set] = a;
   AllocResult kept;
@@ -316,38 +315,32 @@ TEST_CASE("arenas: a thread that exits leaves its arena to the next new thread",
   });
   REQUIRE(kept.ok());
   const std::size_t reserved = engine.totals().reserved_bytes;
-  // That thread has exited: the next new thread starts in its arena (and finds the memory cached
-  // there), not in the first, where it would build on another thread's memory until it moved.
+  // That thread has exited: the next thread to move takes its arena (and the memory cached there),
+  // not a third one.
   on_other_thread([&] {
-    CHECK(engine.free(kept.ptr) == FreeStatus::ok);  // a free takes no place
+    REQUIRE(set.move_this_thread());
+    CHECK(set.arena_of_this_thread() == 1);
+    CHECK(engine.free(kept.ptr) == FreeStatus::ok);
     AllocResult again = engine.allocate(6 * MiB, 0);  // from arena 1's cache: nothing new
     REQUIRE(again.ok());
-    CHECK(set.arena_of_this_thread() == 1);
     CHECK(again.ptr == kept.ptr);
     CHECK(engine.free(again.ptr) == FreeStatus::ok);
   });
   CHECK(set.count() == 2);
   CHECK(engine.totals().reserved_bytes == reserved);
-  // With arena 1 in use, a new thread starts in the first; a move from there makes a third (room
-  // for one more), and a move from the third goes back to the first, which has no thread now.
-  AllocResult small[2];
+  // With the other arenas in use and room for one more, a move makes it.
   on_other_thread([&] {
-    small[0] = engine.allocate(512, 0);  // arena 1 is free again: there
-    REQUIRE(small[0].ok());
+    REQUIRE(set.move_this_thread());  // arena 1 is free again: there
     CHECK(set.arena_of_this_thread() == 1);
     std::thread second([&] {
-      small[1] = engine.allocate(512, 0);
-      REQUIRE(small[1].ok());
-      CHECK(set.arena_of_this_thread() == 0);
-      REQUIRE(set.move_this_thread());
+      REQUIRE(set.move_this_thread());  // from arena 0 (its own place), arena 1 in use: a new one
       CHECK(set.arena_of_this_thread() == 2);
-      REQUIRE(set.move_this_thread());
+      REQUIRE(set.move_this_thread());  // arena 0 has no thread now: there
       CHECK(set.arena_of_this_thread() == 0);
     });
     second.join();
   });
   CHECK(set.count() == 3);
-  for (const AllocResult& r : small) CHECK(engine.free(r.ptr) == FreeStatus::ok);
   engine.check_invariants();
 }
 
