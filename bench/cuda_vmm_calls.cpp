@@ -14,13 +14,17 @@
 // through one CudaVmmSource shared by the threads (its mutex holds every call, as the engine's
 // arenas share their device's source), then through a source of each thread's own (only the driver
 // is shared), each after the same loop on one thread. It prints the microseconds per cuMemMap +
-// cuMemSetAccess + cuMemUnmap of a thread (wall time over its calls): equal to the one-thread time
-// when the calls run in parallel, T times it when they take turns.
+// cuMemSetAccess + cuMemUnmap of one thread alone, of each thread (its wall time over its calls:
+// equal to the one-thread time when the calls run in parallel, T times it when they take turns), and
+// of the process (the span from the first thread's start to the last one's end over all the calls:
+// 1/T of the one-thread time in parallel, equal to it when they take turns). Give --rounds 100 or
+// more: with short loops the threads' starts spread over much of the run.
 //
 //   cuda_vmm_calls [--device N] [--rounds R] [--pieces-2mib N] [--pieces-20mib N] [--threads T]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -163,9 +167,12 @@ bool run_size(const Args& args, std::size_t piece_bytes, int pieces) {
 
 // One thread's recycling loop for the concurrency measurement: `kPieces` pieces of 2 MiB, created
 // once, mapped into its reservation and unmapped, `rounds` times. Returns the wall nanoseconds of the
-// map/unmap calls (0 on a failure, already reported) and adds the mappings recycled to *recycles.
+// map/unmap calls (0 on a failure, already reported), adds the mappings recycled to *recycles, and
+// sets *first / *last to when its first round started and its last ended.
 constexpr std::size_t kConcurrencyPieces = 16;
-std::uint64_t recycle_loop(CudaVmmSource& source, int rounds, std::uint64_t* recycles) {
+using Clock = std::chrono::steady_clock;
+std::uint64_t recycle_loop(CudaVmmSource& source, int rounds, std::uint64_t* recycles, Clock::time_point* first,
+                           Clock::time_point* last) {
   const std::size_t piece = 2 * kMiB;
   auto range = source.reserve(kConcurrencyPieces * piece, 0);
   if (!check(range.status, source, "reserve")) return 0;
@@ -177,14 +184,15 @@ std::uint64_t recycle_loop(CudaVmmSource& source, int rounds, std::uint64_t* rec
   }
   std::uint64_t ns = 0;
   bool ok = true;
+  *first = Clock::now();
   for (int r = 0; r < rounds && ok; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     for (std::size_t i = 0; i < kConcurrencyPieces && ok; ++i)
       ok = check(source.map(range.value.base + i * piece, piece, handles[i]), source, "map");
     for (std::size_t i = 0; i < kConcurrencyPieces && ok; ++i)
       ok = check(source.unmap(range.value.base + i * piece, piece), source, "unmap");
-    ns += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    *last = Clock::now();
+    ns += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(*last - t0).count());
   }
   *recycles += ok ? static_cast<std::uint64_t>(rounds) * kConcurrencyPieces : 0;
   for (PhysHandle h : handles) ok = check(source.destroy(h), source, "destroy") && ok;
@@ -193,12 +201,15 @@ std::uint64_t recycle_loop(CudaVmmSource& source, int rounds, std::uint64_t* rec
 }
 
 // T threads recycling at once, on one shared source or a source each; prints us per recycled
-// mapping (map + set access + unmap) per thread against the same loop on one thread.
+// mapping (map + set access + unmap): of one thread alone; of each of the T threads (its wall time
+// over its own calls); and of the process (from the first thread's start to the last one's end, over
+// all threads' calls). Calls that run in parallel make the last one 1/T of the first; calls that take
+// turns leave it equal.
 bool run_concurrency(const Args& args) {
   std::printf("\nrecycling from %d threads at once: %zu pieces of 2 MiB per thread, %d rounds; us per "
               "cuMemMap + cuMemSetAccess + cuMemUnmap of a thread (wall time over its calls)\n",
               args.threads, kConcurrencyPieces, args.rounds);
-  std::printf("  %-34s %12s %12s %8s\n", "sources", "1 thread", "per thread", "ratio");
+  std::printf("  %-34s %10s %12s %8s %12s %8s\n", "sources", "1 thread", "per thread", "ratio", "process", "ratio");
   bool ok = true;
   for (const bool shared : {true, false}) {
     const int t = args.threads;
@@ -211,8 +222,10 @@ bool run_concurrency(const Args& args) {
       }
     }
     std::uint64_t one_calls = 0;
-    const std::uint64_t one_ns = recycle_loop(*sources[0], args.rounds, &one_calls);
+    Clock::time_point one_first, one_last;
+    const std::uint64_t one_ns = recycle_loop(*sources[0], args.rounds, &one_calls, &one_first, &one_last);
     std::vector<std::uint64_t> ns(static_cast<std::size_t>(t)), calls(static_cast<std::size_t>(t));
+    std::vector<Clock::time_point> first(static_cast<std::size_t>(t)), last(static_cast<std::size_t>(t));
     std::barrier start(t);
     std::vector<std::thread> pool;
     for (int i = 0; i < t; ++i)
@@ -220,7 +233,7 @@ bool run_concurrency(const Args& args) {
         if (cudaSetDevice(args.device) != cudaSuccess) return;
         start.arrive_and_wait();
         const auto k = static_cast<std::size_t>(i);
-        ns[k] = recycle_loop(*sources[shared ? 0 : k], args.rounds, &calls[k]);
+        ns[k] = recycle_loop(*sources[shared ? 0 : k], args.rounds, &calls[k], &first[k], &last[k]);
       });
     for (auto& th : pool) th.join();
     double per_thread_us = 0;
@@ -238,8 +251,15 @@ bool run_concurrency(const Args& args) {
     }
     per_thread_us /= measured;
     const double one_us = static_cast<double>(one_ns) / static_cast<double>(one_calls) / 1000.0;
-    std::printf("  %-34s %12.1f %12.1f %7.2fx\n", shared ? "one source shared by the threads" : "a source per thread",
-                one_us, per_thread_us, per_thread_us / one_us);
+    std::uint64_t all_calls = 0;
+    for (std::uint64_t c : calls) all_calls += c;
+    const double span_us = std::chrono::duration<double, std::micro>(*std::max_element(last.begin(), last.end()) -
+                                                                     *std::min_element(first.begin(), first.end()))
+                               .count();
+    const double process_us = span_us / static_cast<double>(all_calls);
+    std::printf("  %-34s %10.1f %12.1f %7.2fx %12.1f %7.2fx\n",
+                shared ? "one source shared by the threads" : "a source per thread", one_us, per_thread_us,
+                per_thread_us / one_us, process_us, process_us / one_us);
   }
   return ok;
 }
