@@ -1069,6 +1069,10 @@ def describe_run(spec, res, native):
         # Whether the engine's lock was ever contended: the thread caches and their growth rule
         # (docs/notes/thread-caches.md) can touch the peak only in a run where this is on.
         parts.append("thread caches %s" % ("on" if caches_on else "off"))
+    engines = res.get("gpumem_stats", {}).get("gpumem.arenas")
+    if engines is not None:
+        # With arenas:N, how many engines the run's threads ended up in (1: no thread moved).
+        parts.append("engines %d" % engines)
     if res.get("pinned"):
         parts.append("pinned to CPUs %s" % res.get("cpus"))
     if res.get("cudnn_sdp") is False:

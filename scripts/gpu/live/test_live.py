@@ -188,6 +188,14 @@ class ReportTest(unittest.TestCase):
         self.assertNotIn("thread caches", live.describe_run(spec, base, None))
         self.assertNotIn("thread caches", live.describe_run(spec, dict(base, gpumem_stats={}), None))
 
+    def test_run_line_says_how_many_engines_served(self):
+        spec = {"index": 0, "rep": 0, "workload": "w", "mode": "gpumem_arenas"}
+        base = run_result("w", "gpumem", 0, 0.2, steps=5, warmup=1)
+        four = dict(base, gpumem_stats={"gpumem.thread_caches.on": 0, "gpumem.arenas": 4})
+        self.assertIn("; engines 4", live.describe_run(spec, four, None))
+        self.assertIn("; engines 1", live.describe_run(spec, dict(base, gpumem_stats={"gpumem.arenas": 1}), None))
+        self.assertNotIn("engines", live.describe_run(spec, base, None))
+
 
 def args_for(argv):
     return live.parse_args(argv)
