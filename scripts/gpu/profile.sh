@@ -65,8 +65,9 @@ for w in "${workloads[@]}"; do
     [ -x "$bin" ] || { echo "== $w: no $bin" | tee -a "$summary"; status=1; continue; }
     rep=$OUT/reports/$w.txt
     extra=()
-    # torch_pairs_arenas: gpumem alone (--gpumem-only) with arenas:4 on the windows, where the adapter
-    # adds ~800 ns per pair with four threads (docs/notes/thread-caches.md, "Arenas").
+    # torch_pairs_arenas: gpumem alone (--gpumem-only) with arenas:4 on the windows, where four
+    # threads pay each arena's driver calls (docs/notes/thread-caches.md, "What the arenas cost
+    # through the driver").
     [ "$w" = torch_pairs_arenas ] && extra=(--gpumem-only --config arenas:4 --pattern window)
     echo "== torch_alloc_pairs --ops 200000 --thread-ops 20000 --threads 4 --rounds 3 ${extra[*]}, sampled whole" | tee -a "$summary"
     # LD_PRELOAD on the program alone: an armed ITIMER_PROF survives exec, so a wrapper (timeout)
