@@ -189,6 +189,7 @@ Arenas::Arena* Arenas::make_arena_locked() {
   }
   CachingAllocator& e = a->engine;
   e.impl_->seq_source = &seq_;
+  e.impl_->arenas = this;
   e.impl_->device_footprint = &ledger_.bytes;
   if (i >= 1) {
     // More than one arena from now on: no StatsObserver counts in place in any of them (Note
@@ -207,11 +208,8 @@ Arenas::Arena* Arenas::make_arena_locked() {
   owned_.push_back(std::move(a));
   arenas_[i].store(raw, std::memory_order_release);
   count_.store(i + 1, std::memory_order_release);
+  if (i >= 1) routing_.store(true, std::memory_order_relaxed);
   return raw;
-}
-
-std::uint64_t Arenas::contended(const CachingAllocator& e) noexcept {
-  return e.impl_->lock_contended.load(std::memory_order_relaxed);
 }
 
 void Arenas::unbind_stats(CachingAllocator& first) {
@@ -252,14 +250,17 @@ Arenas::Place& Arenas::place_for_this_thread() noexcept {
   return *(set.last = &p);
 }
 
-void Arenas::note_contended(Place& place) {
+void Arenas::note_wait() noexcept {
+  Place& place = place_for_this_thread();
   if (users_[place.arena].load(std::memory_order_relaxed) <= 1) {
     place.contended = 0;  // alone in its arena: nothing to move away from
     return;
   }
+  waits_.fetch_add(1, std::memory_order_relaxed);
   if (++place.contended < kMoveAfterContended) return;
   place.contended = 0;
-  move(place);
+  place.move_due = true;
+  routing_.store(true, std::memory_order_relaxed);
 }
 
 bool Arenas::move(Place& place) {
@@ -308,24 +309,16 @@ void Arenas::for_owner(F&& f) const {
 // ---------------------------------------------------------------- requests
 
 AllocResult Arenas::allocate(std::size_t size_bytes, StreamId stream) {
-  if (count() != 1) [[unlikely]]
-    return allocate_in_arenas(size_bytes, stream);
-  // Nobody has moved yet: the first arena, and a thread's place only when the lock was found taken.
-  // (One result object on this path, so that it is built in the caller's.)
-  CachingAllocator::Impl& m = *engine(0).impl_;
-  const std::uint64_t before = m.lock_contended.load(std::memory_order_relaxed);
-  AllocResult r = m.allocate(size_bytes, stream);
-  if (m.lock_contended.load(std::memory_order_relaxed) != before) [[unlikely]]
-    note_contended(place_for_this_thread());
-  return r;
-}
-
-AllocResult Arenas::allocate_in_arenas(std::size_t size_bytes, StreamId stream) {
+  // CachingAllocator::allocate calls the first arena inline while it is alone and nobody is due to
+  // move; here a thread allocates in its place's arena, moving first if its waits made it due.
   Place& place = place_for_this_thread();
+  if (place.move_due) [[unlikely]] {
+    place.move_due = false;
+    move(place);
+    if (count() == 1) routing_.store(false, std::memory_order_relaxed);  // no arena could be made
+  }
   CachingAllocator& e = engine(place.arena);
-  const std::uint64_t before = contended(e);
   AllocResult r = e.impl_->allocate(size_bytes, stream);
-  if (contended(e) != before) [[unlikely]] note_contended(place);
   if (r.ok()) return r;
   // Out of memory in this arena: the others give their cached memory back, and the request is
   // tried once more (the engine's own retry has released this arena's).
@@ -494,3 +487,5 @@ void Arenas::check_invariants() const {
 }
 
 }  // namespace gpumem::alloc::detail
+
+void gpumem::alloc::CachingAllocator::Impl::note_wait_in_arenas() noexcept { arenas->note_wait(); }

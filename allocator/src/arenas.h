@@ -1,9 +1,9 @@
 // Arenas: several engines for one device (Config::arenas > 1; docs/notes/thread-caches.md,
 // "Arenas").
 //
-// One engine serves every thread until threads keep finding its lock taken. A thread during whose
-// allocations an engine's lock was found taken kMoveAfterContended times, while it shares its
-// engine with another thread, moves: to an arena no thread uses now (its threads exited), else to
+// One engine serves every thread until threads keep finding its lock taken. A thread whose
+// allocations waited for its engine's lock kMoveAfterContended times, while it shares its engine
+// with another thread, moves: to an arena no thread uses now (its threads exited), else to
 // an engine of its own (an arena) made then while fewer than Config::arenas exist, else to the
 // arena with the fewest threads if that evens the load. An arena is a whole engine
 // (CachingAllocator with arenas:1 and thread caches off) over the device's one source and stream
@@ -137,6 +137,21 @@ struct Arenas {
   void check_invariants() const;
   std::size_t round_size(std::size_t size_bytes) const noexcept { return engine(0).round_size(size_bytes); }
   unsigned count() const noexcept { return count_.load(std::memory_order_acquire); }
+  // The first arena's engine: CachingAllocator calls it inline (no place, no routing) while it is
+  // the only arena and no thread is due to move.
+  CachingAllocator::Impl& first_engine() const noexcept { return *engine(0).impl_; }
+  // Whether allocations must go through allocate(): more than one arena, or a thread due to move.
+  // One load: routing_ is set when the second arena is made or a move falls due, and cleared only
+  // while there is one arena (a move that could not make one). A thread that reads it stale
+  // allocates in the first arena, where every thread that has not moved allocates anyway; a thread
+  // that moved set it itself, or read it set.
+  bool routing() const noexcept { return routing_.load(std::memory_order_relaxed); }
+  // The calling thread's allocation waited for an arena's lock (the engine's contended path, with
+  // that lock held: counts only, never moves). While the thread shares its arena, the wait counts
+  // against it, and the kMoveAfterContended-th makes it due to move at its next allocation.
+  void note_wait() noexcept;
+  // Waits counted against threads that shared their arena (note_wait), since the Arenas was made.
+  std::uint64_t waits_counted() const noexcept { return waits_.load(std::memory_order_relaxed); }
   // The arena the calling thread allocates in (0 until it moves).
   unsigned arena_of_this_thread() const noexcept { return arena_if_placed(); }
   // Moves the calling thread now, as contention would (to an unused arena, a new one, or a less
@@ -162,32 +177,23 @@ struct Arenas {
     std::uint64_t owner = 0;  // Arenas::id_ (0: free slot)
     unsigned arena = 0;
     unsigned contended = 0;
+    bool move_due = false;  // kMoveAfterContended waits counted: moves at its next allocation
   };
 
  private:
 
   CachingAllocator& engine(unsigned i) const noexcept { return arenas_[i].load(std::memory_order_acquire)->engine; }
-  // How often e's lock has been found taken (its lock_counts().contended, read inline). A call
-  // during which it moved met contention: this thread's or another's, either way the lock is
-  // being fought over, which is what moves a thread.
-  static std::uint64_t contended(const CachingAllocator& e) noexcept;
   // The calling thread's place, made (in the first arena) if it has none.
   Place& place_for_this_thread() noexcept;
   // The calling thread's place, or null; makes none.
   Place* find_place() const noexcept;
   // The calling thread's arena, or the first if it has no place.
   unsigned arena_if_placed() const noexcept;
-  // The calling thread found a lock taken: counts it, and past kMoveAfterContended moves the thread
-  // to a new arena while fewer than config.arenas exist.
-  void note_contended(Place& place);
   // Moves the thread of `place` to an arena no thread uses, else to a new one while fewer than
   // config.arenas exist, else to the least used if that evens the load; false if it stays.
   bool move(Place& place);
   // Makes arena count() with the current settings (mutex held); null if the host has no memory.
   Arena* make_arena_locked();
-  // allocate() once a thread has moved: the calling thread's arena, and the retry after the others
-  // released their cache.
-  AllocResult allocate_in_arenas(std::size_t size_bytes, StreamId stream);
   // The cap the ledger enforces, from the settings (mutex held).
   void update_cap_locked();
   // The first arena stops counting a StatsObserver's events in place, for good (a second arena is
@@ -213,6 +219,8 @@ struct Arenas {
   // it meets there is another thread's free of memory it allocated before it moved, not a fight.
   std::array<std::atomic<unsigned>, kMaxArenas> users_{};
   std::atomic<unsigned> count_{0};
+  std::atomic<bool> routing_{false};  // routing()
+  std::atomic<std::uint64_t> waits_{0};  // waits_counted()
   mutable std::mutex mutex_;  // making arenas; the settings below
   std::vector<std::unique_ptr<Arena>> owned_;
   bool capturing_ = false;

@@ -84,9 +84,11 @@ std::string describe(const OomInfo& oom) {
 CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device) {
   if (config.arenas > 1) {
     arenas_ = std::make_unique<detail::Arenas>(source, events, config, device);
+    first_ = &arenas_->first_engine();
     return;
   }
   impl_ = std::make_unique<Impl>(source, events, std::move(config), device);
+  first_ = impl_.get();
   detail::register_engine(impl_->thread_caches.id, impl_.get());
 }
 
@@ -214,9 +216,11 @@ namespace {
 }  // namespace
 
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
-  if (arenas_) [[unlikely]]
+  // With arenas, while nobody has moved (and no move is due): the first arena's engine inline, as
+  // one engine's (an allocation that waits for its lock is counted there: Impl::arenas).
+  if (arenas_ && arenas_->routing()) [[unlikely]]
     return arenas_->allocate(size_bytes, stream);
-  return allocate_in(*impl_, size_bytes, stream);
+  return allocate_in(*first_, size_bytes, stream);
 }
 
 AllocResult CachingAllocator::Impl::allocate(std::size_t size_bytes, StreamId stream) {
@@ -257,7 +261,7 @@ AllocResult allocate_in(CachingAllocator::Impl& m, std::size_t size_bytes, Strea
   }
 
   {
-    auto lock = m.lock_noting_contention();
+    auto lock = m.lock_noting_contention(true);
     if (!m.pending.empty() && m.may_wait()) m.process_pending_locked(batch);
     Block* b = nullptr;
     bool leased = false;
@@ -321,9 +325,9 @@ AllocResult allocate_in(CachingAllocator::Impl& m, std::size_t size_bytes, Strea
 }  // namespace
 
 FreeStatus CachingAllocator::free(void* ptr) {
-  if (arenas_) [[unlikely]]
+  if (arenas_ && arenas_->count() != 1) [[unlikely]]
     return arenas_->free(ptr);
-  return free_in(*impl_, ptr);
+  return free_in(*first_, ptr);
 }
 
 FreeStatus CachingAllocator::Impl::free(void* ptr) { return free_in(*this, ptr); }

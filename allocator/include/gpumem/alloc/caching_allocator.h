@@ -222,6 +222,9 @@ class CachingAllocator {
   // allocator/src/arenas.h), to which every call then goes.
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<detail::Arenas> arenas_;
+  // The engine allocate() and free() call while one engine serves every thread: impl_, or with
+  // arenas the first arena's (until a second is made, its calls cost what one engine's cost).
+  Impl* first_ = nullptr;
 };
 
 }  // namespace gpumem::alloc
