@@ -38,7 +38,10 @@
 // Thread-safety: every member may be called from any thread. `mutex` guards making arenas and the
 // settings; the arena list is read without it (an arena, once made, lives as long as the Arenas).
 // The arenas call each engine's allocate and free directly (CachingAllocator::Impl), the rest
-// through its public functions.
+// through its public functions. note_wait runs with an arena's engine lock held (the engine's
+// contended path): it takes no lock but g_live_mutex (a place given up, forget_place), which is
+// never held while an engine lock is taken; a move, which may take the first arena's lock (a second
+// arena unbinds its StatsObserver), runs in allocate() with no engine lock held.
 #pragma once
 
 #include <array>
