@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -341,6 +342,73 @@ TEST_CASE("arenas: a thread that exits leaves its arena to the next thread that 
     second.join();
   });
   CHECK(set.count() == 3);
+  engine.check_invariants();
+}
+
+// What moves a thread: its own allocations' waits for its arena's lock, counted by note_wait (which
+// the engine's contended path calls, with that lock held; here called directly, which it allows:
+// it touches only the thread's place and the arenas' counters). Until a move is due, every call
+// goes to the first arena inline (routing() off).
+TEST_CASE("arenas: a thread's own waits make it due to move, and it moves at its next allocation", "[arenas]") {
+  ArenaEngine a(arena_config(4));
+  auto& [source, events, engine, set] = a;
+  CHECK_FALSE(set.routing());
+  void* first = engine.allocate(MiB, 0).ptr;  // inline, in the first arena; no place taken
+  REQUIRE(first != nullptr);
+  CHECK_FALSE(set.routing());
+  CHECK(set.waits_counted() == 0);
+
+  // A thread alone in its arena is not counted: its waits are not a fight.
+  set.note_wait();
+  CHECK(set.waits_counted() == 0);
+
+  // Another thread with a place in the first arena (it waited once, and stays until told to exit).
+  std::mutex m;
+  std::condition_variable cv;
+  bool placed = false, done = false;
+  std::thread other([&] {
+    set.note_wait();  // its place: two threads share the first arena now
+    std::unique_lock lock(m);
+    placed = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return done; });
+  });
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return placed; });
+  }
+  const std::uint64_t before = set.waits_counted();  // the other thread's wait: counted
+  CHECK(before == 1);
+  for (unsigned i = 1; i < Arenas::kMoveAfterContended; ++i) set.note_wait();
+  CHECK(set.waits_counted() == before + Arenas::kMoveAfterContended - 1);
+  CHECK_FALSE(set.routing());  // seven: not yet due
+  set.note_wait();
+  CHECK(set.routing());  // the eighth: due, but nothing has moved yet
+  CHECK(set.count() == 1);
+  CHECK(set.arena_of_this_thread() == 0);
+
+  // The next allocation moves it, to a new arena, and is served there.
+  AllocResult moved = engine.allocate(MiB, 0);
+  REQUIRE(moved.ok());
+  CHECK(set.count() == 2);
+  CHECK(set.arena_of_this_thread() == 1);
+  CHECK(set.routing());
+  // Alone in its new arena, its waits are not counted.
+  const std::uint64_t after_move = set.waits_counted();
+  set.note_wait();
+  CHECK(set.waits_counted() == after_move);
+  // Frees go back to the arena that allocated, from any thread.
+  CHECK(engine.free(first) == FreeStatus::ok);
+  FreeStatus freed_elsewhere = FreeStatus::null_pointer;
+  on_other_thread([&] { freed_elsewhere = engine.free(moved.ptr); });
+  CHECK(freed_elsewhere == FreeStatus::ok);
+  {
+    std::lock_guard lock(m);
+    done = true;
+  }
+  cv.notify_all();
+  other.join();
+  CHECK(engine.totals().allocated_bytes == 0);
   engine.check_invariants();
 }
 
