@@ -314,8 +314,7 @@ AllocResult Arenas::allocate(std::size_t size_bytes, StreamId stream) {
   Place& place = place_for_this_thread();
   if (place.move_due) [[unlikely]] {
     place.move_due = false;
-    move(place);
-    if (count() == 1) routing_.store(false, std::memory_order_relaxed);  // no arena could be made
+    move(place);  // may make no arena (the host is out of memory): routing stays on, as it is cheap
   }
   CachingAllocator& e = engine(place.arena);
   AllocResult r = e.impl_->allocate(size_bytes, stream);

@@ -144,10 +144,11 @@ struct Arenas {
   // the only arena and no thread is due to move.
   CachingAllocator::Impl& first_engine() const noexcept { return *engine(0).impl_; }
   // Whether allocations must go through allocate(): more than one arena, or a thread due to move.
-  // One load: routing_ is set when the second arena is made or a move falls due, and cleared only
-  // while there is one arena (a move that could not make one). A thread that reads it stale
-  // allocates in the first arena, where every thread that has not moved allocates anyway; a thread
-  // that moved set it itself, or read it set.
+  // One load: routing_ is set when the second arena is made or a move falls due, and never cleared
+  // (a move that could make no arena leaves it on: allocations then take the slower way, no other
+  // harm). A thread that reads it stale allocates in the first arena, where every thread that has
+  // not moved allocates anyway; a thread that moved set it itself, or read it set, and never reads
+  // it unset again.
   bool routing() const noexcept { return routing_.load(std::memory_order_relaxed); }
   // The calling thread's allocation waited for an arena's lock (the engine's contended path, with
   // that lock held: counts only, never moves). While the thread shares its arena, the wait counts
