@@ -141,11 +141,22 @@ struct PlaceSet {
   PlaceSet() = default;
   PlaceSet(const PlaceSet&) = delete;
   PlaceSet& operator=(const PlaceSet&) = delete;
-  ~PlaceSet() {
-    for (const Arenas::Place& p : places)
-      if (p.owner != 0) Arenas::forget_place(p);
-  }
+  ~PlaceSet();
 };
+
+namespace {
+// The place found last, in a thread-local that needs no construction or destruction: read with no
+// initialization check (t_places, which has a destructor, is reached through one on every access).
+// Its owner is read from the place itself (a slot may have been given to another Arenas since).
+// Cleared when the thread's places go.
+thread_local Arenas::Place* t_last_place = nullptr;
+}  // namespace
+
+PlaceSet::~PlaceSet() {
+  t_last_place = nullptr;
+  for (const Arenas::Place& p : places)
+    if (p.owner != 0) Arenas::forget_place(p);
+}
 
 Arenas::Arenas(MemorySource& src, StreamEvents& events, const Config& cfg, int dev)
     : config(cfg),
@@ -232,11 +243,22 @@ thread_local PlaceSet t_places;
 }  // namespace
 
 Arenas::Place* Arenas::find_place() const noexcept {
+  if (Place* last = t_last_place; last != nullptr && last->owner == id_) [[likely]]
+    return last;
+  return find_place_in_set();
+}
+
+Arenas::Place* Arenas::find_place_in_set() const noexcept {
   PlaceSet& set = t_places;
-  if (set.last != nullptr && set.last->owner == id_) return set.last;
+  if (set.last != nullptr && set.last->owner == id_) return remember(set.last);
   for (Place& p : set.places)
-    if (p.owner == id_) return set.last = &p;
+    if (p.owner == id_) return remember(set.last = &p);
   return nullptr;
+}
+
+Arenas::Place* Arenas::remember(Place* place) noexcept {
+  t_last_place = place;
+  return place;
 }
 
 Arenas::Place& Arenas::place_for_this_thread() noexcept {
@@ -247,7 +269,7 @@ Arenas::Place& Arenas::place_for_this_thread() noexcept {
   if (p.owner != 0) forget_place(p);
   p = Place{id_, 0, 0};
   users_[0].fetch_add(1, std::memory_order_relaxed);
-  return *(set.last = &p);
+  return *remember(set.last = &p);
 }
 
 void Arenas::note_wait() noexcept {
@@ -308,39 +330,59 @@ void Arenas::for_owner(F&& f) const {
 
 // ---------------------------------------------------------------- requests
 
-AllocResult Arenas::allocate(std::size_t size_bytes, StreamId stream) {
-  // CachingAllocator::allocate calls the first arena inline while it is alone and nobody is due to
-  // move; here a thread allocates in its place's arena, moving first if its waits made it due.
+CachingAllocator::Impl& Arenas::engine_for_allocation() {
+  // CachingAllocator::allocate calls the first arena while it is alone and nobody is due to move;
+  // then the calling thread's arena, moving it first if its waits made it due.
+  if (const Place* last = t_last_place; last != nullptr && last->owner == id_ && !last->move_due) [[likely]]
+    return *engine(last->arena).impl_;
+  return engine_for_allocation_placing();
+}
+
+CachingAllocator::Impl& Arenas::engine_for_allocation_placing() {
   Place& place = place_for_this_thread();
   if (place.move_due) [[unlikely]] {
     place.move_due = false;
     move(place);  // may make no arena (the host is out of memory): routing stays on, as it is cheap
   }
-  CachingAllocator& e = engine(place.arena);
-  AllocResult r = e.impl_->allocate(size_bytes, stream);
-  if (r.ok()) return r;
-  // Out of memory in this arena: the others give their cached memory back, and the request is
-  // tried once more (the engine's own retry has released this arena's).
-  const unsigned own = place.arena, n = count();
-  for (unsigned i = 0; i < n; ++i)
-    if (i != own) engine(i).empty_cache();
-  r = e.allocate(size_bytes, stream);
-  if (!r.ok())
-    r.oom->detail += fmt::format("{}arena {} of {}: the other arenas' cached memory was released and the request "
-                                 "tried again",
-                                 r.oom->detail.empty() ? "" : "; ", own, n);
-  return r;
+  return *engine(place.arena).impl_;
 }
 
-FreeStatus Arenas::free(void* ptr) {
-  if (count() == 1) [[likely]]
-    return engine(0).impl_->free(ptr);
-  if (ptr == nullptr) return FreeStatus::null_pointer;
+void Arenas::retry_out_of_memory(CachingAllocator::Impl& own, std::size_t size_bytes, StreamId stream,
+                                 AllocResult& result) {
+  // Once per request: the retry's own failure is the answer.
+  thread_local bool retrying = false;
+  const unsigned n = count();
+  if (retrying || n == 1) return;
+  unsigned own_index = 0;
+  for (unsigned i = 0; i < n; ++i)
+    if (engine(i).impl_.get() == &own) own_index = i;
+  // The engine's own retry has released this arena's cache; the others give theirs back.
+  for (unsigned i = 0; i < n; ++i)
+    if (i != own_index) engine(i).empty_cache();
+  retrying = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{retrying};
+  result = own.allocate(size_bytes, stream);
+  if (!result.ok())
+    result.oom->detail += fmt::format("{}arena {} of {}: the other arenas' cached memory was released and the request "
+                                      "tried again",
+                                      result.oom->detail.empty() ? "" : "; ", own_index, n);
+}
+
+CachingAllocator::Impl& Arenas::engine_for_free() const noexcept {
+  if (const Place* last = t_last_place; last != nullptr && last->owner == id_) [[likely]]
+    return *engine(last->arena).impl_;
+  return *engine(arena_if_placed()).impl_;
+}
+
+FreeStatus Arenas::free_elsewhere(void* ptr, const CachingAllocator::Impl& tried) {
   FreeStatus status = FreeStatus::foreign_pointer;
-  for_owner([&](CachingAllocator& e) {
-    status = e.free(ptr);
-    return status != FreeStatus::foreign_pointer;
-  });
+  for (unsigned i = 0, n = count(); i < n && status == FreeStatus::foreign_pointer; ++i) {
+    CachingAllocator& e = engine(i);
+    if (e.impl_.get() != &tried) status = e.free(ptr);
+  }
   return status;
 }
 

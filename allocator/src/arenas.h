@@ -37,11 +37,12 @@
 //
 // Thread-safety: every member may be called from any thread. `mutex` guards making arenas and the
 // settings; the arena list is read without it (an arena, once made, lives as long as the Arenas).
-// The arenas call each engine's allocate and free directly (CachingAllocator::Impl), the rest
-// through its public functions. note_wait runs with an arena's engine lock held (the engine's
+// CachingAllocator runs an engine's allocate and free itself, in the engine the arenas name
+// (engine_for_allocation, engine_for_free); the arenas call the rest through each engine's public
+// functions. note_wait runs with an arena's engine lock held (the engine's
 // contended path): it takes no lock but g_live_mutex (a place given up, forget_place), which is
 // never held while an engine lock is taken; a move, which may take the first arena's lock (a second
-// arena unbinds its StatsObserver), runs in allocate() with no engine lock held.
+// arena unbinds its StatsObserver), runs in engine_for_allocation() with no engine lock held.
 #pragma once
 
 #include <array>
@@ -117,8 +118,19 @@ struct Arenas {
   Arenas(const Arenas&) = delete;
   Arenas& operator=(const Arenas&) = delete;
 
-  AllocResult allocate(std::size_t size_bytes, StreamId stream);
-  FreeStatus free(void* ptr);
+  // The engine the calling thread allocates in (CachingAllocator::allocate, once the arenas route):
+  // its place's arena, after moving it if its waits made it due.
+  CachingAllocator::Impl& engine_for_allocation();
+  // An allocation in `own` (one of these arenas) failed after the engine's own retry: the other
+  // arenas release their cached memory and it is tried once more; `result` becomes that try's
+  // (its OOM detail says so). Nothing with one arena, or within the retry itself.
+  void retry_out_of_memory(CachingAllocator::Impl& own, std::size_t size_bytes, StreamId stream, AllocResult& result);
+  // The engine a free from the calling thread tries first (CachingAllocator::free, with more than
+  // one arena): its arena's, the first if it has no place (a thread usually frees what it
+  // allocated).
+  CachingAllocator::Impl& engine_for_free() const noexcept;
+  // A free that `tried` answered foreign_pointer: the other arenas in turn, until one does not.
+  FreeStatus free_elsewhere(void* ptr, const CachingAllocator::Impl& tried);
   FreeStatus record_stream(void* ptr, StreamId stream);
   FreeStatus allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes);
   std::optional<BlockLookup> lookup(const void* ptr) const;
@@ -143,7 +155,8 @@ struct Arenas {
   // The first arena's engine: CachingAllocator calls it inline (no place, no routing) while it is
   // the only arena and no thread is due to move.
   CachingAllocator::Impl& first_engine() const noexcept { return *engine(0).impl_; }
-  // Whether allocations must go through allocate(): more than one arena, or a thread due to move.
+  // Whether allocations must ask engine_for_allocation(): more than one arena, or a thread due to
+  // move.
   // One load: routing_ is set when the second arena is made or a move falls due, and never cleared
   // (a move that could make no arena leaves it on: allocations then take the slower way, no other
   // harm). A thread that reads it stale allocates in the first arena, where every thread that has
@@ -191,6 +204,13 @@ struct Arenas {
   Place& place_for_this_thread() noexcept;
   // The calling thread's place, or null; makes none.
   Place* find_place() const noexcept;
+  // engine_for_allocation past its first look (the place found last, not due to move): the
+  // thread's place, made if it has none, and its move.
+  CachingAllocator::Impl& engine_for_allocation_placing();
+  // find_place past its first look (the place found last): the thread's set of places.
+  Place* find_place_in_set() const noexcept;
+  // Makes `place` the one find_place looks at first (a thread-local pointer); returns it.
+  static Place* remember(Place* place) noexcept;
   // The calling thread's arena, or the first if it has no place.
   unsigned arena_if_placed() const noexcept;
   // Moves the thread of `place` to an arena no thread uses, else to a new one while fewer than

@@ -215,11 +215,21 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+// allocate() once the arenas route: the calling thread's arena (moving it first if it is due), the
+// engine's code inline here too. Out of line, so that the path of one engine stays as it is.
+[[gnu::noinline]] AllocResult allocate_routed(detail::Arenas& arenas, std::size_t size_bytes, StreamId stream) {
+  return allocate_in(arenas.engine_for_allocation(), size_bytes, stream);
+}
+
+}  // namespace
+
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
   // With arenas, while nobody has moved (and no move is due): the first arena's engine inline, as
   // one engine's (an allocation that waits for its lock is counted there: Impl::arenas).
   if (arenas_ && arenas_->routing()) [[unlikely]]
-    return arenas_->allocate(size_bytes, stream);
+    return allocate_routed(*arenas_, size_bytes, stream);
   return allocate_in(*first_, size_bytes, stream);
 }
 
@@ -317,16 +327,35 @@ AllocResult allocate_in(CachingAllocator::Impl& m, std::size_t size_bytes, Strea
     }
   }
   // The provider's numbers come from a driver call: taken without the engine lock.
-  if (result.oom) result.oom->provider = m.source.mem_info();
+  if (result.oom) [[unlikely]] {
+    result.oom->provider = m.source.mem_info();
+    Impl::publish(obs, batch);
+    // An arena out of memory: the other arenas release their cached memory, and the request is
+    // tried once more (arenas.h).
+    if (m.arenas != nullptr) m.arenas->retry_out_of_memory(m, size_bytes, stream, result);
+    return result;
+  }
   Impl::publish(obs, batch);
   return result;
 }
 
 }  // namespace
 
+namespace {
+
+// free() with more than one arena: the calling thread's arena first, inline here, then the others
+// (a pointer belongs to exactly one). Out of line, so that the path of one engine stays as it is.
+[[gnu::noinline]] FreeStatus free_routed(detail::Arenas& arenas, void* ptr) {
+  CachingAllocator::Impl& own = arenas.engine_for_free();
+  const FreeStatus s = free_in(own, ptr);
+  return s != FreeStatus::foreign_pointer ? s : arenas.free_elsewhere(ptr, own);
+}
+
+}  // namespace
+
 FreeStatus CachingAllocator::free(void* ptr) {
   if (arenas_ && arenas_->count() != 1) [[unlikely]]
-    return arenas_->free(ptr);
+    return free_routed(*arenas_, ptr);
   return free_in(*first_, ptr);
 }
 
