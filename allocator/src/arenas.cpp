@@ -242,8 +242,13 @@ namespace {
 thread_local PlaceSet t_places;
 }  // namespace
 
+[[gnu::always_inline]] inline Arenas::Place* Arenas::last_place() const noexcept {
+  Place* last = t_last_place;
+  return last != nullptr && last->owner == id_ ? last : nullptr;
+}
+
 Arenas::Place* Arenas::find_place() const noexcept {
-  if (Place* last = t_last_place; last != nullptr && last->owner == id_) [[likely]]
+  if (Place* last = last_place()) [[likely]]
     return last;
   return find_place_in_set();
 }
@@ -333,7 +338,7 @@ void Arenas::for_owner(F&& f) const {
 CachingAllocator::Impl& Arenas::engine_for_allocation() {
   // CachingAllocator::allocate calls the first arena while it is alone and nobody is due to move;
   // then the calling thread's arena, moving it first if its waits made it due.
-  if (const Place* last = t_last_place; last != nullptr && last->owner == id_ && !last->move_due) [[likely]]
+  if (const Place* last = last_place(); last != nullptr && !last->move_due) [[likely]]
     return *engine(last->arena).impl_;
   return engine_for_allocation_placing();
 }
@@ -372,9 +377,11 @@ void Arenas::retry_out_of_memory(CachingAllocator::Impl& own, std::size_t size_b
 }
 
 CachingAllocator::Impl& Arenas::engine_for_free() const noexcept {
-  if (const Place* last = t_last_place; last != nullptr && last->owner == id_) [[likely]]
-    return *engine(last->arena).impl_;
-  return *engine(arena_if_placed()).impl_;
+  // arena_if_placed, with the first look inline (a free is as frequent as an allocation).
+  const Place* p = last_place();
+  if (p == nullptr) [[unlikely]]
+    p = find_place_in_set();
+  return *engine(p != nullptr ? p->arena : 0).impl_;
 }
 
 FreeStatus Arenas::free_elsewhere(void* ptr, const CachingAllocator::Impl& tried) {

@@ -207,6 +207,9 @@ struct Arenas {
   // engine_for_allocation past its first look (the place found last, not due to move): the
   // thread's place, made if it has none, and its move.
   CachingAllocator::Impl& engine_for_allocation_placing();
+  // The place found last (a thread-local pointer, no lookup) if it is this Arenas'; else null.
+  // Every lookup of the calling thread's place starts here.
+  Place* last_place() const noexcept;
   // find_place past its first look (the place found last): the thread's set of places.
   Place* find_place_in_set() const noexcept;
   // Makes `place` the one find_place looks at first (a thread-local pointer); returns it.
