@@ -35,8 +35,9 @@ std::string help_text() {
       "sit at the peak (rounding, inactive split blocks, cached free memory, free parts of\n"
       "partly used granules), the segments, the create/map/unmap/release calls and the stream\n"
       "synchronizations recycling makes, with the time they would take on an H200 (1 ms a\n"
-      "synchronization) as a share of the traced run lengthened by them, and the call sites\n"
-      "holding the most memory at the peak.\n"
+      "synchronization) as a share of the traced run lengthened by them, the call sites\n"
+      "holding the most memory at the peak, and the requests (call site and size) whose calls\n"
+      "took the most time, with the part in the trace's second half (what recurs every step).\n"
       "\n"
       "TRACE is a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes,\n"
       "taken with torch.cuda.memory._record_memory_history enabled) or a CSV trace (.csv or\n"
@@ -51,7 +52,8 @@ std::string help_text() {
       "  --json               print one JSON object instead of the table (for scripts)\n"
       "  --timeline FILE      write allocated and reserved bytes after every allocation and free,\n"
       "                       per policy, with the trace time, as CSV to FILE\n"
-      "  --top N              how many call sites to list per policy (default 5, 0 for none)\n"
+      "  --top N              how many call sites, and groups of requests by their calls' time,\n"
+      "                       to list per policy (default 5, 0 for none)\n"
       "  --device N           which device's trace to take from a snapshot (default: the first\n"
       "                       with entries; -1 = pinned host memory); CSV traces hold one device\n"
       "  --memory-limit SIZE  cap every policy's reserved memory at SIZE (8GiB, 512MiB; a unit is\n"
@@ -125,6 +127,7 @@ int run_replay(const std::vector<std::string_view>& argv) {
     fx::ReplayOptions options;
     options.record_timeline = !a.timeline.empty();
     options.top_sites = a.top;
+    options.top_call_groups = a.top;
     for (const auto& spec : specs) {
       ProgressBar bar(fmt::format("replaying {}", spec.name));
       options.progress = [&bar](std::size_t done, std::size_t total) { bar.update(done, total); };

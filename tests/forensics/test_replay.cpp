@@ -161,6 +161,104 @@ TEST_CASE("gpumem's replay counts the stream synchronizations recycling makes an
   CHECK(run(t, s, "pytorch:expandable").counters.syncs == 0);
 }
 
+TEST_CASE("the provider calls are charged to the requests that made them, by call site and size", "[replay]") {
+  fx::Trace t;
+  t.source = "handmade";
+  auto add = [&](TraceAction a, std::uint64_t addr, std::uint64_t size, std::int64_t time_us, const char* where) {
+    fx::TraceEntry e;
+    e.action = a;
+    e.addr = addr;
+    e.size_bytes = size;
+    e.time_us = time_us;
+    e.site = t.intern_site(where);
+    t.entries.push_back(e);
+  };
+  // PyTorch's native model: the first 5 MiB request creates a 20 MiB segment, the second fits in
+  // it; each 30 MiB request creates a segment of its own. The trace lasts 30 us: the last request
+  // is in its second half.
+  add(TraceAction::alloc, 0x1000, 5 * MiB, 0, "model.py:10:forward");
+  add(TraceAction::alloc, 0x2000, 30 * MiB, 5, "model.py:20:logits");
+  add(TraceAction::alloc, 0x3000, 5 * MiB, 10, "model.py:10:forward");
+  add(TraceAction::alloc, 0x4000, 30 * MiB, 30, "model.py:20:logits");
+  const fx::ReplayScript s = fx::compile_replay(t);
+  const fx::PolicyReplay r = run(t, s, "pytorch");
+  REQUIRE(r.counters.creates == 3);
+  CHECK(r.call_groups == 2);
+  REQUIRE(r.top_call_groups.size() == 2);
+  const fx::CallGroup& logits = r.top_call_groups[0];  // the most time first
+  CHECK(t.sites[logits.site] == "model.py:20:logits");
+  CHECK(logits.size_bytes == 30 * MiB);
+  CHECK(logits.steps == 2);
+  CHECK(logits.calls.creates == 2);
+  CHECK(logits.seconds == Approx(2 * fx::kH200CudaMallocCosts.create_us * 1e-6));
+  CHECK(logits.second_half_seconds == Approx(fx::kH200CudaMallocCosts.create_us * 1e-6));
+  const fx::CallGroup& forward = r.top_call_groups[1];
+  CHECK(t.sites[forward.site] == "model.py:10:forward");
+  CHECK(forward.steps == 1);  // the second 5 MiB request made no call
+  CHECK(forward.calls.creates == 1);
+  CHECK(forward.second_half_seconds == 0);
+  CHECK(logits.seconds + forward.seconds == Approx(r.call_seconds));
+
+  fx::ReplayOptions one;
+  one.top_call_groups = 1;
+  const fx::PolicyReplay r1 = run(t, s, "pytorch", one);
+  CHECK(r1.call_groups == 2);
+  REQUIRE(r1.top_call_groups.size() == 1);
+  CHECK(t.sites[r1.top_call_groups[0].site] == "model.py:20:logits");
+  fx::ReplayOptions none;
+  none.top_call_groups = 0;
+  const fx::PolicyReplay r0 = run(t, s, "pytorch", none);
+  CHECK(r0.call_groups == 0);
+  CHECK(r0.top_call_groups.empty());
+  CHECK(r0.call_seconds == Approx(r.call_seconds));
+
+  fx::ReplayReport report{t, s, fx::TraceFormat::csv, std::nullopt, {r}};
+  const std::string table = fx::format_table(report);
+  CHECK(table.find("requests whose calls took the most time") != std::string::npos);
+  CHECK(table.find("made by 2 group(s)") != std::string::npos);
+  CHECK(table.find("30.00 MiB  model.py:20:logits") != std::string::npos);
+  const std::string json = fx::format_json(report);
+  CHECK(json.find("\"call_groups\": 2") != std::string::npos);
+  CHECK(json.find("{\"site\": \"model.py:20:logits\", \"size_bytes\": 31457280, \"steps\": 2, \"creates\": 2") !=
+        std::string::npos);
+}
+
+TEST_CASE("gpumem's calls, frees and moves included, all reach a call group", "[replay]") {
+  // Growth on stream 0 moves the pieces stream 1's freed request left, and a later request of
+  // another size grows again: every counted call lands in some group, none twice.
+  const fx::Trace t = make_trace({
+      {TraceAction::alloc, 0x1000, 16 * MiB, 1},
+      {TraceAction::free_requested, 0x1000, 16 * MiB, 1},
+      {TraceAction::free_completed, 0x1000, 16 * MiB, 1},
+      {TraceAction::alloc, 0x2000, 16 * MiB, 0},
+      {TraceAction::alloc, 0x3000, 40 * MiB, 0},
+      {TraceAction::free_completed, 0x2000, 16 * MiB, 0},
+      {TraceAction::alloc, 0x4000, 8 * MiB, 0},
+  });
+  const fx::ReplayScript s = fx::compile_replay(t);
+  fx::ReplayOptions all;
+  all.top_call_groups = 1000;
+  const fx::PolicyReplay r = run(t, s, "gpumem", all);
+  REQUIRE(r.counters.maps > 0);
+  CHECK(r.call_groups == r.top_call_groups.size());
+  fx::PolicyCounters sum;
+  double seconds = 0;
+  for (const fx::CallGroup& g : r.top_call_groups) {
+    sum.creates += g.calls.creates;
+    sum.maps += g.calls.maps;
+    sum.unmaps += g.calls.unmaps;
+    sum.releases += g.calls.releases;
+    sum.syncs += g.calls.syncs;
+    seconds += g.seconds;
+  }
+  CHECK(sum.creates == r.counters.creates);
+  CHECK(sum.maps == r.counters.maps);
+  CHECK(sum.unmaps == r.counters.unmaps);
+  CHECK(sum.releases == r.counters.releases);
+  CHECK(sum.syncs == r.counters.syncs);
+  CHECK(seconds == Approx(r.call_seconds));
+}
+
 TEST_CASE("the JSON output has the fields scripts rely on", "[replay]") {
   const fx::Trace t = make_trace({{TraceAction::alloc, 0x1000, 3 * MiB}, {TraceAction::free_completed, 0x1000, 3 * MiB}});
   const fx::ReplayScript s = fx::compile_replay(t);

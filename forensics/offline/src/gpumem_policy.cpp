@@ -178,6 +178,7 @@ class GpumemPolicy final : public ReplayPolicy {
     c.segments = engine_.totals().segments;
     return c;
   }
+  PolicyCounters calls() const override { return source_.counters(); }
 
   WasteBreakdown breakdown() const override {
     WasteBreakdown w;

@@ -1,6 +1,7 @@
 #include "gpumem/forensics/replay.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <unordered_map>
 
@@ -19,6 +20,76 @@ std::int64_t step_time_us(const Trace& trace, const ReplayStep& s) noexcept {
   if (t <= t0 || __builtin_sub_overflow(t, t0, &d)) return t <= t0 ? 0 : trace.duration_us();
   return std::min(d, trace.duration_us());
 }
+
+// after - before, counter by counter (the counters only grow; segments is left 0).
+PolicyCounters calls_between(const PolicyCounters& before, const PolicyCounters& after) noexcept {
+  PolicyCounters d;
+  d.creates = after.creates - before.creates;
+  d.releases = after.releases - before.releases;
+  d.maps = after.maps - before.maps;
+  d.unmaps = after.unmaps - before.unmaps;
+  d.syncs = after.syncs - before.syncs;
+  d.marker_waits = after.marker_waits - before.marker_waits;
+  d.marker_wait_ns = after.marker_wait_ns - before.marker_wait_ns;
+  d.alloc_retries = after.alloc_retries - before.alloc_retries;
+  return d;
+}
+
+bool made_calls(const PolicyCounters& d) noexcept {
+  return d.creates + d.releases + d.maps + d.unmaps + d.syncs + d.marker_waits > 0;
+}
+
+void add_calls(PolicyCounters& to, const PolicyCounters& d) noexcept {
+  to.creates += d.creates;
+  to.releases += d.releases;
+  to.maps += d.maps;
+  to.unmaps += d.unmaps;
+  to.syncs += d.syncs;
+  to.marker_waits += d.marker_waits;
+  to.marker_wait_ns += d.marker_wait_ns;
+  to.alloc_retries += d.alloc_retries;
+}
+
+// The call groups of one replay, keyed by (site, size).
+class CallGroups {
+ public:
+  void charge(const ReplayStep& s, const PolicyCounters& d, const CallCosts& costs, bool second_half) {
+    CallGroup& g = groups_[Key{s.site, s.size_bytes}];
+    g.site = s.site;
+    g.size_bytes = s.size_bytes;
+    ++g.steps;
+    add_calls(g.calls, d);
+    const double t = call_seconds(d, costs);
+    g.seconds += t;
+    if (second_half) g.second_half_seconds += t;
+  }
+  std::size_t size() const noexcept { return groups_.size(); }
+  // The `limit` groups with the most time, most first; ties: the lower site, the smaller size.
+  std::vector<CallGroup> top(std::size_t limit) const {
+    std::vector<CallGroup> out;
+    out.reserve(groups_.size());
+    for (const auto& [key, g] : groups_) out.push_back(g);
+    std::sort(out.begin(), out.end(), [](const CallGroup& a, const CallGroup& b) {
+      if (a.seconds != b.seconds) return a.seconds > b.seconds;
+      return a.site != b.site ? a.site < b.site : a.size_bytes < b.size_bytes;
+    });
+    if (out.size() > limit) out.resize(limit);
+    return out;
+  }
+
+ private:
+  struct Key {
+    std::uint32_t site;
+    std::uint64_t size;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const noexcept {
+      return std::hash<std::uint64_t>{}(k.size * 0x9e3779b97f4a7c15ull ^ k.site);
+    }
+  };
+  std::unordered_map<Key, CallGroup, KeyHash> groups_;
+};
 
 }  // namespace
 
@@ -179,9 +250,14 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     constexpr std::size_t kProgressEvery = std::size_t{1} << 15;
     std::size_t requested = 0;
     std::size_t requested_at_peak = 0;
+    const bool group_calls = options.top_call_groups > 0;
+    CallGroups groups;
+    const CallCosts costs = policy->call_costs();
+    PolicyCounters before = group_calls ? policy->calls() : PolicyCounters{};
     for (std::size_t i = 0; i < n; ++i) {
       const ReplayStep& s = script.steps[i];
-      policy->set_time_us(step_time_us(trace, s));
+      const std::int64_t t_us = step_time_us(trace, s);
+      policy->set_time_us(t_us);
       if (s.kind == StepKind::alloc) {
         const auto got = policy->allocate(s.size_bytes, s.stream);
         if (got) {
@@ -197,6 +273,12 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
       } else if (const auto got = policy->allocate(s.size_bytes, s.stream)) {
         policy->free(*got);
         ++r.trace_ooms_served;
+      }
+      if (group_calls) {
+        const PolicyCounters after = policy->calls();
+        const PolicyCounters d = calls_between(before, after);
+        if (made_calls(d)) groups.charge(s, d, costs, 2 * t_us >= script.duration_us && script.duration_us > 0);
+        before = after;
       }
       if (s.kind == StepKind::alloc) requested += s.size_bytes;
       if (s.kind == StepKind::free) requested -= s.size_bytes;
@@ -219,7 +301,11 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     r.replay_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (options.progress) options.progress(n, n);
     r.counters = policy->counters();
-    r.call_seconds = call_seconds(r.counters, policy->call_costs());
+    r.call_seconds = call_seconds(r.counters, costs);
+    if (group_calls) {
+      r.top_call_groups = groups.top(options.top_call_groups);
+      r.call_groups = groups.size();
+    }
   }
   // The calls' share of the run they would be part of: the traced run lengthened by them (a share
   // of the traced run alone passes 100% when a policy's calls take longer than the whole trace).

@@ -80,6 +80,7 @@ std::optional<MomentReplay> replay_to_moment(const ReplayInput& input, std::stri
     const ReplayScript script = compile_replay(input.trace);
     ReplayOptions options;
     options.top_sites = 0;
+    options.top_call_groups = 0;
     options.record_timeline = true;
     const PolicyReplay r = replay_policy(input.trace, script, spec.name, spec.make, options);
     MomentReplay out;

@@ -124,6 +124,29 @@ std::string format_table(const ReplayReport& report) {
       }
     }
   }
+
+  bool any_groups = false;
+  for (const auto& p : ps) any_groups = any_groups || !p.top_call_groups.empty();
+  if (any_groups) {
+    out += "\nrequests whose calls took the most time (by call site and requested size; a free counts for its "
+           "block's request):\n";
+    for (const auto& p : ps) {
+      if (p.call_groups == 0) {
+        out += fmt::format("  {}: no calls\n", p.policy);
+        continue;
+      }
+      out += fmt::format("  {}: {} in all, made by {} group(s)\n", p.policy, duration(p.call_seconds), p.call_groups);
+      out += fmt::format("    {:>9} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7} {:>5}  {:>12}  {}\n", "time", "share",
+                         "2nd half", "requests", "creates", "maps", "unmaps", "syncs", "size", "call site");
+      for (const CallGroup& g : p.top_call_groups) {
+        const std::string& name = report.trace.sites[g.site];
+        out += fmt::format("    {:>9} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7} {:>5}  {:>12}  {}\n", duration(g.seconds),
+                           percent(p.call_seconds > 0 ? g.seconds / p.call_seconds : 0.0),
+                           duration(g.second_half_seconds), g.steps, g.calls.creates, g.calls.maps, g.calls.unmaps,
+                           g.calls.syncs, format_bytes(g.size_bytes), name.empty() ? std::string(kNotRecorded) : name);
+      }
+    }
+  }
   return out;
 }
 
@@ -177,6 +200,18 @@ std::string format_json(const ReplayReport& report) {
       first_site = false;
       out += fmt::format("{{\"site\": {}, \"live_bytes\": {}, \"live_blocks\": {}}}",
                          json_string(report.trace.sites[site.site]), site.live_bytes, site.live_blocks);
+    }
+    out += fmt::format("], \"call_groups\": {}, \"top_call_groups\": [", p.call_groups);
+    bool first_group = true;
+    for (const CallGroup& g : p.top_call_groups) {
+      if (!first_group) out += ", ";
+      first_group = false;
+      out += fmt::format("{{\"site\": {}, \"size_bytes\": {}, \"steps\": {}, \"creates\": {}, \"maps\": {}, "
+                         "\"unmaps\": {}, \"releases\": {}, \"syncs\": {}, \"marker_waits\": {}, "
+                         "\"seconds\": {}, \"second_half_seconds\": {}}}",
+                         json_string(report.trace.sites[g.site]), g.size_bytes, g.steps, g.calls.creates,
+                         g.calls.maps, g.calls.unmaps, g.calls.releases, g.calls.syncs, g.calls.marker_waits,
+                         json_double(g.seconds), json_double(g.second_half_seconds));
     }
     out += "]}";
   }

@@ -15,7 +15,8 @@
 // replay_policy() then runs one policy over the script: after every step it reads the policy's
 // allocated and reserved bytes; it finds the peak moment (reserved at its peak and, among the
 // steps where it is, the most live requested bytes), and replays a fresh policy up to that moment
-// to explain it (WasteBreakdown, the call sites holding the most live bytes).
+// to explain it (WasteBreakdown, the call sites holding the most live bytes). The measuring pass
+// also charges the provider calls each step makes to its request's call site and size (CallGroup).
 //
 // Thread-safety: functions of their arguments; a ReplayScript can be replayed from several
 // threads at once (each with its own policy).
@@ -73,6 +74,19 @@ struct SiteBytes {
   std::size_t live_blocks = 0;
 };
 
+// The provider calls made while replaying the requests of one call site and one size: which
+// requests pay the driver time (a large tensor whose place is backed again at every step, a
+// build-up of the footprint). A free is charged to its block's site and size, an OOM probe to its
+// own.
+struct CallGroup {
+  std::uint32_t site = 0;
+  std::uint64_t size_bytes = 0;      // requested bytes of each of the group's requests
+  std::size_t steps = 0;             // its allocations, frees and probes that made a call
+  PolicyCounters calls;              // the calls they made (segments unused)
+  double seconds = 0.0;              // their time on an H200 (call_costs.h)
+  double second_half_seconds = 0.0;  // the part made in the trace's second half (by trace time)
+};
+
 struct PolicyReplay {
   std::string policy;
   std::size_t peak_requested_bytes = 0;
@@ -91,6 +105,10 @@ struct PolicyReplay {
   // by them, in [0, 1) (0 if no duration)
   double call_share = 0.0;
   std::vector<SiteBytes> top_sites;    // by live bytes at peak_step, largest first
+  // With ReplayOptions::top_call_groups: the groups whose calls took the most time, most first
+  // (ties: the lower site, then the smaller size), and how many groups made a call in all.
+  std::vector<CallGroup> top_call_groups;
+  std::size_t call_groups = 0;
   double replay_seconds = 0.0;         // wall time of the measuring pass
   // Per step (only with ReplayOptions::record_timeline): allocated and reserved bytes after it.
   std::vector<std::size_t> timeline_allocated_bytes;
@@ -100,6 +118,9 @@ struct PolicyReplay {
 struct ReplayOptions {
   bool record_timeline = false;
   std::size_t top_sites = 5;
+  // How many groups of requests (call site and size) to list by the time of the calls they made
+  // (PolicyReplay::top_call_groups); 0: none, and the replay reads no counters per step.
+  std::size_t top_call_groups = 5;
   // Called now and then with (steps done, steps in all) during the measuring pass.
   std::function<void(std::size_t, std::size_t)> progress;
 };

@@ -1,5 +1,7 @@
 // Renders replay results: a side-by-side table for people, one JSON object for scripts, and the
-// per-step timeline as CSV.
+// per-step timeline as CSV. The table ends with the call sites holding the most memory at each
+// policy's peak and the groups of requests (call site, size) whose provider calls took the most
+// time (replay.h, CallGroup).
 //
 // JSON shape (one object):
 //   {"trace": PATH, "format": "csv"|"snapshot", "entries": N, "allocs": N, "frees": N,
@@ -16,7 +18,11 @@
 //                  (the terms of vocabulary.h: inactive split counts the free bytes of partly used
 //                  pages of expandable segments too)
 //                  "call_seconds": X, "call_share": X, "replay_seconds": X,
-//                  "top_sites": [{"site": S, "live_bytes": N, "live_blocks": N}]}]}
+//                  "top_sites": [{"site": S, "live_bytes": N, "live_blocks": N}],
+//                  "call_groups": N,
+//                  "top_call_groups": [{"site": S, "size_bytes": N, "steps": N, "creates": N,
+//                                       "maps": N, "unmaps": N, "releases": N, "syncs": N,
+//                                       "marker_waits": N, "seconds": X, "second_half_seconds": X}]}]}
 //
 // Thread-safety: free functions of their arguments.
 #pragma once
