@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "catch.h"
 #include "gpumem/forensics/trace.h"
@@ -115,6 +116,18 @@ inline Trace make_trace(std::initializer_list<E> entries) {
     t.entries.push_back(x);
   }
   return t;
+}
+
+// Appends one entry at time_us with a call site (interned).
+inline void add_entry(Trace& t, TraceAction a, std::uint64_t addr, std::uint64_t size, std::int64_t time_us,
+                      std::string_view where) {
+  TraceEntry e;
+  e.action = a;
+  e.addr = addr;
+  e.size_bytes = size;
+  e.time_us = time_us;
+  e.site = t.intern_site(where);
+  t.entries.push_back(e);
 }
 
 }  // namespace gpumem::forensics::testing

@@ -63,13 +63,7 @@ TEST_CASE("the peak moment is explained: breakdown and call sites", "[replay]") 
   fx::Trace t;
   t.source = "handmade";
   auto add = [&](TraceAction a, std::uint64_t addr, std::uint64_t size, const char* where) {
-    fx::TraceEntry e;
-    e.action = a;
-    e.addr = addr;
-    e.size_bytes = size;
-    e.time_us = static_cast<std::int64_t>(t.entries.size()) * 10;
-    e.site = t.intern_site(where);
-    t.entries.push_back(e);
+    fx::testing::add_entry(t, a, addr, size, static_cast<std::int64_t>(t.entries.size()) * 10, where);
   };
   add(TraceAction::alloc, 0x1000, 5 * MiB, "model.py:10:forward");      // 20 MiB segment
   add(TraceAction::alloc, 0x2000, 5 * MiB, "model.py:11:forward");
@@ -165,13 +159,7 @@ TEST_CASE("the provider calls are charged to the requests that made them, by cal
   fx::Trace t;
   t.source = "handmade";
   auto add = [&](TraceAction a, std::uint64_t addr, std::uint64_t size, std::int64_t time_us, const char* where) {
-    fx::TraceEntry e;
-    e.action = a;
-    e.addr = addr;
-    e.size_bytes = size;
-    e.time_us = time_us;
-    e.site = t.intern_site(where);
-    t.entries.push_back(e);
+    fx::testing::add_entry(t, a, addr, size, time_us, where);
   };
   // PyTorch's native model: the first 5 MiB request creates a 20 MiB segment, the second fits in
   // it; each 30 MiB request creates a segment of its own. The trace lasts 30 us: the last request
@@ -244,11 +232,7 @@ TEST_CASE("gpumem's calls, frees and moves included, all reach a call group", "[
   fx::PolicyCounters sum;
   double seconds = 0;
   for (const fx::CallGroup& g : r.top_call_groups) {
-    sum.creates += g.calls.creates;
-    sum.maps += g.calls.maps;
-    sum.unmaps += g.calls.unmaps;
-    sum.releases += g.calls.releases;
-    sum.syncs += g.calls.syncs;
+    sum += g.calls;
     seconds += g.seconds;
   }
   CHECK(sum.creates == r.counters.creates);

@@ -21,33 +21,8 @@ std::int64_t step_time_us(const Trace& trace, const ReplayStep& s) noexcept {
   return std::min(d, trace.duration_us());
 }
 
-// after - before, counter by counter (the counters only grow; segments is left 0).
-PolicyCounters calls_between(const PolicyCounters& before, const PolicyCounters& after) noexcept {
-  PolicyCounters d;
-  d.creates = after.creates - before.creates;
-  d.releases = after.releases - before.releases;
-  d.maps = after.maps - before.maps;
-  d.unmaps = after.unmaps - before.unmaps;
-  d.syncs = after.syncs - before.syncs;
-  d.marker_waits = after.marker_waits - before.marker_waits;
-  d.marker_wait_ns = after.marker_wait_ns - before.marker_wait_ns;
-  d.alloc_retries = after.alloc_retries - before.alloc_retries;
-  return d;
-}
-
 bool made_calls(const PolicyCounters& d) noexcept {
   return d.creates + d.releases + d.maps + d.unmaps + d.syncs + d.marker_waits > 0;
-}
-
-void add_calls(PolicyCounters& to, const PolicyCounters& d) noexcept {
-  to.creates += d.creates;
-  to.releases += d.releases;
-  to.maps += d.maps;
-  to.unmaps += d.unmaps;
-  to.syncs += d.syncs;
-  to.marker_waits += d.marker_waits;
-  to.marker_wait_ns += d.marker_wait_ns;
-  to.alloc_retries += d.alloc_retries;
 }
 
 // The call groups of one replay, keyed by (site, size).
@@ -58,7 +33,7 @@ class CallGroups {
     g.site = s.site;
     g.size_bytes = s.size_bytes;
     ++g.steps;
-    add_calls(g.calls, d);
+    g.calls += d;
     const double t = call_seconds(d, costs);
     g.seconds += t;
     if (second_half) g.second_half_seconds += t;
@@ -92,6 +67,31 @@ class CallGroups {
 };
 
 }  // namespace
+
+PolicyCounters operator-(const PolicyCounters& after, const PolicyCounters& before) noexcept {
+  PolicyCounters d;
+  d.creates = after.creates - before.creates;
+  d.releases = after.releases - before.releases;
+  d.maps = after.maps - before.maps;
+  d.unmaps = after.unmaps - before.unmaps;
+  d.syncs = after.syncs - before.syncs;
+  d.marker_waits = after.marker_waits - before.marker_waits;
+  d.marker_wait_ns = after.marker_wait_ns - before.marker_wait_ns;
+  d.alloc_retries = after.alloc_retries - before.alloc_retries;
+  return d;
+}
+
+PolicyCounters& operator+=(PolicyCounters& sum, const PolicyCounters& more) noexcept {
+  sum.creates += more.creates;
+  sum.releases += more.releases;
+  sum.maps += more.maps;
+  sum.unmaps += more.unmaps;
+  sum.syncs += more.syncs;
+  sum.marker_waits += more.marker_waits;
+  sum.marker_wait_ns += more.marker_wait_ns;
+  sum.alloc_retries += more.alloc_retries;
+  return sum;
+}
 
 ReplayScript compile_replay(const Trace& trace) {
   ReplayScript s;
@@ -276,7 +276,7 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
       }
       if (group_calls) {
         const PolicyCounters after = policy->calls();
-        const PolicyCounters d = calls_between(before, after);
+        const PolicyCounters d = after - before;
         if (made_calls(d)) groups.charge(s, d, costs, 2 * t_us >= script.duration_us && script.duration_us > 0);
         before = after;
       }

@@ -82,7 +82,7 @@ struct CallGroup {
   std::uint32_t site = 0;
   std::uint64_t size_bytes = 0;      // requested bytes of each of the group's requests
   std::size_t steps = 0;             // its allocations, frees and probes that made a call
-  PolicyCounters calls;              // the calls they made (segments unused)
+  PolicyCounters calls;              // the calls they made (segments: 0)
   double seconds = 0.0;              // their time on an H200 (call_costs.h)
   double second_half_seconds = 0.0;  // the part made in the trace's second half (by trace time)
 };

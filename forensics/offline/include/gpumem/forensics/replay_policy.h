@@ -45,6 +45,12 @@ struct PolicyCounters {
   std::uint64_t alloc_retries = 0;  // times the policy freed cached memory and retried
 };
 
+// The calls made between two readings (after - before, counter by counter), and a running sum of
+// such differences. `segments` is a state, not a count of calls: the difference leaves it 0 and
+// the sum leaves it as it was.
+PolicyCounters operator-(const PolicyCounters& after, const PolicyCounters& before) noexcept;
+PolicyCounters& operator+=(PolicyCounters& sum, const PolicyCounters& more) noexcept;
+
 // What reserved memory is used for at one moment. The parts add up:
 //   reserved = requested + rounding + inactive_split + cached_free + partly_used_granules.
 struct WasteBreakdown {
