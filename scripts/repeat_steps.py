@@ -27,6 +27,46 @@ def open_text(path, mode):
     return gzip.open(path, mode + "t", newline="") if path.endswith(".gz") else open(path, mode, newline="")
 
 
+class TraceError(Exception):
+    """A trace that cannot be read, or has no closed step: the message says which and why."""
+
+
+def read_trace(path):
+    """The trace's header and rows (lists of strings), or TraceError."""
+    try:
+        with open_text(path, "r") as f:
+            rows = list(csv.reader(f))
+    except (OSError, EOFError, csv.Error, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read {path}: {e}") from e
+    if not rows or rows[0][:5] != ["action", "addr", "size", "stream", "time_us"]:
+        raise TraceError(f"{path} is not a CSV trace (its header must start action,addr,size,stream,time_us)")
+    return rows[0], rows[1:]
+
+
+def find_step(rows, marker, per_step, path):
+    """The last whole closed step, [lo, hi) of rows: from the 2K-th last allocation of `marker` bytes
+    to the K-th last (K = per_step). Closed: every block it allocates it frees and every block it
+    frees it allocated (same address and size). TraceError otherwise."""
+    markers = [i for i, r in enumerate(rows) if len(r) >= 5 and r[0] == "alloc" and r[2] == str(marker)]
+    if len(markers) < 2 * per_step:
+        raise TraceError(f"{len(markers)} allocations of {marker} bytes in {path}; two steps of {per_step} need "
+                         f"{2 * per_step} (check --marker and --per-step)")
+    lo, hi = markers[-2 * per_step], markers[-per_step]
+    balance = {}
+    for r in rows[lo:hi]:
+        key = (r[1], r[2])
+        if r[0] == "alloc":
+            balance[key] = balance.get(key, 0) + 1
+        elif r[0] == "free_completed":
+            balance[key] = balance.get(key, 0) - 1
+    open_blocks = sum(1 for v in balance.values() if v != 0)
+    if open_blocks:
+        raise TraceError(f"the step (entries {lo + 1}..{hi} of {path}) is not closed: {open_blocks} blocks are "
+                         "allocated without being freed in it, or freed without being allocated in it (try another "
+                         "--marker or --per-step)")
+    return lo, hi
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace", help="CSV trace (.csv or .csv.gz): action,addr,size,stream,time_us,where")
@@ -39,36 +79,12 @@ def main(argv=None):
         ap.error("--marker and --per-step must be positive, --repeat at least 0")
 
     try:
-        with open_text(args.trace, "r") as f:
-            rows = list(csv.reader(f))
-    except (OSError, EOFError, csv.Error, UnicodeDecodeError) as e:
-        print(f"repeat_steps.py: cannot read {args.trace}: {e}", file=sys.stderr)
+        header, rows = read_trace(args.trace)
+        lo, hi = find_step(rows, args.marker, args.per_step, args.trace)
+    except TraceError as e:
+        print(f"repeat_steps.py: {e}", file=sys.stderr)
         return 1
-    if not rows or rows[0][:5] != ["action", "addr", "size", "stream", "time_us"]:
-        print(f"repeat_steps.py: {args.trace} is not a CSV trace (its header must start "
-              "action,addr,size,stream,time_us)", file=sys.stderr)
-        return 1
-    header, rows = rows[0], rows[1:]
-    markers = [i for i, r in enumerate(rows) if len(r) >= 5 and r[0] == "alloc" and r[2] == str(args.marker)]
-    if len(markers) < 2 * args.per_step:
-        print(f"repeat_steps.py: {len(markers)} allocations of {args.marker} bytes in {args.trace}; two steps "
-              f"of {args.per_step} need {2 * args.per_step} (check --marker and --per-step)", file=sys.stderr)
-        return 1
-    lo, hi = markers[-2 * args.per_step], markers[-args.per_step]
     step = rows[lo:hi]
-    balance = {}
-    for r in step:
-        key = (r[1], r[2])
-        if r[0] == "alloc":
-            balance[key] = balance.get(key, 0) + 1
-        elif r[0] == "free_completed":
-            balance[key] = balance.get(key, 0) - 1
-    open_blocks = sum(1 for v in balance.values() if v != 0)
-    if open_blocks:
-        print(f"repeat_steps.py: the step (entries {lo + 1}..{hi} of {args.trace}) is not closed: {open_blocks} "
-              "blocks are allocated without being freed in it, or freed without being allocated in it "
-              "(try another --marker or --per-step)", file=sys.stderr)
-        return 1
     period_us = int(rows[hi][4]) - int(step[0][4])
     if period_us <= 0:
         print(f"repeat_steps.py: the step found in {args.trace} takes no time (times must increase)", file=sys.stderr)
