@@ -20,6 +20,10 @@ plan repeats). Sizes are rounded up to 512 bytes, as PyTorch's allocator and gpu
 Streams are not modelled: on a step that uses several, a block's offset would be reused across
 them only after an event, which the plan does not count.
 
+It also says how many of the whole steps before the planned one make the same requests (sizes,
+streams, which block each free frees) in the same order, in a row: the steps a plan would have
+served.
+
 The plan is greedy (dynamic storage allocation is NP-hard): blocks are taken in an order and each
 goes at the lowest offset free over its whole lifetime. ORDER: size (largest first), area (size x
 lifetime), duration (longest-lived first), or all (the default: each, and the best). The arena's
@@ -109,6 +113,35 @@ def plan(blocks, order):
     return max((o + z for (_, z, o) in placed), default=0)
 
 
+def signature(rows, lo, hi):
+    """The requests of rows[lo:hi] in order, without addresses: (action, size, stream, which block)
+    for each alloc and free_completed, a freed block named by the position of its allocation in the
+    step, or as allocated before it."""
+    position, out = {}, []
+    for r in rows[lo:hi]:
+        if r[0] == "alloc":
+            position[r[1]] = len(out)
+            out.append(("alloc", r[2], r[3], None))
+        elif r[0] == "free_completed":
+            out.append(("free", r[2], r[3], position.pop(r[1], "before")))
+    return out
+
+
+def repeats(rows, marker, per_step, lo, hi):
+    """(n, m): n of the m whole steps before rows[lo:hi] (counted back from it, as many as there
+    are markers for) make the same requests in the same order as it, in a row."""
+    markers = [i for i, r in enumerate(rows) if len(r) >= 5 and r[0] == "alloc" and r[2] == str(marker)]
+    end = markers.index(lo)
+    planned = signature(rows, lo, hi)
+    earlier = [(markers[j - per_step], markers[j]) for j in range(end, per_step - 1, -per_step)]
+    same = 0
+    for a, b in earlier:
+        if signature(rows, a, b) != planned:
+            break
+        same += 1
+    return same, len(earlier)
+
+
 def gib(n):
     return f"{n / 2**30:.3f} GiB"
 
@@ -132,7 +165,10 @@ def main(argv=None):
         return 1
     peak = peak_live(blocks)
     crossing = sum(1 for lifetimes, _ in blocks if len(lifetimes) > 1)
+    same, earlier = repeats(rows, args.marker, args.per_step, lo, hi)
     print(f"{args.trace}: step of entries {lo + 1}..{hi}, {len(blocks)} blocks ({crossing} live over its end)")
+    print(f"the {earlier} whole step(s) before it: the last {same} in a row make the same requests in the same "
+          "order")
     print(f"persistent {gib(persistent)}; the step's blocks peak at {gib(peak)} live "
           f"(whole: {gib(persistent + peak)})")
     orders = ORDERS if args.order == "all" else (args.order,)

@@ -63,6 +63,16 @@ def main():
     # By duration (A 3, M 3, B 2, C 2; ties: larger first): A at 0, M at 2048, B at 2048 (M is gone
     # by 4), C over M at 0 is free of A: 0. The same arena.
     check(step_plan.plan(blocks, "duration") == 3584, f"plan by duration {step_plan.plan(blocks, 'duration')}")
+    # The step before the planned one makes the same requests in the same order (its free of C frees
+    # a block from before it, as the planned step's does), though addresses are not compared.
+    check(step_plan.repeats(rows, 1024, 1, lo, hi) == (1, 1), f"repeats {step_plan.repeats(rows, 1024, 1, lo, hi)}")
+    moved = [list(r) for r in rows]
+    for r in moved[2:10]:
+        r[1] = str(int(r[1]) + 5000) if r[1] != "500" else r[1]
+    check(step_plan.repeats(moved, 1024, 1, lo, hi) == (1, 1), "addresses do not count")
+    changed = [list(r) for r in rows]
+    changed[6][2] = changed[8][2] = "2560"  # the first step's B is larger
+    check(step_plan.repeats(changed, 1024, 1, lo, hi) == (0, 1), f"a different step: {step_plan.repeats(changed, 1024, 1, lo, hi)}")
     # Sizes are rounded up to 512 bytes.
     check(step_plan.round_up(1) == 512 and step_plan.round_up(512) == 512 and step_plan.round_up(513) == 1024,
           "rounding to 512 bytes")
@@ -73,6 +83,7 @@ def main():
         r = run(src, "--marker", "1024", "--per-step", "1")
         check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
         check("4 blocks (1 live over its end)" in r.stdout, f"blocks line: {r.stdout}")
+        check("the 1 whole step(s) before it: the last 1 in a row" in r.stdout, f"repeats line: {r.stdout}")
         check("best: by " in r.stdout and "1.0000 x the step's peak" in r.stdout, f"best line: {r.stdout}")
         r = run(src, "--marker", "1024", "--per-step", "1", "--order", "area")
         check(r.returncode == 0 and "plan by area" in r.stdout and "best:" not in r.stdout,
