@@ -200,6 +200,14 @@ TEST_CASE("the provider calls are charged to the requests that made them, by cal
   CHECK(r0.top_call_groups.empty());
   CHECK(r0.call_seconds == Approx(r.call_seconds));
 
+  // A policy replayed without the groups says so (its time only); one that made no call says that.
+  fx::PolicyReplay quiet = r0;
+  quiet.policy = "quiet";
+  quiet.call_seconds = 0;
+  const std::string mixed = fx::format_table(fx::ReplayReport{t, s, fx::TraceFormat::csv, std::nullopt, {r, r0, quiet}});
+  CHECK(mixed.find("  pytorch: 113 us in all, not grouped\n") != std::string::npos);  // 3 creates of 37.75 us
+  CHECK(mixed.find("  quiet: no calls\n") != std::string::npos);
+
   fx::ReplayReport report{t, s, fx::TraceFormat::csv, std::nullopt, {r}};
   const std::string table = fx::format_table(report);
   CHECK(table.find("requests whose calls took the most time") != std::string::npos);

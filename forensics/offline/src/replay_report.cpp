@@ -41,6 +41,12 @@ std::string duration(double seconds) {
   return fmt::format("{:.0f} us", seconds * 1e6);
 }
 
+// A call site's name in the table, `(not recorded)` when the trace has none.
+std::string site_name(const Trace& trace, std::uint32_t site) {
+  const std::string& name = trace.sites[site];
+  return name.empty() ? std::string(kNotRecorded) : name;
+}
+
 }  // namespace
 
 std::string format_table(const ReplayReport& report) {
@@ -118,9 +124,8 @@ std::string format_table(const ReplayReport& report) {
                          s.steps.empty() ? 0 : s.steps[p.peak_step].entry,
                          duration(static_cast<double>(p.peak_time_us - t0) * 1e-6));
       for (const auto& site : p.top_sites) {
-        const std::string& name = report.trace.sites[site.site];
         out += fmt::format("    {:>12}  {:>6} blocks  {}\n", format_bytes(site.live_bytes), site.live_blocks,
-                           name.empty() ? std::string(kNotRecorded) : name);
+                           site_name(report.trace, site.site));
       }
     }
   }
@@ -131,19 +136,19 @@ std::string format_table(const ReplayReport& report) {
     out += "\nrequests whose calls took the most time (by call site and requested size; a free counts for its "
            "block's request):\n";
     for (const auto& p : ps) {
-      if (p.call_groups == 0) {
-        out += fmt::format("  {}: no calls\n", p.policy);
+      if (p.top_call_groups.empty()) {  // no call made, or the groups were not counted for it
+        out += p.call_seconds > 0 ? fmt::format("  {}: {} in all, not grouped\n", p.policy, duration(p.call_seconds))
+                                  : fmt::format("  {}: no calls\n", p.policy);
         continue;
       }
       out += fmt::format("  {}: {} in all, made by {} group(s)\n", p.policy, duration(p.call_seconds), p.call_groups);
       out += fmt::format("    {:>9} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7} {:>5}  {:>12}  {}\n", "time", "share",
                          "2nd half", "requests", "creates", "maps", "unmaps", "syncs", "size", "call site");
       for (const CallGroup& g : p.top_call_groups) {
-        const std::string& name = report.trace.sites[g.site];
         out += fmt::format("    {:>9} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7} {:>5}  {:>12}  {}\n", duration(g.seconds),
                            percent(p.call_seconds > 0 ? g.seconds / p.call_seconds : 0.0),
                            duration(g.second_half_seconds), g.steps, g.calls.creates, g.calls.maps, g.calls.unmaps,
-                           g.calls.syncs, format_bytes(g.size_bytes), name.empty() ? std::string(kNotRecorded) : name);
+                           g.calls.syncs, format_bytes(g.size_bytes), site_name(report.trace, g.site));
       }
     }
   }

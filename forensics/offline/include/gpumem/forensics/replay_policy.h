@@ -101,8 +101,9 @@ class ReplayPolicy {
   virtual std::size_t allocated_bytes() const noexcept = 0;
   virtual std::size_t reserved_bytes() const noexcept = 0;
   virtual PolicyCounters counters() const = 0;
-  // The same counters without `segments` (0), for a reader of every step (the replay's call
-  // groups): a policy whose segment count costs a walk overrides it. The default is counters().
+  // The same call counters, for a reader of every step (the replay's call groups); `segments`
+  // need not be filled in. The default is counters(); a policy whose segment count costs more than
+  // the rest overrides it.
   virtual PolicyCounters calls() const { return counters(); }
   virtual WasteBreakdown breakdown() const = 0;
   // What the counted calls cost on an H200 (see call_costs.h).
