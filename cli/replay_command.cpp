@@ -28,6 +28,7 @@ std::string help_text() {
   return fmt::format(
       "usage: gpumem replay TRACE [--policy P]... [--json] [--timeline FILE] [--top N]\n"
       "                     [--device N] [--memory-limit SIZE] [--device-memory SIZE]\n"
+      "                     [--step-marker BYTES [--per-step K]]\n"
       "\n"
       "Replays the allocations and frees of a PyTorch allocator trace through allocator policies,\n"
       "in order, and reports for each what it would reserve: peak requested, allocated and\n"
@@ -63,6 +64,10 @@ std::string help_text() {
       "                       the device still had room), so that the replay answers whether each\n"
       "                       policy would have served the request; otherwise none\n"
       "  --device-memory SIZE the simulated device's memory (default 139.8 GiB, an H200)\n"
+      "  --step-marker BYTES  a training step starts at the first request of exactly BYTES bytes\n"
+      "                       and at every K-th one after it (--per-step K, default 1), as if the\n"
+      "                       program told the allocator; gpumem+plan learns the steps from these\n"
+      "                       marks (scripts/step_plan.py --marker finds the same steps)\n"
       "  -h, --help           show this help\n"
       "\n"
       "A progress bar is drawn on stderr while replaying, only when stderr is a terminal.\n"
@@ -77,6 +82,8 @@ struct ReplayArgs {
   std::string timeline;
   std::size_t top = 5;
   std::optional<int> device;
+  std::optional<std::uint64_t> step_marker;
+  std::optional<std::size_t> per_step;
   fx::ReplayEnvironment env;
 };
 
@@ -91,8 +98,27 @@ int run_replay(const std::vector<std::string_view>& argv) {
   cl.integer("--device", -1, 1024, a.device, "a device index (0, 1, ...; -1 = pinned host memory)");
   cl.size("--memory-limit", a.env.memory_limit_bytes);
   cl.size("--device-memory", a.env.device_total_bytes);
+  cl.integer("--step-marker", 1, std::int64_t{1} << 50, a.step_marker, "a request size in bytes (1048576000)");
+  cl.integer("--per-step", 1, 1'000'000, a.per_step, "a count of marker requests per step, from 1");
   if (const auto status = cl.parse(argv)) return *status;
+  if (a.per_step && !a.step_marker) {
+    std::fputs("gpumem replay: --per-step counts the requests of --step-marker's size in a step; give --step-marker "
+               "BYTES too\n",
+               stderr);
+    return 2;
+  }
   if (a.policies.empty()) a.policies = fx::default_policy_names();
+  for (const auto& p : a.policies) {
+    if (!a.step_marker && (p == "gpumem+plan" || p.starts_with("gpumem+plan:"))) {
+      std::fputs(fmt::format("gpumem replay: policy '{}' learns the steps the replay marks; say where they start "
+                             "with --step-marker BYTES (the size of a request made once per step, or K times "
+                             "with --per-step K)\n",
+                             p)
+                     .c_str(),
+                 stderr);
+      return 2;
+    }
+  }
 
   // Policies first: a bad name should not wait for a large trace to load.
   try {
@@ -122,7 +148,20 @@ int run_replay(const std::vector<std::string_view>& argv) {
     }
     std::vector<fx::PolicySpec> specs;
     for (const auto& p : a.policies) specs.push_back(fx::parse_policy_spec(p, a.env));
-    const fx::ReplayScript script = fx::compile_replay(loaded.trace);
+    fx::ReplayScript script = fx::compile_replay(loaded.trace);
+    if (a.step_marker) {
+      const std::size_t steps = fx::mark_steps(script, *a.step_marker, a.per_step.value_or(1));
+      if (steps == 0) {
+        std::fputs(fmt::format("gpumem replay: --step-marker {}: the trace makes no request of exactly that many "
+                               "bytes; give the size of a request made once per step (the largest tensors are "
+                               "good markers: gpumem replay lists them by call site)\n",
+                               *a.step_marker)
+                       .c_str(),
+                   stderr);
+        return 1;
+      }
+      if (!a.json) std::fputs(fmt::format("step marks: {} step(s) start at a request of {} bytes\n", steps, *a.step_marker).c_str(), stdout);
+    }
     fx::ReplayReport report{loaded.trace, script, loaded.format, fx::measured_beside(a.trace), {}};
     fx::ReplayOptions options;
     options.record_timeline = !a.timeline.empty();

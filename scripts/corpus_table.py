@@ -3,6 +3,7 @@
 
 usage: scripts/corpus_table.py --gpumem BUILD/cli/gpumem [--corpus DIR]... [--policy P]...
                                [--check] [--known-over FILE] [--json FILE] [--steady]
+                               [--step-markers FILE]
 
 For every DIR/native/NAME.trace.csv.gz (DIR defaults to the repository's traces/corpus), runs
 `gpumem replay TRACE --json --top 0` with the policies gpumem, pytorch and pytorch:expandable (and
@@ -33,6 +34,11 @@ that has one, beyond what --known-over allows. The known-over file (default
 traces/corpus/known_over.txt) lists `NAME MAX_RATIO` lines (`#` starts a comment): gpumem may
 exceed the measurement on NAME by at most MAX_RATIO (gpumem reserved / expandable reserved).
 A listed trace that is now within the measurement is reported, so the entry can go.
+A gpumem+plan policy (the step planner's what-if) needs to know where steps start: for a trace
+listed in the step-markers file (default traces/corpus/step_markers.txt: `NAME BYTES PER_STEP`
+lines) it is replayed with `--step-marker BYTES --per-step K`; on any other trace it cannot learn a
+step, so plain gpumem (the same configuration) stands in for it and its ratio is followed by '-'.
+
 Exit status: 0 ok, 1 check failed, 2 usage error or a replay that failed.
 """
 import argparse
@@ -74,10 +80,37 @@ def load_known_over(path):
     return known
 
 
-def replay(gpumem, trace, policies):
+def load_step_markers(path):
+    """{NAME: (BYTES, PER_STEP)} from a step-markers file."""
+    markers = {}
+    if not os.path.isfile(path):
+        usage_error(f"--step-markers {path}: no such file")
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.split('#', 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[1]) == 0 \
+                    or int(parts[2]) == 0:
+                usage_error(f"{path}:{n}: expected 'NAME BYTES PER_STEP' (two positive whole numbers), "
+                            f"not '{line}'")
+            markers[parts[0]] = (int(parts[1]), int(parts[2]))
+    return markers
+
+
+def is_plan(policy):
+    return policy == 'gpumem+plan' or policy.startswith('gpumem+plan:')
+
+
+def replay(gpumem, trace, policies, marker=None):
+    """Replays trace through policies; a gpumem+plan policy gets the marker, or is replaced by gpumem
+    (same configuration) when there is none."""
     args = [gpumem, 'replay', trace, '--json', '--top', '0']
     for p in policies:
-        args += ['--policy', p]
+        args += ['--policy', p if marker or not is_plan(p) else 'gpumem' + p[len('gpumem+plan'):]]
+    if marker and any(is_plan(p) for p in policies):
+        args += ['--step-marker', str(marker[0]), '--per-step', str(marker[1])]
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode != 0:
         sys.stderr.write(f"gpumem replay {trace} failed (exit {out.returncode}):\n{out.stderr}")
@@ -86,7 +119,8 @@ def replay(gpumem, trace, policies):
 
 
 def first_half(trace, directory):
-    """Writes the entries of trace up to the middle of its traced time to directory; returns the path."""
+    """Writes the entries of trace up to the middle of its traced time to directory; returns the path
+    and the sizes of the allocations it keeps."""
     with gzip.open(trace, 'rt') as f:
         lines = f.read().splitlines()
     col = lines[0].split(',').index('time_us')
@@ -101,7 +135,14 @@ def first_half(trace, directory):
     path = os.path.join(directory, os.path.basename(trace))
     with gzip.open(path, 'wt') as f:
         f.write('\n'.join(keep) + '\n')
-    return path
+    head = lines[0].split(',')
+    action, size = head.index('action'), head.index('size')
+    sizes = set()
+    for line in keep[1:]:
+        parts = line.split(',')
+        if len(parts) > max(action, size) and parts[action] == 'alloc' and parts[size].isdigit():
+            sizes.add(int(parts[size]))
+    return path, sizes
 
 
 def second_half_share(whole, half, p_whole, p_half):
@@ -121,12 +162,15 @@ def main():
                     help='allowed excesses for --check (default: traces/corpus/known_over.txt)')
     ap.add_argument('--json', help='also write the rows as JSON to this file')
     ap.add_argument('--steady', action='store_true', help='also the VMM share of the second half of each trace')
+    ap.add_argument('--step-markers', default=os.path.join(ROOT, 'traces', 'corpus', 'step_markers.txt'),
+                    help='where steps start, for gpumem+plan (default: traces/corpus/step_markers.txt)')
     a = ap.parse_args()
     if not os.access(a.gpumem, os.X_OK):
         usage_error(f"--gpumem {a.gpumem}: not an executable; build the 'gpumem' target and pass BUILD/cli/gpumem")
     corpora = a.corpus or [os.path.join(ROOT, 'traces', 'corpus')]
     ours = a.policy or ['gpumem']
     known = load_known_over(a.known_over) if a.check or os.path.exists(a.known_over) else {}
+    markers = load_step_markers(a.step_markers) if any(is_plan(p) for p in ours) else {}
 
     traces = []
     for d in corpora:
@@ -145,20 +189,26 @@ def main():
     rows, failures, stale = [], [], []
     for d, t in traces:
         name = os.path.basename(t)[:-len('.trace.csv.gz')]
-        j = replay(a.gpumem, t, ours + ['pytorch', 'pytorch:expandable'])
+        marker = markers.get(name)
+        j = replay(a.gpumem, t, ours + ['pytorch', 'pytorch:expandable'], marker)
         req = j['peak_requested_bytes']
         ej = os.path.join(d, 'expandable', name + '.json')
         exp = json.load(open(ej))['peak_reserved'] if os.path.exists(ej) else None
         pols = j['policies']
         steady = [None] * len(pols)
         if a.steady:
-            h = replay(a.gpumem, first_half(t, tmp.name), ours + ['pytorch', 'pytorch:expandable'])
+            half, half_sizes = first_half(t, tmp.name)
+            # A first half with no step mark (torch.compile's warm-up can fill it): gpumem+plan then
+            # learns nothing there and replays exactly as gpumem, which stands in for it.
+            h = replay(a.gpumem, half, ours + ['pytorch', 'pytorch:expandable'],
+                       marker if marker and marker[0] in half_sizes else None)
             steady = [second_half_share(j, h, pw, ph) for pw, ph in zip(pols, h['policies'])]
         row = {'trace': name, 'corpus': d, 'peak_requested_bytes': req, 'expandable_measured_bytes': exp,
                'policies': {}}
         line = f"{name[:26]:26s} {req / GiB:10.3f} {exp / req if exp else float('nan'):9.4f}" if exp else \
             f"{name[:26]:26s} {req / GiB:10.3f} {'-':>9s}"
-        for p, s2 in zip(pols, steady):
+        for p, s2, asked in zip(pols, steady, ours + ['pytorch', 'pytorch:expandable']):
+            p['policy'] = asked  # a gpumem+plan column is keyed by its name even where gpumem stood in
             row['policies'][p['policy']] = {'peak_reserved_bytes': p['peak_reserved_bytes'], 'ratio': p['ratio'],
                                             'call_share': p['call_share']}
             if s2 is not None:
@@ -166,7 +216,8 @@ def main():
         for p, s2 in zip(pols[:len(ours)], steady):
             over = exp is not None and p['peak_reserved_bytes'] > exp
             mark = '' if exp is None else ('OVER' if over else 'ok')
-            line += f" {p['ratio']:13.4f} {mark:4s} {100 * p['call_share']:5.2f}%"
+            stand_in = '-' if is_plan(p['policy']) and not marker else ' '
+            line += f" {p['ratio']:12.4f}{stand_in} {mark:4s} {100 * p['call_share']:5.2f}%"
             if a.steady:
                 line += f" {100 * s2:5.2f}%"
             if exp is not None and p is pols[0]:

@@ -28,7 +28,8 @@ TEST_CASE("gpumem --help lists the commands; gpumem replay --help explains every
   r = run_cli("replay --help");
   CHECK(r.status == 0);
   for (const char* opt : {"--policy", "--json", "--timeline", "--top", "--device", "--memory-limit", "--device-memory",
-                          "pytorch:expandable", "gpumem:CONF", "progress bar"}) {
+                          "pytorch:expandable", "gpumem:CONF", "progress bar", "gpumem+plan", "--step-marker",
+                          "--per-step"}) {
     INFO(opt);
     CHECK(r.out.find(opt) != std::string::npos);
   }
@@ -54,6 +55,10 @@ TEST_CASE("every bad argument gets one clear error", "[cli]") {
       {"replay " + trace + " --json=yes", 2, "--json takes no value"},
       {"replay " + trace + " --device 1", 1, "--device 1 does not apply"},
       {"replay /nonexistent/trace.csv.gz", 1, "cannot open"},
+      {"replay " + trace + " --policy gpumem+plan", 2, "say where they start with --step-marker BYTES"},
+      {"replay " + trace + " --per-step 2", 2, "give --step-marker BYTES too"},
+      {"replay " + trace + " --step-marker 0", 2, "--step-marker takes a request size"},
+      {"replay " + trace + " --policy gpumem+plan --step-marker 12345", 1, "makes no request of exactly that many"},
   };
   for (const Case& c : cases) {
     INFO(c.args);
@@ -62,7 +67,7 @@ TEST_CASE("every bad argument gets one clear error", "[cli]") {
     CHECK(r.out.find(c.says) != std::string::npos);
     // One error: one message (the unknown-policy one lists the accepted policies after it).
     const auto lines = std::count(r.out.begin(), r.out.end(), '\n');
-    CHECK(lines <= (c.args.find("tcmalloc") != std::string::npos ? 8 : 1));
+    CHECK(lines <= (c.args.find("tcmalloc") != std::string::npos ? 10 : 1));
   }
 }
 
@@ -86,4 +91,19 @@ TEST_CASE("replay of the shipped trace: table, JSON and timeline", "[cli]") {
   const std::string csv = gpumem::forensics::testing::read_file(timeline);
   CHECK(csv.rfind("step,entry,time_us,action,requested_bytes,pytorch.allocated_bytes,pytorch.reserved_bytes\n", 0) == 0);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 18265 + 17779);
+}
+
+TEST_CASE("replay of the shipped trace with a step planner: every step after the plan served, no call after the switch",
+          "[cli]") {
+  const std::string trace = shipped_trace();
+  // resnet50's first activation (314,453,136 bytes) is allocated once per step.
+  const Run r = run_cli("replay " + trace + " --policy gpumem --policy gpumem+plan --step-marker 314453136 --top 0");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("step marks: 23 step(s) start at a request of 314453136 bytes") != std::string::npos);
+  CHECK(r.out.find("gpumem+plan: step plan: 23 step mark(s), 1 plan(s), 1 arena(s) mapped, 0 fallback(s)") !=
+        std::string::npos);
+  CHECK(r.out.find("18 whole steps served from the arena") != std::string::npos);
+  CHECK(r.out.find("the calls after it took 0.0 ms") != std::string::npos);
+  // Plain gpumem has no planner, and says nothing.
+  CHECK(r.out.find("\ngpumem: step plan") == std::string::npos);
 }

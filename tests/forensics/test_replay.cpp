@@ -1,6 +1,7 @@
 // The replay driver: matching frees to allocations by address, truncated traces (frees of
 // addresses never allocated are skipped and counted), OOM probes, the peak moment and its
 // breakdown, call sites, timeline and JSON output.
+#include <algorithm>
 #include <sstream>
 
 #include "catch.h"
@@ -292,4 +293,86 @@ TEST_CASE("policy names: accepted forms and one clear error otherwise", "[replay
   CHECK(message("pytorch:").find("nothing after ':'") != std::string::npos);
   CHECK(message("pytorch:recycle:True").find("'recycle' is not a PYTORCH_CUDA_ALLOC_CONF key") != std::string::npos);
   CHECK(fx::default_policy_names() == std::vector<std::string>{"gpumem", "pytorch", "pytorch:expandable"});
+}
+
+namespace {
+
+// A training loop of `steps` identical steps after a persistent block: A (100 MiB, the marker),
+// B (50 MiB), free A, C (30 MiB), free B, free C.
+fx::Trace repeating_steps(int steps) {
+  fx::Trace t;
+  t.source = "handmade";
+  std::int64_t now = 0;
+  auto add = [&](TraceAction a, std::uint64_t addr, std::uint64_t size) {
+    fx::testing::add_entry(t, a, addr, size, now += 100, "train.py:1:step");
+  };
+  add(TraceAction::alloc, 0x100000, 400 * MiB);  // the weights, live throughout
+  for (int s = 0; s < steps; ++s) {
+    const std::uint64_t base = 0x10000000 + static_cast<std::uint64_t>(s) * 0x1000000;
+    add(TraceAction::alloc, base + 0x1000, 100 * MiB);
+    add(TraceAction::alloc, base + 0x2000, 50 * MiB);
+    add(TraceAction::free_completed, base + 0x1000, 100 * MiB);
+    add(TraceAction::alloc, base + 0x3000, 30 * MiB);
+    add(TraceAction::free_completed, base + 0x2000, 50 * MiB);
+    add(TraceAction::free_completed, base + 0x3000, 30 * MiB);
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("step marks: the first marker request and every per_step-th after it", "[replay][plan]") {
+  const fx::Trace t = repeating_steps(6);
+  fx::ReplayScript s = fx::compile_replay(t);
+  CHECK(fx::mark_steps(s, 100 * MiB, 1) == 6);
+  CHECK(std::count_if(s.steps.begin(), s.steps.end(), [](const fx::ReplayStep& x) { return x.step_start; }) == 6);
+  CHECK(s.steps[1].step_start);  // the first step's first request (step 0 is the weights)
+  CHECK_FALSE(s.steps[0].step_start);
+  CHECK(fx::mark_steps(s, 100 * MiB, 4) == 2);  // requests 0 and 4 of that size; earlier marks cleared
+  CHECK(std::count_if(s.steps.begin(), s.steps.end(), [](const fx::ReplayStep& x) { return x.step_start; }) == 2);
+  CHECK(fx::mark_steps(s, 77, 1) == 0);
+  CHECK_THROWS_AS(fx::mark_steps(s, 0, 1), fx::ForensicsError);
+  CHECK_THROWS_AS(fx::mark_steps(s, 100 * MiB, 0), fx::ForensicsError);
+}
+
+TEST_CASE("gpumem+plan serves the steps that repeat from one arena, with no call after the switch", "[replay][plan]") {
+  const fx::Trace t = repeating_steps(8);
+  fx::ReplayScript s = fx::compile_replay(t);
+  REQUIRE(fx::mark_steps(s, 100 * MiB, 1) == 8);
+  const fx::PolicyReplay plain = run(t, s, "gpumem");
+  const fx::PolicyReplay plan = run(t, s, "gpumem+plan");
+  CHECK(plain.notes.empty());
+  INFO(plan.notes);
+  // Steps 1 and 2 are recorded and equal: the plan is made at the third mark and serves steps 3..8
+  // (the trough is the step's start, where nothing planned is live); steps 3..7 end at a mark.
+  CHECK(plan.notes.find("8 step mark(s), 1 plan(s), 1 arena(s) mapped, 0 fallback(s); 18 allocations and 5 whole "
+                        "steps served from the arena") != std::string::npos);
+  // A and B live together (150 MiB); C reuses A's place.
+  CHECK(plan.notes.find("last plan: arena 0.146 GiB for 0.146 GiB live at most") != std::string::npos);
+  CHECK(plan.notes.find("the calls after it took 0.0 ms") != std::string::npos);
+  // The arena takes the place of the engine's cache: the peak is the weights and one step's
+  // blocks, in 2 MiB granules, whichever serves them.
+  CHECK(plan.peak_reserved_bytes <= plain.peak_reserved_bytes + 2 * MiB);
+  CHECK(plan.peak_reserved_bytes >= 550 * MiB);
+  CHECK(plan.failed_allocations == 0);
+  // Without marks the planner never learns a step: the engine alone, the same replay as gpumem.
+  const fx::ReplayScript unmarked = fx::compile_replay(t);
+  const fx::PolicyReplay blind = run(t, unmarked, "gpumem+plan");
+  CHECK(blind.peak_reserved_bytes == plain.peak_reserved_bytes);
+  CHECK(blind.counters.maps == plain.counters.maps);
+  CHECK(blind.notes.find("0 step mark(s), 0 plan(s)") != std::string::npos);
+}
+
+TEST_CASE("gpumem+plan falls back to the engine at a step that differs", "[replay][plan]") {
+  fx::Trace t = repeating_steps(6);
+  // The fifth step's C is 31 MiB instead of 30: the planner stops serving there.
+  for (auto& e : t.entries)
+    if (e.addr == 0x10000000 + 4 * 0x1000000 + 0x3000) e.size_bytes = 31 * MiB;
+  fx::ReplayScript s = fx::compile_replay(t);
+  REQUIRE(fx::mark_steps(s, 100 * MiB, 1) == 6);
+  const fx::PolicyReplay plan = run(t, s, "gpumem+plan");
+  INFO(plan.notes);
+  CHECK(plan.failed_allocations == 0);
+  CHECK(plan.notes.find("1 fallback(s)") != std::string::npos);
+  CHECK(plan.notes.find("where the plan has 31457280 bytes on stream 0") != std::string::npos);
 }

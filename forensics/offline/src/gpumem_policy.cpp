@@ -4,8 +4,11 @@
 #include <limits>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
+#include "gpumem/alloc/step_plan.h"
 #include "gpumem/alloc/stream_events.h"
 #include "gpumem/forensics/call_costs.h"
 
@@ -138,23 +141,61 @@ class CountingEvents final : public alloc::StreamEvents {
   std::unordered_map<alloc::EventToken, Pending> pending_;
 };
 
-class GpumemPolicy final : public ReplayPolicy {
+class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
  public:
-  GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes)
+  GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes, bool step_plan)
       : name_(std::move(name)),
         source_(make_options(device_total_bytes)),
         events_(std::make_unique<CountingEvents>(source_, lag_ns())),
         engine_(source_, *events_, config) {
     live_.reserve(4096);
+    if (step_plan) planner_ = std::make_unique<alloc::StepPlanner>(static_cast<alloc::StepArenaHost&>(*this));
   }
+  ~GpumemPolicy() override { planner_.reset(); }
 
   const std::string& name() const noexcept override { return name_; }
   void set_time_us(std::int64_t t_us) override { source_.set_trace_time_us(t_us); }
 
+  void mark_step() override {
+    if (planner_) planner_->mark_step();
+  }
+
+  std::string notes() const override {
+    if (!planner_) return {};
+    const alloc::StepPlanCounters& c = planner_->counters();
+    std::string s = fmt::format("step plan: {} step mark(s), {} plan(s), {} arena(s) mapped, {} fallback(s); "
+                                "{} allocations and {} whole steps served from the arena",
+                                c.marks, c.plans, c.arenas_mapped, c.fallbacks, c.served_allocations, c.served_steps);
+    if (c.plans > 0)
+      s += fmt::format("; last plan: arena {:.3f} GiB for {:.3f} GiB live at most", static_cast<double>(c.last_plan_arena_bytes) / 1073741824.0,
+                       static_cast<double>(c.last_plan_peak_live_bytes) / 1073741824.0);
+    if (first_arena_calls_) {
+      // The switch (the engine's cache given back, the arena mapped) happens once; what follows
+      // is what every later step pays.
+      const PolicyCounters after = source_.counters() - *first_arena_calls_;
+      s += fmt::format("; the switch to the first arena gave back the engine's cache in {:.1f} ms of calls, and the "
+                       "calls after it took {:.1f} ms",
+                       switch_seconds_ * 1e3, call_seconds(after, kH200VmmCosts) * 1e3);
+    }
+    if (!c.last_fallback.empty()) s += "; last fallback: " + c.last_fallback;
+    if (!c.last_reason.empty()) s += "; last step not planned: " + c.last_reason;
+    return s;
+  }
+
   std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) override {
+    if (planner_) {
+      if (const auto at = planner_->allocate(requested_bytes, stream)) {
+        const std::size_t block = (requested_bytes + 511) & ~std::size_t{511};
+        live_[*at] = Live{block, requested_bytes};
+        allocated_ += block;
+        requested_ += requested_bytes;
+        return *at;
+      }
+    }
     const alloc::AllocResult r = engine_.allocate(requested_bytes, stream);
     if (!r.ok() || !r.ptr) return std::nullopt;
     const auto addr = reinterpret_cast<std::uint64_t>(r.ptr);
+    if (planner_) planner_->note_allocated(addr);
     live_[addr] = Live{r.size_bytes, requested_bytes};
     allocated_ += r.size_bytes;
     requested_ += requested_bytes;
@@ -167,6 +208,7 @@ class GpumemPolicy final : public ReplayPolicy {
     allocated_ -= it->second.block_bytes;
     requested_ -= it->second.requested_bytes;
     live_.erase(it);
+    if (planner_ && planner_->free(addr)) return;
     engine_.free(reinterpret_cast<void*>(addr));
   }
 
@@ -250,6 +292,47 @@ class GpumemPolicy final : public ReplayPolicy {
     std::size_t requested_bytes;
   };
 
+  // StepArenaHost: the arena is one physical piece mapped once, after the engine gives its cached
+  // memory back (the arena takes the place of the step's transient blocks).
+  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes) override {
+    const PolicyCounters before = source_.counters();
+    engine_.empty_cache();
+    const std::size_t g = source_.caps().granularity_bytes;
+    const std::size_t bytes = (size_bytes + g - 1) / g * g;
+    const auto va = source_.reserve(bytes, 0);
+    if (!va.ok()) return std::nullopt;
+    const auto piece = source_.create(bytes);
+    if (!piece.ok()) {
+      source_.release(va.value);
+      return std::nullopt;
+    }
+    if (source_.map(va.value.base, bytes, piece.value) != alloc::SourceStatus::ok) {
+      source_.destroy(piece.value);
+      source_.release(va.value);
+      return std::nullopt;
+    }
+    arena_ = Arena{va.value, piece.value};
+    if (!first_arena_calls_) {
+      first_arena_calls_ = source_.counters();
+      switch_seconds_ = call_seconds(*first_arena_calls_ - before, kH200VmmCosts);
+    }
+    return va.value.base;
+  }
+  void unmap_arena(std::uintptr_t base, std::size_t size_bytes) override {
+    (void)base;
+    (void)size_bytes;
+    if (!arena_) return;
+    source_.unmap(arena_->va.base, arena_->va.size_bytes);
+    source_.destroy(arena_->piece);
+    source_.release(arena_->va);
+    arena_.reset();
+  }
+
+  struct Arena {
+    alloc::VaRange va;
+    alloc::PhysHandle piece = 0;
+  };
+
   std::string name_;
   CountingSource source_;
   std::unique_ptr<alloc::StreamEvents> events_;
@@ -257,13 +340,17 @@ class GpumemPolicy final : public ReplayPolicy {
   std::unordered_map<std::uint64_t, Live> live_;
   std::size_t allocated_ = 0;
   std::size_t requested_ = 0;
+  std::optional<Arena> arena_;
+  std::optional<PolicyCounters> first_arena_calls_;  // the calls made up to the first arena's mapping
+  double switch_seconds_ = 0.0;                      // the calls of that switch
+  std::unique_ptr<alloc::StepPlanner> planner_;  // gpumem+plan only
 };
 
 }  // namespace
 
 std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
-                                                 std::size_t device_total_bytes) {
-  return std::make_unique<GpumemPolicy>(std::move(name), config, device_total_bytes);
+                                                 std::size_t device_total_bytes, bool step_plan) {
+  return std::make_unique<GpumemPolicy>(std::move(name), config, device_total_bytes, step_plan);
 }
 
 }  // namespace gpumem::forensics

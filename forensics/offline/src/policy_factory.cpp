@@ -122,6 +122,8 @@ std::vector<std::string> default_policy_names() { return {"gpumem", "pytorch", "
 std::string policy_forms_help() {
   return "  gpumem               gpumem's engine, default configuration\n"
          "  gpumem:CONF          gpumem's engine with configuration CONF (GPUMEM_ALLOC_CONF syntax)\n"
+         "  gpumem+plan[:CONF]   the same behind a step planner: the steps that repeat are served from one\n"
+         "                       arena laid out once (needs --step-marker)\n"
          "  pytorch              model of PyTorch 2.11's native allocator, default settings\n"
          "  pytorch:expandable   the same with expandable_segments:True\n"
          "  pytorch:CONF         the same with PYTORCH_CUDA_ALLOC_CONF string CONF, e.g.\n"
@@ -151,15 +153,15 @@ PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env
     spec.make = [name = spec.name, o] { return std::make_unique<PytorchPolicy>(name, o); };
     return spec;
   }
-  if (family == "gpumem") {
+  if (family == "gpumem" || family == "gpumem+plan") {
     alloc::Config config = conf.empty() ? alloc::Config{} : parse_gpumem_config(conf, text, /*with_ignored=*/false);
     if (env.memory_limit_bytes != std::numeric_limits<std::size_t>::max()) {
       config.memory_limit_bytes = config.memory_limit_bytes == 0
                                       ? env.memory_limit_bytes
                                       : std::min(config.memory_limit_bytes, env.memory_limit_bytes);
     }
-    spec.make = [name = spec.name, config, total = env.device_total_bytes] {
-      return make_gpumem_policy(name, config, total);
+    spec.make = [name = spec.name, config, total = env.device_total_bytes, plan = family == "gpumem+plan"] {
+      return make_gpumem_policy(name, config, total, plan);
     };
     return spec;
   }

@@ -5,7 +5,10 @@
 #include <limits>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "gpumem/forensics/call_costs.h"
+#include "gpumem/forensics/error.h"
 
 namespace gpumem::forensics {
 namespace {
@@ -203,6 +206,23 @@ ReplayScript compile_replay(const Trace& trace) {
   return s;
 }
 
+std::size_t mark_steps(ReplayScript& script, std::uint64_t marker_bytes, std::size_t per_step) {
+  if (marker_bytes == 0 || per_step == 0)
+    throw ForensicsError(fmt::format("step marker: the marker size ({}) and the requests of that size per step ({}) must "
+                                     "be positive",
+                                     marker_bytes, per_step));
+  std::size_t seen = 0, marked = 0;
+  for (ReplayStep& s : script.steps) {
+    s.step_start = false;
+    if (s.kind != StepKind::alloc || s.size_bytes != marker_bytes) continue;
+    if (seen++ % per_step == 0) {
+      s.step_start = true;
+      ++marked;
+    }
+  }
+  return marked;
+}
+
 std::vector<SiteBytes> live_sites_at(const ReplayScript& script, std::size_t step, std::size_t limit) {
   std::unordered_map<std::uint32_t, SiteBytes> by_site;
   const std::size_t end = std::min(step + 1, script.steps.size());
@@ -258,6 +278,7 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
       const ReplayStep& s = script.steps[i];
       const std::int64_t t_us = step_time_us(trace, s);
       policy->set_time_us(t_us);
+      if (s.step_start) policy->mark_step();
       if (s.kind == StepKind::alloc) {
         const auto got = policy->allocate(s.size_bytes, s.stream);
         if (got) {
@@ -301,6 +322,7 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     r.replay_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (options.progress) options.progress(n, n);
     r.counters = policy->counters();
+    r.notes = policy->notes();
     r.call_seconds = call_seconds(r.counters, costs);
     if (group_calls) {
       r.top_call_groups = groups.top(options.top_call_groups);
@@ -324,6 +346,7 @@ PolicyReplay replay_policy(const Trace& trace, const ReplayScript& script, const
     for (std::size_t i = 0; i <= r.peak_step; ++i) {
       const ReplayStep& s = script.steps[i];
       policy->set_time_us(step_time_us(trace, s));
+      if (s.step_start) policy->mark_step();
       if (s.kind == StepKind::alloc) {
         if (const auto got = policy->allocate(s.size_bytes, s.stream)) address[s.slot] = *got;
       } else if (s.kind == StepKind::free) {

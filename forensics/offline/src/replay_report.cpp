@@ -113,6 +113,8 @@ std::string format_table(const ReplayReport& report) {
     });
   }
   row("replay time", [](const PolicyReplay& p) { return duration(p.replay_seconds); });
+  for (const auto& p : ps)
+    if (!p.notes.empty()) out += fmt::format("{}: {}\n", p.policy, p.notes);
 
   bool any_sites = false;
   for (const auto& p : ps) any_sites = any_sites || !p.top_sites.empty();
@@ -197,8 +199,9 @@ std::string format_json(const ReplayReport& report) {
                        "\"rounding_bytes\": {}, \"inactive_split_bytes\": {}, \"cached_free_bytes\": {}}}, ",
                        w.requested_bytes, w.allocated_bytes, w.reserved_bytes, w.rounding_bytes,
                        w.inactive_split_bytes + w.partly_used_granule_bytes, w.cached_free_bytes);
-    out += fmt::format("\"call_seconds\": {}, \"call_share\": {}, \"replay_seconds\": {}, \"top_sites\": [",
-                       json_double(p.call_seconds), json_double(p.call_share), json_double(p.replay_seconds));
+    out += fmt::format("\"call_seconds\": {}, \"call_share\": {}, \"replay_seconds\": {}, \"notes\": {}, \"top_sites\": [",
+                       json_double(p.call_seconds), json_double(p.call_share), json_double(p.replay_seconds),
+                       json_string(p.notes));
     bool first_site = true;
     for (const auto& site : p.top_sites) {
       if (!first_site) out += ", ";

@@ -18,8 +18,11 @@
 
 namespace gpumem::forensics {
 
-// device_total_bytes: the simulated device's memory (the source's capacity).
+// device_total_bytes: the simulated device's memory (the source's capacity). step_plan: the engine
+// behind a StepPlanner (gpumem/alloc/step_plan.h), which learns the steps the replay marks
+// (mark_step) and serves those that repeat from one arena; the arena's piece counts in
+// reserved_bytes() and its create and map in the counters.
 std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
-                                                 std::size_t device_total_bytes);
+                                                 std::size_t device_total_bytes, bool step_plan = false);
 
 }  // namespace gpumem::forensics

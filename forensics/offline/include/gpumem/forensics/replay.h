@@ -44,6 +44,7 @@ struct ReplayStep {
   std::uint32_t entry = 0;       // index of the trace entry
   std::uint32_t site = 0;        // the allocation's call site (index into Trace::sites)
   StepKind kind = StepKind::alloc;
+  bool step_start = false;       // a training step starts here (mark_steps)
 };
 
 struct ReplayScript {
@@ -65,6 +66,13 @@ struct ReplayScript {
 };
 
 ReplayScript compile_replay(const Trace& trace);
+
+// Marks where training steps start, as the program would if it told the allocator (a planner
+// learns them: gpumem+plan): at the first allocation of `marker_bytes` and at every
+// `per_step`-th one after it (a step that makes per_step requests of that size, such as a
+// language model's logits and their gradients). Returns how many steps it marked; 0 if the script
+// has no request of that size. marker_bytes and per_step must be positive (else ForensicsError).
+std::size_t mark_steps(ReplayScript& script, std::uint64_t marker_bytes, std::size_t per_step);
 
 using PolicyFactory = std::function<std::unique_ptr<ReplayPolicy>()>;
 
@@ -113,6 +121,7 @@ struct PolicyReplay {
   // Per step (only with ReplayOptions::record_timeline): allocated and reserved bytes after it.
   std::vector<std::size_t> timeline_allocated_bytes;
   std::vector<std::size_t> timeline_reserved_bytes;
+  std::string notes;                   // ReplayPolicy::notes() at the end of the replay
 };
 
 struct ReplayOptions {

@@ -95,6 +95,12 @@ class ReplayPolicy {
   // ignores it.
   virtual void set_time_us(std::int64_t t_us) { (void)t_us; }
 
+  // A training step starts at the request replayed next (ReplayOptions::step_marker_bytes). A
+  // policy that learns steps (gpumem+plan) uses it; the default ignores it.
+  virtual void mark_step() {}
+  // One line on what the policy did that its counters do not say (empty: nothing).
+  virtual std::string notes() const { return {}; }
+
   virtual std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) = 0;
   virtual void free(std::uint64_t addr) = 0;
 

@@ -1,0 +1,174 @@
+// StepPlanner: learns a training step that repeats and serves it from one arena laid out once.
+//
+// An online allocator places each request when it comes. On a loop whose steps make the same
+// requests in the same order, the place it picks for a step's largest tensors moves from step to
+// step, and a recycling allocator moves physical pages after it at every step
+// (docs/notes/allocation-policy.md, "Why the logits find no place of their own"). A layout that
+// gives every request of the step the same offset at every step needs about the same memory and
+// makes no driver call once mapped ("A step plan").
+//
+// The owner (the replay's gpumem+plan policy; the engine later) tells the planner where steps
+// start (mark_step) and shows it every request and free:
+//
+//   * Recording. The planner writes each step's events down: an allocation by its rounded size and
+//     stream, a free by which allocation it frees (of this step or the one before, by index).
+//   * Planning. At a mark, if the two steps just recorded are the same event for event, and every
+//     block of the step is freed in it or in the next step before its own next instance is
+//     allocated, the step is planned: each block gets an offset in an arena so that blocks live at
+//     the same time never share bytes. Blocks live over the step's end wrap around to its start.
+//     The plan is greedy (blocks placed largest first, or by size x lifetime, lifetime or start,
+//     each at the lowest offset or in the smallest gap that holds it; the smallest arena of the
+//     eight is kept); blocks of different streams never share bytes (no events are needed).
+//   * Serving. In the next step, the planner checks each event against the plan. At the plan's
+//     trough (the point of the step with the fewest planned bytes live, so that the least is held
+//     twice) it asks the owner for the arena, and from then on serves every planned allocation at
+//     arena base + its offset while events match. Blocks live at the trough, allocated before the
+//     arena, stay where the owner put them.
+//   * Falling back. At the first event that differs (a size, a stream, a free of another block, a
+//     step longer or shorter than the plan), the planner stops serving: every request goes to the
+//     owner again. Arena blocks still live are freed into the arena; once none is left the arena is
+//     given back and recording starts over. After `max_fallbacks` fallbacks it stops planning.
+//
+// Safety: a block is served from the arena only while the events so far match the plan exactly,
+// so the blocks live together are the plan's, which share no bytes. A block that lives longer than
+// a step (it would overlap its own next instance), or that the step never frees, is left to the
+// owner. The same for blocks of a step that frees a block from before the step before it.
+//
+// Thread-safety: none; the owner serializes calls (the engine would call it under its lock).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumem/alloc/stream_events.h"
+
+namespace gpumem::alloc {
+
+// What the planner asks of its owner: the arena's memory.
+class StepArenaHost {
+ public:
+  virtual ~StepArenaHost() = default;
+  // Maps `size_bytes` of memory for the arena and returns its base, or nullopt if it cannot (the
+  // planner then does not serve this plan). The owner may give back cached memory first.
+  virtual std::optional<std::uintptr_t> map_arena(std::size_t size_bytes) = 0;
+  // Gives back what map_arena returned; no block of the arena is live.
+  virtual void unmap_arena(std::uintptr_t base, std::size_t size_bytes) = 0;
+};
+
+struct StepPlanOptions {
+  std::size_t round_bytes = 512;         // blocks are sized and aligned to this (a power of two)
+  std::size_t max_step_events = 1 << 20; // a longer step is not planned (nor recorded further)
+  unsigned max_fallbacks = 4;            // plans abandoned before the planner stops planning
+};
+
+// One event of a recorded step.
+struct StepEvent {
+  bool is_free = false;
+  std::uint8_t steps_back = 0;  // free: 0 = an allocation of this step, 1 = of the step before
+  std::uint32_t index = 0;      // free: which allocation of that step (0-based)
+  std::uint64_t size_bytes = 0; // allocation: rounded size
+  StreamId stream = 0;          // allocation: its stream
+  friend bool operator==(const StepEvent&, const StepEvent&) = default;
+};
+
+// A step's layout. offsets[j] is allocation j's offset in the arena, or kNotPlanned for a block
+// left to the owner.
+struct StepPlan {
+  static constexpr std::uint64_t kNotPlanned = ~std::uint64_t{0};
+  std::vector<std::uint64_t> offsets;
+  std::size_t arena_bytes = 0;        // the arena the layout needs
+  std::size_t peak_live_bytes = 0;    // the most planned bytes live at once (a lower bound on it)
+  std::size_t trough = 0;             // the event position (before that event) where serving starts
+  std::size_t trough_live_bytes = 0;  // planned bytes live there
+  std::size_t unplanned_blocks = 0;   // blocks left to the owner
+  const char* order = "";             // the greedy order that gave the smallest arena ("size",
+                                      // "area", "duration", "start")
+  bool best_fit = false;              // ... with best-fit placement (else first fit)
+};
+
+// Plans one step (pure). Returns nullopt with `why` set if the step cannot be planned: a free of a
+// block the step does not know, no allocation, or no block that can be planned.
+std::optional<StepPlan> plan_step(const std::vector<StepEvent>& step, std::size_t round_bytes, std::string* why);
+
+struct StepPlanCounters {
+  std::uint64_t marks = 0;
+  std::uint64_t plans = 0;            // steps planned
+  std::uint64_t arenas_mapped = 0;
+  std::uint64_t fallbacks = 0;        // plans abandoned at an event that differed
+  std::uint64_t served_allocations = 0;
+  std::uint64_t served_steps = 0;     // steps that ended (at a mark) while served, the first from
+                                      // its trough on
+  std::size_t arena_bytes = 0;        // the arena mapped now (0 if none)
+  std::size_t last_plan_arena_bytes = 0;
+  std::size_t last_plan_peak_live_bytes = 0;
+  std::string last_reason;            // why the last step recorded was not planned (empty: it was, or no
+                                      // step was compared yet)
+  std::string last_fallback;          // the event at which the last plan fell back
+};
+
+class StepPlanner {
+ public:
+  StepPlanner(StepArenaHost& host, StepPlanOptions options = {});
+  StepPlanner(const StepPlanner&) = delete;
+  StepPlanner& operator=(const StepPlanner&) = delete;
+
+  // A step starts here.
+  void mark_step();
+
+  // Before the owner serves a request: the address in the arena that the plan gives it, or nullopt
+  // (the owner serves it, then calls note_allocated with its address). A zero-byte request is no
+  // event of the step: nullopt, and note_allocated after it is ignored.
+  std::optional<std::uintptr_t> allocate(std::size_t size_bytes, StreamId stream);
+  // After the owner served a request that allocate() left to it.
+  void note_allocated(std::uintptr_t addr);
+  // Before the owner frees a block: true if it is the arena's (the owner must not free it itself).
+  bool free(std::uintptr_t addr);
+
+  bool serving() const noexcept { return mode_ == Mode::serving; }
+  bool in_arena(std::uintptr_t addr) const noexcept {
+    return arena_bytes_ != 0 && addr >= arena_base_ && addr < arena_base_ + arena_bytes_;
+  }
+  const StepPlanCounters& counters() const noexcept { return counters_; }
+
+ private:
+  enum class Mode : std::uint8_t { recording, armed, serving, draining, stopped };
+  struct BlockId {
+    std::uint64_t step = 0;
+    std::uint32_t index = 0;
+  };
+
+  void record(const StepEvent& e, std::uintptr_t addr);
+  bool matches(const StepEvent& e) const;
+  void fall_back(const std::string& reason);
+  void maybe_unmap();
+  void start_serving_if_due();
+
+  StepArenaHost& host_;
+  StepPlanOptions options_;
+  Mode mode_ = Mode::recording;
+  std::uint64_t step_ = 0;              // marks seen (the current step's number)
+  bool step_overflowed_ = false;        // the current step outgrew max_step_events
+  bool step_foreign_ = false;           // the current step freed a block from before the step before
+  std::vector<StepEvent> current_;      // the current step's events
+  std::vector<StepEvent> previous_;     // the last whole step's
+  bool previous_ok_ = false;            // previous_ is whole and plannable
+  std::unordered_map<std::uintptr_t, BlockId> live_;  // every live block the planner saw allocated
+  std::uint32_t allocs_in_step_ = 0;
+
+  StepPlan plan_;
+  std::vector<StepEvent> plan_events_;
+  std::size_t pos_ = 0;                 // events of the current step matched so far (armed/serving)
+  std::uintptr_t arena_base_ = 0;
+  std::size_t arena_bytes_ = 0;
+  std::size_t arena_live_ = 0;          // arena blocks live
+  std::uint64_t pending_size_ = 0;      // the request allocate() left to the owner
+  StreamId pending_stream_ = 0;
+
+  StepPlanCounters counters_;
+};
+
+}  // namespace gpumem::alloc

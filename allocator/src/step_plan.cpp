@@ -1,0 +1,381 @@
+#include "gpumem/alloc/step_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace gpumem::alloc {
+namespace {
+
+constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+
+// A planned block: live over event times [lo0, hi0) and, if it lives over the step's end, also
+// [lo1, hi1) at the step's start. An event time is an event's position in the step.
+struct PlanBlock {
+  std::uint32_t index = 0;
+  std::uint64_t size_bytes = 0;
+  StreamId stream = 0;
+  std::size_t lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  std::size_t duration() const noexcept { return (hi0 - lo0) + (hi1 - lo1); }
+};
+
+bool overlaps(std::size_t a_lo, std::size_t a_hi, std::size_t b_lo, std::size_t b_hi) noexcept {
+  return a_lo < b_hi && b_lo < a_hi;
+}
+
+// Whether two blocks may not share bytes: they are live at the same time, or on different streams
+// (reusing bytes across streams would need an event between the two uses).
+bool conflict(const PlanBlock& a, const PlanBlock& b) noexcept {
+  if (a.stream != b.stream) return true;
+  return overlaps(a.lo0, a.hi0, b.lo0, b.hi0) || overlaps(a.lo0, a.hi0, b.lo1, b.hi1) ||
+         overlaps(a.lo1, a.hi1, b.lo0, b.hi0) || overlaps(a.lo1, a.hi1, b.lo1, b.hi1);
+}
+
+// Places the blocks in `order`, each where it shares no bytes with a block placed before it that
+// it conflicts with: at the lowest such offset (first fit), or in the smallest gap between those
+// blocks that holds it, else above them all (best fit). Returns the arena size; offsets by block
+// position.
+std::size_t place(const std::vector<PlanBlock>& blocks, const std::vector<std::size_t>& order, bool best_fit,
+                  std::vector<std::uint64_t>& offsets) {
+  offsets.assign(blocks.size(), 0);
+  std::vector<std::size_t> placed;
+  placed.reserve(blocks.size());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;  // [offset, end) of conflicting blocks
+  std::size_t arena = 0;
+  for (std::size_t k : order) {
+    const PlanBlock& b = blocks[k];
+    taken.clear();
+    for (std::size_t q : placed)
+      if (conflict(b, blocks[q])) taken.emplace_back(offsets[q], offsets[q] + blocks[q].size_bytes);
+    std::sort(taken.begin(), taken.end());
+    std::uint64_t at = 0;         // the end of the taken bytes so far
+    std::uint64_t chosen = ~std::uint64_t{0};
+    std::uint64_t chosen_gap = ~std::uint64_t{0};
+    for (const auto& [lo, hi] : taken) {
+      if (lo >= at + b.size_bytes) {
+        const std::uint64_t gap = lo - at;
+        if (!best_fit) {
+          chosen = at;
+          break;
+        }
+        if (gap < chosen_gap) {
+          chosen_gap = gap;
+          chosen = at;
+        }
+      }
+      at = std::max(at, hi);
+    }
+    offsets[k] = chosen != ~std::uint64_t{0} ? chosen : at;
+    arena = std::max<std::size_t>(arena, offsets[k] + b.size_bytes);
+    placed.push_back(k);
+  }
+  return arena;
+}
+
+}  // namespace
+
+std::optional<StepPlan> plan_step(const std::vector<StepEvent>& step, std::size_t round_bytes, std::string* why) {
+  auto fail = [&](std::string reason) -> std::optional<StepPlan> {
+    if (why) *why = std::move(reason);
+    return std::nullopt;
+  };
+  if (round_bytes == 0 || (round_bytes & (round_bytes - 1)) != 0)
+    return fail(fmt::format("the rounding {} is not a power of two", round_bytes));
+  const std::size_t n = step.size();
+  struct Alloc {
+    std::size_t at = 0;
+    std::uint64_t size_bytes = 0;
+    StreamId stream = 0;
+    std::size_t freed = kNone;       // event of its free in this step
+    std::size_t freed_next = kNone;  // event of its free in the next step (from this step's frees of the step before)
+  };
+  std::vector<Alloc> allocs;
+  for (std::size_t p = 0; p < n; ++p) {
+    const StepEvent& e = step[p];
+    if (!e.is_free) {
+      // Every block takes at least round_bytes, a zero-byte one too: no two live blocks share an address.
+      const std::uint64_t size = std::max<std::uint64_t>(e.size_bytes, 1);
+      allocs.push_back(Alloc{p, (size + round_bytes - 1) & ~(round_bytes - 1), e.stream});
+      continue;
+    }
+    if (e.steps_back > 1)
+      return fail(fmt::format("event {} frees a block allocated {} steps before (plans cover blocks that live at most "
+                              "into the next step)",
+                              p, e.steps_back == 0xff ? std::string("an unknown number of") : std::to_string(e.steps_back)));
+    if (e.steps_back == 0) {
+      if (e.index >= allocs.size() || allocs[e.index].freed != kNone)
+        return fail(fmt::format("event {} frees allocation {} of the step, which is not live there", p, e.index));
+      allocs[e.index].freed = p;
+    }
+  }
+  // Frees of the step before: by periodicity, where this step's allocation j will be freed in the next.
+  for (std::size_t p = 0; p < n; ++p) {
+    const StepEvent& e = step[p];
+    if (!e.is_free || e.steps_back != 1) continue;
+    if (e.index >= allocs.size() || allocs[e.index].freed != kNone || allocs[e.index].freed_next != kNone)
+      return fail(fmt::format("event {} frees allocation {} of the step before, which does not repeat in this step",
+                              p, e.index));
+    allocs[e.index].freed_next = p;
+  }
+  if (allocs.empty()) return fail("the step allocates nothing");
+
+  StepPlan plan;
+  plan.offsets.assign(allocs.size(), StepPlan::kNotPlanned);
+  std::vector<PlanBlock> blocks;
+  for (std::uint32_t j = 0; j < allocs.size(); ++j) {
+    const Alloc& a = allocs[j];
+    PlanBlock b{j, a.size_bytes, a.stream};
+    if (a.freed != kNone) {
+      b.lo0 = a.at;
+      b.hi0 = a.freed;
+    } else if (a.freed_next != kNone && a.freed_next < a.at) {
+      b.lo0 = a.at;
+      b.hi0 = n;
+      b.lo1 = 0;
+      b.hi1 = a.freed_next;
+    } else {
+      // Never freed by the next step, or freed there after its own next instance is allocated.
+      ++plan.unplanned_blocks;
+      continue;
+    }
+    blocks.push_back(b);
+  }
+  if (blocks.empty()) return fail("no block of the step is freed within a step of its allocation");
+
+  // Live planned bytes before each event (a block is live before event p if allocated before p
+  // and freed at p or later).
+  std::vector<std::int64_t> delta(n + 2, 0);
+  for (const PlanBlock& b : blocks) {
+    const auto s = static_cast<std::int64_t>(b.size_bytes);
+    delta[b.lo0 + 1] += s;  // live before events lo0+1 .. hi0
+    delta[b.hi0 + 1] -= s;
+    if (b.hi0 == n) {       // over the step's end: also live before events 0 .. hi1
+      delta[0] += s;
+      delta[b.hi1 + 1] -= s;
+    }
+  }
+  std::int64_t live = 0;
+  plan.trough = 0;
+  plan.trough_live_bytes = std::numeric_limits<std::size_t>::max();
+  for (std::size_t p = 0; p < n; ++p) {
+    live += delta[p];
+    const auto l = static_cast<std::size_t>(live);
+    plan.peak_live_bytes = std::max(plan.peak_live_bytes, l);
+    if (l < plan.trough_live_bytes) {
+      plan.trough_live_bytes = l;
+      plan.trough = p;
+    }
+  }
+
+  struct Order {
+    const char* name;
+    double (*key)(const PlanBlock&);
+  };
+  static constexpr Order kOrders[] = {
+      {"size", [](const PlanBlock& b) { return static_cast<double>(b.size_bytes); }},
+      {"area", [](const PlanBlock& b) { return static_cast<double>(b.size_bytes) * static_cast<double>(b.duration()); }},
+      {"duration", [](const PlanBlock& b) { return static_cast<double>(b.duration()); }},
+      {"start", [](const PlanBlock& b) { return -static_cast<double>(b.lo0); }},
+  };
+  std::vector<std::uint64_t> offsets, best_offsets;
+  plan.arena_bytes = std::numeric_limits<std::size_t>::max();
+  for (const Order& o : kOrders) {
+    std::vector<std::size_t> order(blocks.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+      const double kx = o.key(blocks[x]), ky = o.key(blocks[y]);
+      if (kx != ky) return kx > ky;
+      return blocks[x].size_bytes > blocks[y].size_bytes;
+    });
+    for (const bool best_fit : {false, true}) {
+      const std::size_t arena = place(blocks, order, best_fit, offsets);
+      if (arena < plan.arena_bytes) {
+        plan.arena_bytes = arena;
+        plan.order = o.name;
+        plan.best_fit = best_fit;
+        best_offsets = offsets;
+      }
+    }
+  }
+  for (std::size_t k = 0; k < blocks.size(); ++k) plan.offsets[blocks[k].index] = best_offsets[k];
+  return plan;
+}
+
+StepPlanner::StepPlanner(StepArenaHost& host, StepPlanOptions options) : host_(host), options_(options) {
+  if (options_.round_bytes == 0 || (options_.round_bytes & (options_.round_bytes - 1)) != 0) options_.round_bytes = 512;
+}
+
+void StepPlanner::record(const StepEvent& e, std::uintptr_t addr) {
+  if (!e.is_free) {
+    live_[addr] = BlockId{step_, allocs_in_step_++};
+  }
+  if (step_overflowed_) return;
+  if (current_.size() >= options_.max_step_events) {
+    step_overflowed_ = true;
+    current_.clear();
+    return;
+  }
+  current_.push_back(e);
+}
+
+bool StepPlanner::matches(const StepEvent& e) const {
+  return pos_ < plan_events_.size() && plan_events_[pos_] == e;
+}
+
+void StepPlanner::start_serving_if_due() {
+  if (mode_ == Mode::armed && pos_ >= plan_.trough) mode_ = Mode::serving;
+}
+
+void StepPlanner::fall_back(const std::string& reason) {
+  ++counters_.fallbacks;
+  counters_.last_fallback = reason;
+  mode_ = arena_bytes_ != 0 ? Mode::draining : Mode::recording;
+  if (mode_ == Mode::recording && counters_.fallbacks >= options_.max_fallbacks) mode_ = Mode::stopped;
+  maybe_unmap();
+}
+
+void StepPlanner::maybe_unmap() {
+  if (mode_ != Mode::draining || arena_live_ != 0) return;
+  host_.unmap_arena(arena_base_, arena_bytes_);
+  arena_base_ = 0;
+  arena_bytes_ = 0;
+  counters_.arena_bytes = 0;
+  mode_ = counters_.fallbacks >= options_.max_fallbacks ? Mode::stopped : Mode::recording;
+}
+
+void StepPlanner::mark_step() {
+  ++counters_.marks;
+  if (mode_ == Mode::stopped) return;
+  if (mode_ == Mode::armed || mode_ == Mode::serving) {
+    if (pos_ != plan_events_.size()) {
+      fall_back(fmt::format("a step ended after {} events; the plan's has {}", pos_, plan_events_.size()));
+    } else if (mode_ == Mode::serving) {
+      ++counters_.served_steps;
+    }
+  }
+  const bool whole = !step_overflowed_ && !step_foreign_ && !current_.empty();
+  if (mode_ == Mode::recording && whole) {
+    if (previous_ok_ && current_ == previous_) {
+      std::string why;
+      if (auto plan = plan_step(current_, options_.round_bytes, &why)) {
+        plan_ = std::move(*plan);
+        plan_events_ = current_;
+        mode_ = Mode::armed;
+        ++counters_.plans;
+        counters_.last_plan_arena_bytes = plan_.arena_bytes;
+        counters_.last_plan_peak_live_bytes = plan_.peak_live_bytes;
+        counters_.last_reason.clear();
+      } else {
+        counters_.last_reason = "the step cannot be planned: " + why;
+      }
+    } else if (previous_ok_) {
+      const auto [a, b] = std::mismatch(previous_.begin(), previous_.end(), current_.begin(), current_.end());
+      counters_.last_reason = fmt::format("the last two steps differ from event {} on ({} and {} events)",
+                                          a - previous_.begin(), previous_.size(), current_.size());
+    }
+  } else if (mode_ == Mode::recording && step_foreign_) {
+    counters_.last_reason = "the step frees a block from before the step before it";
+  } else if (mode_ == Mode::recording && step_overflowed_) {
+    counters_.last_reason = fmt::format("the step has more than {} events", options_.max_step_events);
+  }
+  std::swap(previous_, current_);
+  previous_ok_ = whole;
+  current_.clear();
+  ++step_;
+  allocs_in_step_ = 0;
+  step_overflowed_ = false;
+  step_foreign_ = false;
+  pos_ = 0;
+  start_serving_if_due();
+}
+
+std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, StreamId stream) {
+  const std::uint64_t rounded = (static_cast<std::uint64_t>(size_bytes) + options_.round_bytes - 1) & ~(options_.round_bytes - 1);
+  pending_size_ = rounded;
+  pending_stream_ = stream;
+  // A zero-byte request gets no block (the engine returns null for it): it is not an event of the step.
+  if (size_bytes == 0) return std::nullopt;
+  if (mode_ != Mode::armed && mode_ != Mode::serving) return std::nullopt;
+  StepEvent e;
+  e.size_bytes = rounded;
+  e.stream = stream;
+  if (!matches(e)) {
+    fall_back(pos_ < plan_events_.size()
+                  ? fmt::format("event {} of a step: a request of {} bytes on stream {} where the plan has {}", pos_,
+                                size_bytes, stream,
+                                plan_events_[pos_].is_free ? std::string("a free")
+                                                           : fmt::format("{} bytes on stream {}", plan_events_[pos_].size_bytes,
+                                                                         plan_events_[pos_].stream))
+                  : fmt::format("a step made more than the plan's {} events", plan_events_.size()));
+    return std::nullopt;
+  }
+  start_serving_if_due();
+  if (mode_ != Mode::serving) return std::nullopt;
+  const std::uint64_t offset = plan_.offsets[allocs_in_step_];
+  if (offset == StepPlan::kNotPlanned) return std::nullopt;
+  if (arena_bytes_ == 0) {
+    const auto base = host_.map_arena(plan_.arena_bytes);
+    if (!base) {
+      fall_back(fmt::format("the arena of {} bytes could not be mapped", plan_.arena_bytes));
+      return std::nullopt;
+    }
+    arena_base_ = *base;
+    arena_bytes_ = plan_.arena_bytes;
+    counters_.arena_bytes = arena_bytes_;
+    ++counters_.arenas_mapped;
+  }
+  const std::uintptr_t addr = arena_base_ + offset;
+  record(e, addr);
+  ++pos_;
+  ++arena_live_;
+  ++counters_.served_allocations;
+  return addr;
+}
+
+void StepPlanner::note_allocated(std::uintptr_t addr) {
+  if (mode_ == Mode::stopped || pending_size_ == 0) return;  // a zero-byte request is no event
+  StepEvent e;
+  e.size_bytes = pending_size_;
+  e.stream = pending_stream_;
+  if (mode_ == Mode::armed || mode_ == Mode::serving) {
+    if (matches(e)) {
+      ++pos_;
+    } else {
+      fall_back(fmt::format("event {} of a step: a request the plan does not have", pos_));
+    }
+  }
+  record(e, addr);
+}
+
+bool StepPlanner::free(std::uintptr_t addr) {
+  const bool arena = in_arena(addr);
+  if (arena) --arena_live_;
+  if (mode_ == Mode::stopped) return arena;
+  StepEvent e;
+  e.is_free = true;
+  if (auto it = live_.find(addr); it != live_.end()) {
+    const std::uint64_t back = step_ - it->second.step;
+    e.steps_back = static_cast<std::uint8_t>(std::min<std::uint64_t>(back, 0xfe));
+    e.index = it->second.index;
+    live_.erase(it);
+  } else {
+    e.steps_back = 0xff;  // allocated before the planner saw it
+  }
+  if (e.steps_back > 1) step_foreign_ = true;
+  if (mode_ == Mode::armed || mode_ == Mode::serving) {
+    start_serving_if_due();
+    if (matches(e)) {
+      ++pos_;
+    } else {
+      fall_back(fmt::format("event {} of a step: a free the plan does not have there", pos_));
+    }
+  }
+  record(e, addr);
+  maybe_unmap();
+  return arena;
+}
+
+}  // namespace gpumem::alloc

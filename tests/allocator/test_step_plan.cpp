@@ -1,0 +1,547 @@
+// step_plan.h: plan_step's layout of a recorded step; StepPlanner's recording, serving from the arena, falling back.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch.h"
+#include "gpumem/alloc/step_plan.h"
+
+using namespace gpumem::alloc;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr std::uintptr_t kArenaBase = 0x7000'0000'0000;
+
+// An allocation of `size_bytes` on `stream`; a free of allocation `index` of this step (or of the step before).
+StepEvent A(std::uint64_t size_bytes, StreamId stream = 0) { return StepEvent{false, 0, 0, size_bytes, stream}; }
+StepEvent F(std::uint32_t index, std::uint8_t steps_back = 0) { return StepEvent{true, steps_back, index, 0, 0}; }
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t r) { return (v + r - 1) / r * r; }
+
+// A block's lifetime, computed here from the events: the positions p after whose event it is live,
+// as half-open spans [alloc, free); a block freed in the next step lives [alloc, n) and [0, free).
+// No span: a block that cannot be planned (never freed, or freed after its own next instance).
+struct Life {
+  std::uint64_t bytes = 0;
+  StreamId stream = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> spans;
+  bool live_after(std::size_t p) const {
+    return std::any_of(spans.begin(), spans.end(), [&](const auto& s) { return s.first <= p && p < s.second; });
+  }
+};
+
+std::vector<Life> lifetimes(const std::vector<StepEvent>& step, std::size_t round) {
+  std::vector<Life> lives;
+  std::vector<std::size_t> at;
+  for (std::size_t p = 0; p < step.size(); ++p) {
+    if (step[p].is_free) continue;
+    lives.push_back(Life{round_up(step[p].size_bytes, round), step[p].stream, {}});
+    at.push_back(p);
+  }
+  for (std::size_t p = 0; p < step.size(); ++p) {
+    const StepEvent& e = step[p];
+    if (!e.is_free) continue;
+    if (e.steps_back == 0) lives[e.index].spans = {{at[e.index], p}};
+    else if (p < at[e.index]) lives[e.index].spans = {{at[e.index], step.size()}, {0, p}};
+  }
+  return lives;
+}
+
+bool conflict(const Life& a, const Life& b) {
+  if (a.stream != b.stream) return true;
+  for (const auto& [alo, ahi] : a.spans)
+    for (const auto& [blo, bhi] : b.spans)
+      if (alo < bhi && blo < ahi) return true;
+  return false;
+}
+
+struct LayoutCheck {
+  std::size_t conflicting_pairs = 0;  // pairs of planned blocks that may not share bytes
+  std::size_t violations = 0;         // of those, pairs that do
+};
+
+// Checks `plan` against lifetimes computed from the events: every planned block lies in the arena,
+// aligned; conflicting blocks share no bytes; peak and trough are those of the lifetimes.
+LayoutCheck check_layout(const std::vector<StepEvent>& step, const StepPlan& plan, std::size_t round) {
+  const std::vector<Life> lives = lifetimes(step, round);
+  LayoutCheck r;
+  REQUIRE(plan.offsets.size() == lives.size());
+  std::size_t unplanned = 0;
+  for (std::size_t j = 0; j < lives.size(); ++j) {
+    const bool planned = plan.offsets[j] != StepPlan::kNotPlanned;
+    CHECK(planned == !lives[j].spans.empty());
+    if (!planned && ++unplanned) continue;
+    CHECK(plan.offsets[j] % round == 0);
+    CHECK(plan.offsets[j] + lives[j].bytes <= plan.arena_bytes);
+    for (std::size_t k = 0; k < j; ++k) {
+      if (plan.offsets[k] == StepPlan::kNotPlanned || !conflict(lives[j], lives[k])) continue;
+      ++r.conflicting_pairs;
+      if (plan.offsets[j] < plan.offsets[k] + lives[k].bytes && plan.offsets[k] < plan.offsets[j] + lives[j].bytes)
+        ++r.violations;
+    }
+  }
+  CHECK(plan.unplanned_blocks == unplanned);
+  const std::size_t n = step.size();
+  std::vector<std::size_t> live_after(n, 0);
+  for (std::size_t p = 0; p < n; ++p)
+    for (std::size_t j = 0; j < lives.size(); ++j)
+      if (plan.offsets[j] != StepPlan::kNotPlanned && lives[j].live_after(p)) live_after[p] += lives[j].bytes;
+  CHECK(plan.peak_live_bytes == *std::max_element(live_after.begin(), live_after.end()));
+  CHECK(plan.arena_bytes >= plan.peak_live_bytes);
+  // Live before event p = live after event p - 1 (of the step before, for p = 0).
+  auto live_before = [&](std::size_t p) { return live_after[(p + n - 1) % n]; };
+  std::size_t least = live_before(0);
+  for (std::size_t p = 1; p < n; ++p) least = std::min(least, live_before(p));
+  CHECK(plan.trough_live_bytes == least);
+  REQUIRE(plan.trough < n);
+  CHECK(live_before(plan.trough) == least);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("plan_step: blocks live at the same time never share bytes, blocks live apart may", "[step_plan]") {
+  // X [0,2), Y [1,4), Z [3,5): X-Y and Y-Z overlap; X and Z may share.
+  const std::vector<StepEvent> step = {A(1000), A(512), F(0), A(2048), F(1), F(2)};
+  const auto plan = plan_step(step, 512, nullptr);
+  REQUIRE(plan);
+  const LayoutCheck c = check_layout(step, *plan, 512);
+  CHECK(c.conflicting_pairs == 2);
+  CHECK(c.violations == 0);
+  CHECK(plan->peak_live_bytes == 512 + 2048);  // after Z's allocation: Y and Z
+  CHECK(plan->arena_bytes == 512 + 2048);      // X shares bytes with Z: 1024 + 512 + 2048 would be more
+  CHECK(plan->unplanned_blocks == 0);
+}
+
+TEST_CASE("plan_step: one block after another on the same stream share bytes, on two streams they do not",
+          "[step_plan]") {
+  const auto same = plan_step({A(4096), F(0), A(4096), F(1)}, 512, nullptr);
+  REQUIRE(same);
+  CHECK(same->arena_bytes == 4096);
+  CHECK(same->offsets == std::vector<std::uint64_t>{0, 0});
+  CHECK(same->peak_live_bytes == 4096);
+
+  const std::vector<StepEvent> two = {A(4096, 0), F(0), A(4096, 1), F(1)};
+  const auto apart = plan_step(two, 512, nullptr);
+  REQUIRE(apart);
+  CHECK(apart->arena_bytes == 8192);
+  CHECK(apart->peak_live_bytes == 4096);
+  const LayoutCheck c = check_layout(two, *apart, 512);
+  CHECK(c.conflicting_pairs == 1);
+  CHECK(c.violations == 0);
+}
+
+TEST_CASE("plan_step: sizes are rounded up to the rounding", "[step_plan]") {
+  CHECK(plan_step({A(1), F(0)}, 512, nullptr).value().arena_bytes == 512);
+  CHECK(plan_step({A(1), F(0)}, 4096, nullptr).value().arena_bytes == 4096);
+  const std::vector<StepEvent> step = {A(5000), A(100), F(0), F(1)};  // 8192 and 4096, live together
+  const auto plan = plan_step(step, 4096, nullptr);
+  REQUIRE(plan);
+  CHECK(plan->arena_bytes == 12288);
+  CHECK(plan->peak_live_bytes == 12288);
+  CHECK(check_layout(step, *plan, 4096).violations == 0);  // offsets are multiples of 4096, too
+}
+
+TEST_CASE("plan_step: a block freed in the next step wraps around to the step's start", "[step_plan]") {
+  // X [0,2), Y [3,5); W is allocated at 4 and freed at 1 of the next step: [4,6) and [0,1), so it is
+  // live with X at the step's start and with Y after its allocation.
+  const std::vector<StepEvent> step = {A(1024), F(2, 1), F(0), A(512), A(2048), F(1)};
+  const auto plan = plan_step(step, 512, nullptr);
+  REQUIRE(plan);
+  const LayoutCheck c = check_layout(step, *plan, 512);
+  CHECK(c.conflicting_pairs == 2);  // W-X, W-Y
+  CHECK(c.violations == 0);
+  const auto& off = plan->offsets;
+  CHECK((off[2] + 2048 <= off[0] || off[0] + 1024 <= off[2]));  // W and X share no bytes
+  // Live before each event: W 2048 | X+W 3072 | X 1024 | 0 | Y 512 | Y+W 2560.
+  CHECK(plan->trough == 3);
+  CHECK(plan->trough_live_bytes == 0);
+  CHECK(plan->peak_live_bytes == 3072);
+  CHECK(plan->arena_bytes == 3072);
+  // The same blocks with W freed in the step: W no longer meets X, and the two share bytes.
+  const auto unwrapped = plan_step({A(1024), F(0), A(512), A(2048), F(1), F(2)}, 512, nullptr);
+  REQUIRE(unwrapped);
+  CHECK(unwrapped->arena_bytes == 2560);
+}
+
+TEST_CASE("plan_step: blocks that outlive a step, or are never freed, are left unplanned", "[step_plan]") {
+  // 0 frees in the next step after its own next instance; 1 is freed in the step; 2 is never freed.
+  const std::vector<StepEvent> step = {A(512), F(0, 1), A(512), F(1), A(512)};
+  const auto plan = plan_step(step, 512, nullptr);
+  REQUIRE(plan);
+  CHECK(plan->offsets == std::vector<std::uint64_t>{StepPlan::kNotPlanned, 0, StepPlan::kNotPlanned});
+  CHECK(plan->unplanned_blocks == 2);
+  CHECK(plan->arena_bytes == 512);
+  CHECK(plan->peak_live_bytes == 512);
+  check_layout(step, *plan, 512);
+}
+
+TEST_CASE("plan_step: a step it cannot plan gives nullopt and says why", "[step_plan]") {
+  const struct {
+    std::vector<StepEvent> step;
+    std::size_t round;
+    const char* why;
+  } cases[] = {
+      {{A(512), F(0, 2)}, 512, "2 steps before"},
+      {{A(512), F(0), F(0)}, 512, "allocation 0 of the step, which is not live"},          // freed twice
+      {{F(1), A(512), A(512), F(0)}, 512, "allocation 1 of the step, which is not live"},  // before its allocation
+      {{F(3, 1), A(512), F(0)}, 512, "does not repeat"},  // the step has no allocation 3
+      {{}, 512, "allocates nothing"},
+      {{A(512)}, 512, "no block"},  // nothing freed: nothing to plan
+      {{A(512), F(0)}, 0, "not a power of two"},
+      {{A(512), F(0)}, 768, "not a power of two"},
+      {{A(512), F(0)}, 513, "not a power of two"},
+  };
+  for (const auto& c : cases) {
+    std::string why;
+    CHECK_FALSE(plan_step(c.step, c.round, &why));
+    CHECK_THAT(why, Contains(c.why));
+  }
+  CHECK_FALSE(plan_step({}, 512, nullptr));  // no `why`: still nullopt
+}
+
+TEST_CASE("plan_step: random steps are laid out with no overlap between conflicting blocks", "[step_plan][property]") {
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    auto uniform = [&](std::uint64_t lo, std::uint64_t hi) {
+      return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
+    };
+    const std::size_t round = seed % 2 ? 512 : 2048;
+    const StreamId streams = uniform(1, 3);
+    const auto allocs = uniform(100, 200);
+    std::vector<StepEvent> step;
+    std::vector<std::size_t> at;  // where each allocation is
+    std::vector<std::uint32_t> live;
+    while (at.size() < allocs) {
+      if (!live.empty() && uniform(0, 99) < 45) {
+        std::swap(live[uniform(0, live.size() - 1)], live.back());
+        step.push_back(F(live.back()));
+        live.pop_back();
+      } else {
+        live.push_back(static_cast<std::uint32_t>(at.size()));
+        at.push_back(step.size());
+        const std::uint64_t size = uniform(1, std::uint64_t{1} << uniform(0, 22));
+        const StreamId stream = uniform(0, streams - 1);
+        step.push_back(A(size, stream));
+      }
+    }
+    // What is still live is freed at the end, or wraps: freed in the next step before its allocation.
+    std::vector<std::pair<std::size_t, StepEvent>> keyed;  // 2p + 1: event p; 2q: before event q
+    for (std::size_t p = 0; p < step.size(); ++p) keyed.emplace_back(2 * p + 1, step[p]);
+    std::size_t wrapped = 0;
+    for (std::uint32_t j : live) {
+      const bool wraps = uniform(0, 1);
+      keyed.emplace_back(wraps ? 2 * uniform(0, at[j]) : 2 * step.size() + 1, F(j, wraps));
+      wrapped += wraps;
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    step.clear();
+    for (const auto& [key, e] : keyed) step.push_back(e);
+    INFO(step.size() << " events, " << allocs << " blocks, " << wrapped << " wrapped, " << streams << " streams");
+
+    std::string why;
+    const auto plan = plan_step(step, round, &why);
+    INFO(why);
+    REQUIRE(plan);
+    CHECK(plan->unplanned_blocks == 0);
+    const LayoutCheck c = check_layout(step, *plan, round);  // also: arena_bytes >= peak_live_bytes
+    CHECK(c.conflicting_pairs > 0);
+    CHECK(c.violations == 0);
+  }
+}
+
+namespace {
+
+// The owner's memory for the arena: one range at a fixed base (or none, when told to refuse).
+struct FakeHost final : StepArenaHost {
+  bool refuse = false;
+  std::vector<std::size_t> maps;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> unmaps;
+  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes) override {
+    maps.push_back(size_bytes);
+    if (refuse) return std::nullopt;
+    return kArenaBase;
+  }
+  void unmap_arena(std::uintptr_t base, std::size_t size_bytes) override { unmaps.emplace_back(base, size_bytes); }
+};
+
+// Plays the planner's owner: runs a step's events through the planner, serves what allocate()
+// leaves to it from addresses of its own, and checks what the planner says of every block.
+struct Owner {
+  struct Block { std::uintptr_t addr = 0; std::uint64_t bytes = 0; bool arena = false; };
+  StepPlanner& planner;
+  std::uintptr_t next_own = 0x1000'0000'0000;
+  std::vector<Block> previous, current;  // the allocations of the step before and of this one, by index
+  std::map<std::uintptr_t, std::uint64_t> live_arena;
+  std::size_t served = 0;        // allocations of this step served from the arena
+  std::size_t same_address = 0;  // served at the address their index had in the step before
+
+  explicit Owner(StepPlanner& p) : planner(p) {}
+  // A block the owner allocated before the planner existed.
+  void allocate_unseen(std::uint32_t index, std::uint64_t bytes) {
+    current.resize(index + 1);
+    current[index] = Block{next_own, bytes, false};
+    next_own += std::uintptr_t{1} << 30;
+  }
+  void step(const std::vector<StepEvent>& events) {
+    planner.mark_step();
+    previous = std::move(current);
+    current.clear();
+    served = 0;
+    run(events);
+  }
+  void run(const std::vector<StepEvent>& events) {
+    for (const StepEvent& e : events) e.is_free ? release(e) : allocate(e);
+  }
+  void allocate(const StepEvent& e) {
+    Block b{0, round_up(e.size_bytes, 512), false};
+    if (e.size_bytes == 0) {  // the engine gives no block (null): nothing to note, nothing to free
+      CHECK_FALSE(planner.allocate(0, e.stream));
+      current.push_back(b);
+      return;
+    }
+    if (const auto addr = planner.allocate(e.size_bytes, e.stream)) {
+      b = Block{*addr, b.bytes, true};
+      ++served;
+      CHECK(planner.in_arena(*addr));
+      CHECK(*addr >= kArenaBase);
+      CHECK(*addr + b.bytes <= kArenaBase + planner.counters().arena_bytes);
+      CHECK(live_arena.count(*addr) == 0);  // no two live blocks at one address
+      for (const auto& [other, bytes] : live_arena) CHECK((*addr + b.bytes <= other || other + bytes <= *addr));
+      live_arena.emplace(*addr, b.bytes);
+      const std::size_t j = current.size();
+      if (j < previous.size() && previous[j].arena) {
+        CHECK(previous[j].addr == *addr);
+        ++same_address;
+      }
+    } else {
+      b.addr = next_own;
+      next_own += std::uintptr_t{1} << 30;
+      planner.note_allocated(b.addr);
+    }
+    current.push_back(b);
+  }
+  void release(const StepEvent& e) {
+    const std::vector<Block>& from = e.steps_back ? previous : current;
+    REQUIRE(e.index < from.size());
+    const Block b = from[e.index];
+    if (b.addr == 0) return;  // free(nullptr)
+    CHECK(planner.free(b.addr) == b.arena);
+    if (b.arena) live_arena.erase(b.addr);
+  }
+};
+
+// The fake host, a planner and its owner, which holds kStep's W (index 3) unseen before step 1.
+struct Rig {
+  FakeHost host;
+  StepPlanner planner;
+  Owner owner{planner};
+  explicit Rig(StepPlanOptions options = {}) : planner(host, options) { owner.allocate_unseen(3, 2048); }
+};
+
+// 0 A | 1 free W of the step before | 2 B | 3 free A | 4 C on stream 1 | 5 free B | 6 W | 7 free C | 8 T, never freed.
+// Live before each event: W 2048 | A+W 3072 | A 1024 (the trough) | A+B 4096 | B 3072 | B+C 4608 | C | C+W | W.
+const std::vector<StepEvent> kStep = {A(1000), F(3, 1), A(3000), F(0), A(1500, 1), F(1), A(2048), F(2), A(100)};
+
+}  // namespace
+
+TEST_CASE("step planner: plans after two identical whole steps and serves each allocation at its offset",
+          "[step_plan][planner]") {
+  const auto plan = plan_step(kStep, 512, nullptr);
+  REQUIRE(plan);
+  REQUIRE(plan->trough == 2);
+  REQUIRE(plan->unplanned_blocks == 1);
+  Rig rig;  // step 1 frees W, which the planner never saw: the step is not whole
+  auto& [host, planner, owner] = rig;
+  owner.step(kStep);
+  owner.step(kStep);
+  CHECK(planner.counters().plans == 0);
+  CHECK_THAT(planner.counters().last_reason, Contains("before the step before"));
+  owner.step(kStep);  // step 2 was whole, but there is nothing to compare it with
+  CHECK(planner.counters().plans == 0);
+  CHECK(owner.served == 0);
+  CHECK_FALSE(planner.serving());
+  owner.step(kStep);  // steps 2 and 3 are the same: planned; serving starts at the trough
+  CHECK(planner.counters().plans == 1);
+  CHECK(planner.counters().last_reason.empty());
+  CHECK(owner.served == 3);  // B, C, W: A comes before the trough, T is not planned
+  CHECK(host.maps == std::vector<std::size_t>{plan->arena_bytes});
+  for (int s = 0; s < 3; ++s) {  // steps 4 to 6
+    for (std::size_t j = 0; j < owner.current.size(); ++j) {
+      INFO("allocation " << j);
+      CHECK(owner.current[j].arena == (plan->offsets[j] != StepPlan::kNotPlanned && (s > 0 || j > 0)));
+      if (owner.current[j].arena) CHECK(owner.current[j].addr == kArenaBase + plan->offsets[j]);
+    }
+    if (s < 2) owner.step(kStep);
+  }
+  CHECK(owner.served == 4);
+  CHECK(owner.same_address == 3 + 4);
+  planner.mark_step();
+  const StepPlanCounters& c = planner.counters();
+  CHECK(c.marks == 7);
+  CHECK(c.plans == 1);
+  CHECK(c.arenas_mapped == 1);
+  CHECK(c.served_allocations == 3 + 4 + 4);
+  CHECK(c.served_steps == 3);
+  CHECK(c.fallbacks == 0);
+  CHECK(c.arena_bytes == plan->arena_bytes);
+  CHECK(c.last_plan_arena_bytes == plan->arena_bytes);
+  CHECK(c.last_plan_peak_live_bytes == plan->peak_live_bytes);
+  CHECK(host.maps.size() == 1);
+  CHECK(host.unmaps.empty());
+  CHECK(planner.serving());
+}
+
+TEST_CASE("step planner: an event that differs ends serving; the arena is given back once empty, then it plans again",
+          "[step_plan][planner]") {
+  const auto plan = plan_step(kStep, 512, nullptr);
+  REQUIRE(plan);
+  Rig rig;
+  auto& [host, planner, owner] = rig;
+  for (int s = 1; s <= 5; ++s) owner.step(kStep);  // served from step 4
+  REQUIRE(planner.serving());
+  REQUIRE(owner.served == 4);
+  std::size_t unmaps_in_step = 0;  // in step 6
+  bool short_step = false;
+  SECTION("a request of another size") {
+    std::vector<StepEvent> other = kStep;
+    other[8] = A(9000);
+    owner.step(other);
+    CHECK(owner.served == 4);
+    CHECK(planner.counters().fallbacks == 1);
+    CHECK_THAT(planner.counters().last_fallback, Contains("event 8"));
+    CHECK(owner.live_arena.size() == 1);  // W, freed in the next step
+  }
+  SECTION("frees in another order") {
+    std::vector<StepEvent> other = kStep;
+    std::swap(other[3], other[5]);
+    owner.step(other);
+    CHECK(owner.served == 2);  // A and B: the free of B at 3 differs
+    CHECK(planner.counters().fallbacks == 1);
+    CHECK_THAT(planner.counters().last_fallback, Contains("event 3"));
+    unmaps_in_step = 1;  // A, the arena's last block, is freed at 5
+  }
+  SECTION("a step that ends early") {
+    owner.step(std::vector<StepEvent>(kStep.begin(), kStep.end() - 1));
+    CHECK(owner.served == 4);
+    CHECK(planner.counters().fallbacks == 0);  // until the next mark
+    short_step = true;
+  }
+  CHECK(host.unmaps.size() == unmaps_in_step);
+  owner.step(kStep);  // step 7: frees the arena's last block (W), unless gone already
+  CHECK(planner.counters().fallbacks == 1);
+  if (short_step) CHECK_THAT(planner.counters().last_fallback, Contains("a step ended after 8 events"));
+  CHECK_FALSE(planner.serving());
+  CHECK(owner.served == 0);
+  CHECK(owner.live_arena.empty());
+  REQUIRE(host.unmaps.size() == 1);
+  CHECK(host.unmaps[0] == std::make_pair(kArenaBase, plan->arena_bytes));
+  owner.step(kStep);  // step 8: the same as 7, but 7 differed from 6
+  CHECK(owner.served == 0);
+  CHECK(planner.counters().plans == 1);
+  CHECK_THAT(planner.counters().last_reason, Contains("the last two steps differ"));
+  CHECK(planner.counters().arena_bytes == 0);
+  owner.step(kStep);  // step 9: planned again
+  CHECK(owner.served == 3);
+  const StepPlanCounters& c = planner.counters();
+  CHECK(c.plans == 2);
+  CHECK(c.fallbacks == 1);
+  CHECK(c.arenas_mapped == 2);
+  CHECK(host.maps == std::vector<std::size_t>{plan->arena_bytes, plan->arena_bytes});
+  CHECK(host.unmaps.size() == 1);
+  CHECK(planner.serving());
+}
+
+TEST_CASE("step planner: after max_fallbacks fallbacks it stops planning", "[step_plan][planner]") {
+  StepPlanOptions options;
+  options.max_fallbacks = 2;
+  Rig rig(options);
+  auto& [host, planner, owner] = rig;
+  std::vector<StepEvent> other = kStep;
+  other[8] = A(9000);
+  for (int s = 1; s <= 4; ++s) owner.step(kStep);
+  REQUIRE(owner.served == 3);
+  owner.step(other);  // step 5: fallback 1
+  CHECK(planner.counters().fallbacks == 1);
+  for (int s = 6; s <= 8; ++s) owner.step(kStep);  // 6 differs from 5, 7 == 6: planned again at 8
+  CHECK(planner.counters().plans == 2);
+  CHECK(owner.served == 3);
+  owner.step(other);  // step 9: fallback 2
+  CHECK(planner.counters().fallbacks == 2);
+  for (int s = 10; s <= 16; ++s) owner.step(kStep);  // 10 frees the arena's last block
+  CHECK(planner.counters().served_allocations == 3 + 4 + 3 + 4 + 0);  // steps 4, 5, 8, 9, then none
+  CHECK_FALSE(planner.serving());
+  CHECK(planner.counters().plans == 2);
+  CHECK(planner.counters().fallbacks == 2);
+  CHECK(host.maps.size() == 2);
+  CHECK(host.unmaps.size() == 2);
+  CHECK(owner.live_arena.empty());
+}
+
+TEST_CASE("step planner: an arena the host cannot map is a fallback, and nothing is served", "[step_plan][planner]") {
+  const auto plan = plan_step(kStep, 512, nullptr);
+  REQUIRE(plan);
+  Rig rig;
+  auto& [host, planner, owner] = rig;
+  host.refuse = true;
+  for (int s = 1; s <= 4; ++s) owner.step(kStep);  // planned at step 4's mark
+  CHECK(owner.served == 0);
+  CHECK_FALSE(planner.serving());
+  const StepPlanCounters& c = planner.counters();
+  CHECK(c.plans == 1);
+  CHECK(c.fallbacks == 1);
+  CHECK(c.arenas_mapped == 0);
+  CHECK(c.served_allocations == 0);
+  CHECK(c.arena_bytes == 0);
+  CHECK_THAT(c.last_fallback, Contains("could not be mapped"));
+  CHECK(host.maps == std::vector<std::size_t>{plan->arena_bytes});
+  CHECK(host.unmaps.empty());
+  // Step 4 was recorded whole and matches step 3: planned again; this time the host maps it.
+  host.refuse = false;
+  owner.step(kStep);
+  CHECK(c.plans == 2);
+  CHECK(owner.served == 3);
+  CHECK(c.arenas_mapped == 1);
+  CHECK(c.fallbacks == 1);
+}
+
+TEST_CASE("step planner: a step longer than max_step_events is not planned", "[step_plan][planner]") {
+  for (const std::size_t limit : {kStep.size() - 1, kStep.size()}) {
+    INFO("max_step_events " << limit);
+    StepPlanOptions options;
+    options.max_step_events = limit;
+    Rig rig(options);
+    auto& [host, planner, owner] = rig;
+    for (int s = 1; s <= 6; ++s) owner.step(kStep);
+    const bool over = limit < kStep.size();
+    CHECK(planner.counters().plans == (over ? 0 : 1));
+    CHECK(owner.served == (over ? 0 : 4));
+    CHECK(host.maps.size() == (over ? 0 : 1));
+    if (over) CHECK_THAT(planner.counters().last_reason, Contains("more than 8 events"));
+  }
+}
+
+TEST_CASE("step planner: a zero-byte request is no event and gets no address", "[step_plan][planner]") {
+  // The engine gives no block for 0 bytes (null, and free(nullptr) does nothing): the planner leaves
+  // such a request to its owner and does not count it as an event of the step.
+  Rig one, zero;
+  for (int s = 1; s <= 5; ++s) one.owner.step({A(1024), A(0), F(1), F(0)});
+  CHECK(one.planner.counters().fallbacks == 0);
+  CHECK(one.planner.counters().plans == 1);
+  CHECK(one.host.maps.size() == 1);
+  for (int s = 1; s <= 5; ++s) zero.owner.step({A(0), F(0)});
+  CHECK(zero.host.maps.empty());
+  CHECK(zero.planner.counters().plans == 0);
+  // plan_step itself gives a zero-byte block round_bytes of its own.
+  const auto plan = plan_step({A(1024), A(0), F(1), F(0)}, 512, nullptr);
+  REQUIRE(plan);
+  CHECK(plan->arena_bytes == 1536);
+  CHECK(plan->offsets[0] != plan->offsets[1]);
+}
