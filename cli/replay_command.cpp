@@ -66,8 +66,8 @@ std::string help_text() {
       "  --device-memory SIZE the simulated device's memory (default 139.8 GiB, an H200)\n"
       "  --step-marker BYTES  a training step starts at the first request of exactly BYTES bytes\n"
       "                       and at every K-th one after it (--per-step K, default 1), as if the\n"
-      "                       program told the allocator; gpumem+plan learns the steps from these\n"
-      "                       marks (scripts/step_plan.py --marker finds the same steps)\n"
+      "                       program told the allocator: gpumem+plan then learns the steps from\n"
+      "                       the marks instead of finding their length itself\n"
       "  -h, --help           show this help\n"
       "\n"
       "A progress bar is drawn on stderr while replaying, only when stderr is a terminal.\n"
@@ -108,17 +108,6 @@ int run_replay(const std::vector<std::string_view>& argv) {
     return 2;
   }
   if (a.policies.empty()) a.policies = fx::default_policy_names();
-  for (const auto& p : a.policies) {
-    if (!a.step_marker && (p == "gpumem+plan" || p.starts_with("gpumem+plan:"))) {
-      std::fputs(fmt::format("gpumem replay: policy '{}' learns the steps the replay marks; say where they start "
-                             "with --step-marker BYTES (the size of a request made once per step, or K times "
-                             "with --per-step K)\n",
-                             p)
-                     .c_str(),
-                 stderr);
-      return 2;
-    }
-  }
 
   // Policies first: a bad name should not wait for a large trace to load.
   try {

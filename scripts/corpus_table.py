@@ -34,10 +34,9 @@ that has one, beyond what --known-over allows. The known-over file (default
 traces/corpus/known_over.txt) lists `NAME MAX_RATIO` lines (`#` starts a comment): gpumem may
 exceed the measurement on NAME by at most MAX_RATIO (gpumem reserved / expandable reserved).
 A listed trace that is now within the measurement is reported, so the entry can go.
-A gpumem+plan policy (the step planner's what-if) needs to know where steps start: for a trace
-listed in the step-markers file (default traces/corpus/step_markers.txt: `NAME BYTES PER_STEP`
-lines) it is replayed with `--step-marker BYTES --per-step K`; on any other trace it cannot learn a
-step, so plain gpumem (the same configuration) stands in for it and its ratio is followed by '-'.
+A gpumem+plan policy (the step planner's what-if) finds the steps itself. With --step-markers FILE
+(`NAME BYTES PER_STEP` lines, such as traces/corpus/step_markers.txt) a listed trace is replayed
+with `--step-marker BYTES --per-step K` instead (its ratio is followed by 'm'): the program's marks.
 
 Exit status: 0 ok, 1 check failed, 2 usage error or a replay that failed.
 """
@@ -104,11 +103,10 @@ def is_plan(policy):
 
 
 def replay(gpumem, trace, policies, marker=None):
-    """Replays trace through policies; a gpumem+plan policy gets the marker, or is replaced by gpumem
-    (same configuration) when there is none."""
+    """Replays trace through policies; a gpumem+plan policy gets the step marks when there is a marker."""
     args = [gpumem, 'replay', trace, '--json', '--top', '0']
     for p in policies:
-        args += ['--policy', p if marker or not is_plan(p) else 'gpumem' + p[len('gpumem+plan'):]]
+        args += ['--policy', p]
     if marker and any(is_plan(p) for p in policies):
         args += ['--step-marker', str(marker[0]), '--per-step', str(marker[1])]
     out = subprocess.run(args, capture_output=True, text=True)
@@ -162,15 +160,15 @@ def main():
                     help='allowed excesses for --check (default: traces/corpus/known_over.txt)')
     ap.add_argument('--json', help='also write the rows as JSON to this file')
     ap.add_argument('--steady', action='store_true', help='also the VMM share of the second half of each trace')
-    ap.add_argument('--step-markers', default=os.path.join(ROOT, 'traces', 'corpus', 'step_markers.txt'),
-                    help='where steps start, for gpumem+plan (default: traces/corpus/step_markers.txt)')
+    ap.add_argument('--step-markers', help='where steps start, for gpumem+plan (e.g. traces/corpus/step_markers.txt; '
+                    'default: none, the planner finds the steps)')
     a = ap.parse_args()
     if not os.access(a.gpumem, os.X_OK):
         usage_error(f"--gpumem {a.gpumem}: not an executable; build the 'gpumem' target and pass BUILD/cli/gpumem")
     corpora = a.corpus or [os.path.join(ROOT, 'traces', 'corpus')]
     ours = a.policy or ['gpumem']
     known = load_known_over(a.known_over) if a.check or os.path.exists(a.known_over) else {}
-    markers = load_step_markers(a.step_markers) if any(is_plan(p) for p in ours) else {}
+    markers = load_step_markers(a.step_markers) if a.step_markers else {}
 
     traces = []
     for d in corpora:
@@ -198,8 +196,8 @@ def main():
         steady = [None] * len(pols)
         if a.steady:
             half, half_sizes = first_half(t, tmp.name)
-            # A first half with no step mark (torch.compile's warm-up can fill it): gpumem+plan then
-            # learns nothing there and replays exactly as gpumem, which stands in for it.
+            # A first half with no marker request (torch.compile's warm-up can fill it) has no mark: the
+            # planner detects there, as it does in the whole run until the first mark.
             h = replay(a.gpumem, half, ours + ['pytorch', 'pytorch:expandable'],
                        marker if marker and marker[0] in half_sizes else None)
             steady = [second_half_share(j, h, pw, ph) for pw, ph in zip(pols, h['policies'])]
@@ -216,8 +214,8 @@ def main():
         for p, s2 in zip(pols[:len(ours)], steady):
             over = exp is not None and p['peak_reserved_bytes'] > exp
             mark = '' if exp is None else ('OVER' if over else 'ok')
-            stand_in = '-' if is_plan(p['policy']) and not marker else ' '
-            line += f" {p['ratio']:12.4f}{stand_in} {mark:4s} {100 * p['call_share']:5.2f}%"
+            marked = 'm' if is_plan(p['policy']) and marker else ' '
+            line += f" {p['ratio']:12.4f}{marked} {mark:4s} {100 * p['call_share']:5.2f}%"
             if a.steady:
                 line += f" {100 * s2:5.2f}%"
             if exp is not None and p is pols[0]:

@@ -204,21 +204,174 @@ std::optional<StepPlan> plan_step(const std::vector<StepEvent>& step, std::size_
   return plan;
 }
 
-StepPlanner::StepPlanner(StepArenaHost& host, StepPlanOptions options) : host_(host), options_(options) {
-  if (options_.round_bytes == 0 || (options_.round_bytes & (options_.round_bytes - 1)) != 0) options_.round_bytes = 512;
+namespace {
+
+constexpr std::uint64_t kHashBase = 0x9e3779b97f4a7c15ULL | 1;  // odd: a unit mod 2^64
+constexpr std::size_t kWindow = 16;                               // events in a detection key's window
+constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
+
+std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
 }
 
-void StepPlanner::record(const StepEvent& e, std::uintptr_t addr) {
-  if (!e.is_free) {
-    live_[addr] = BlockId{step_, allocs_in_step_++};
+std::uint64_t power(std::uint64_t b, std::uint64_t e) noexcept {
+  std::uint64_t r = 1;
+  for (; e; e >>= 1, b *= b)
+    if (e & 1) r *= b;
+  return r;
+}
+
+std::size_t pow2_at_least(std::size_t n) {
+  std::size_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+StepPlanner::StepPlanner(StepArenaHost& host, StepPlanOptions options) : host_(host), options_(options) {
+  if (options_.round_bytes == 0 || (options_.round_bytes & (options_.round_bytes - 1)) != 0) options_.round_bytes = 512;
+  if (options_.detect_steps) {
+    const std::size_t ring = pow2_at_least(2 * options_.max_step_events + 2);
+    ring_.resize(ring);
+    prefix_.resize(ring);
+    keys_.assign(std::size_t{1} << 16, {kUnknown, 0});
+    window_power_ = power(kHashBase, kWindow);
   }
-  if (step_overflowed_) return;
-  if (current_.size() >= options_.max_step_events) {
-    step_overflowed_ = true;
-    current_.clear();
+}
+
+StepEvent StepPlanner::free_event(std::uint64_t ordinal) const noexcept {
+  StepEvent e;
+  e.is_free = true;
+  if (ordinal == kUnknown) {
+    e.steps_back = 0xff;
+  } else if (ordinal >= step_first_) {
+    e.index = static_cast<std::uint32_t>(ordinal - step_first_);
+  } else if (ordinal >= previous_first_) {
+    e.steps_back = 1;
+    e.index = static_cast<std::uint32_t>(ordinal - previous_first_);
+  } else {
+    e.steps_back = 2;  // two steps back or more
+  }
+  return e;
+}
+
+void StepPlanner::record(const StepEvent& e, std::uint64_t ordinal) {
+  if (marked_) {
+    if (e.is_free && e.steps_back > 1) step_foreign_ = true;
+    if (step_overflowed_) return;
+    if (current_.size() >= options_.max_step_events) {
+      step_overflowed_ = true;
+      current_.clear();
+      return;
+    }
+    current_.push_back(e);
     return;
   }
-  current_.push_back(e);
+  if (!options_.detect_steps) return;
+  // The detector's record: an allocation by its size and stream, a free by how many allocations
+  // ago its block was made (the same at the same point of every repeat of a step).
+  const std::uint64_t n = events_++;
+  const std::size_t mask = ring_.size() - 1;
+  RawEvent& r = ring_[n & mask];
+  r.is_free = e.is_free;
+  r.stream = e.stream;
+  r.value = e.is_free ? ordinal : e.size_bytes;
+  r.allocs_before = e.is_free ? next_ordinal_ : ordinal;
+  const std::uint64_t sig =
+      e.is_free ? mix(ordinal == kUnknown ? 3 : ((next_ordinal_ - ordinal) << 2 | 2)) : mix(e.size_bytes << 2 | 1) ^ mix(e.stream);
+  prefix_[n & mask] = (n ? prefix_[(n - 1) & mask] : 0) * kHashBase + sig;
+  if (e.is_free) {
+    live_bytes_ -= std::min(live_bytes_, freed_bytes_);
+  } else {
+    live_bytes_ += e.size_bytes;
+  }
+  if (mode_ != Mode::recording || n + 1 < kWindow) return;
+  // At the same point of two repeats of a step, the last few events and the bytes live are the
+  // same: the key finds the step's length without being told.
+  const std::uint64_t key = mix(range_hash(n - kWindow, n, window_power_) ^ mix(live_bytes_ + 0x51));
+  auto& slot = keys_[key & (keys_.size() - 1)];
+  if (slot.first == key) {
+    const std::uint64_t period = n - slot.second;
+    if (period >= options_.min_step_events && period <= options_.max_step_events && n >= 2 * period &&
+        !(period == cooldown_period_ && n < cooldown_until_)) {
+      const std::uint64_t bp = power(kHashBase, period);
+      if (range_hash(n - 2 * period, n - period, bp) == range_hash(n - period, n, bp)) plan_detected(n, period);
+    }
+  }
+  slot = {key, n};
+}
+
+std::uint64_t StepPlanner::range_hash(std::uint64_t a, std::uint64_t b, std::uint64_t base_power) const noexcept {
+  const std::size_t mask = ring_.size() - 1;
+  return prefix_[b & mask] - prefix_[a & mask] * base_power;
+}
+
+void StepPlanner::plan_detected(std::uint64_t n, std::uint64_t period) {
+  const std::size_t mask = ring_.size() - 1;
+  auto cool = [&](std::string reason) {
+    counters_.last_reason = std::move(reason);
+    cooldown_period_ = period;
+    cooldown_until_ = n + period;
+  };
+  // The hashes matched: check the two repeats event for event.
+  for (std::uint64_t k = 1; k <= period; ++k) {
+    const RawEvent& x = ring_[(n - period + k) & mask];
+    const RawEvent& y = ring_[(n - 2 * period + k) & mask];
+    const bool same = x.is_free == y.is_free &&
+                      (x.is_free ? (x.value == kUnknown) == (y.value == kUnknown) &&
+                                       (x.value == kUnknown || x.allocs_before - x.value == y.allocs_before - y.value)
+                                 : x.value == y.value && x.stream == y.stream);
+    if (!same) return cool(fmt::format("a period of {} events was found, but its two repeats differ", period));
+  }
+  // The step: events n-period+1 .. n, its allocations numbered from the first.
+  const std::uint64_t first = ring_[(n - period + 1) & mask].allocs_before;
+  const std::uint64_t previous_first = ring_[(n - 2 * period + 1) & mask].allocs_before;
+  std::vector<StepEvent> step;
+  step.reserve(period);
+  for (std::uint64_t k = 1; k <= period; ++k) {
+    const RawEvent& x = ring_[(n - period + k) & mask];
+    StepEvent e;
+    if (!x.is_free) {
+      e.size_bytes = x.value;
+      e.stream = x.stream;
+    } else {
+      e.is_free = true;
+      if (x.value == kUnknown || x.value < previous_first) {
+        e.steps_back = 2;
+      } else if (x.value >= first) {
+        e.index = static_cast<std::uint32_t>(x.value - first);
+      } else {
+        e.steps_back = 1;
+        e.index = static_cast<std::uint32_t>(x.value - previous_first);
+      }
+    }
+    step.push_back(e);
+  }
+  std::string why;
+  auto plan = plan_step(step, options_.round_bytes, &why);
+  if (!plan) return cool(fmt::format("a step of {} events cannot be planned: {}", period, why));
+  previous_first_ = first;
+  step_first_ = next_ordinal_;
+  ++counters_.detected_steps;
+  counters_.step_events = period;
+  adopt(std::move(*plan), std::move(step));
+}
+
+void StepPlanner::adopt(StepPlan plan, std::vector<StepEvent> events) {
+  plan_ = std::move(plan);
+  plan_events_ = std::move(events);
+  mode_ = Mode::armed;
+  pos_ = 0;
+  plan_served_steps_ = 0;
+  ++counters_.plans;
+  counters_.last_plan_arena_bytes = plan_.arena_bytes;
+  counters_.last_plan_peak_live_bytes = plan_.peak_live_bytes;
+  counters_.last_reason.clear();
+  start_serving_if_due();
 }
 
 bool StepPlanner::matches(const StepEvent& e) const {
@@ -229,11 +382,31 @@ void StepPlanner::start_serving_if_due() {
   if (mode_ == Mode::armed && pos_ >= plan_.trough) mode_ = Mode::serving;
 }
 
+void StepPlanner::advance() {
+  ++pos_;
+  // A detected step has no marks: it ends where the plan's events do.
+  if (!marked_ && pos_ == plan_events_.size()) end_step();
+}
+
+void StepPlanner::end_step() {
+  if (mode_ == Mode::serving) {
+    ++counters_.served_steps;
+    ++plan_served_steps_;
+  }
+  previous_first_ = step_first_;
+  step_first_ = next_ordinal_;
+  pos_ = 0;
+  start_serving_if_due();
+}
+
 void StepPlanner::fall_back(const std::string& reason) {
   ++counters_.fallbacks;
   counters_.last_fallback = reason;
+  // A plan that served whole steps before its steps changed (an evaluation between training
+  // epochs) was worth making; one that did not counts toward giving up.
+  unproductive_fallbacks_ = plan_served_steps_ >= 2 ? 0 : unproductive_fallbacks_ + 1;
   mode_ = arena_bytes_ != 0 ? Mode::draining : Mode::recording;
-  if (mode_ == Mode::recording && counters_.fallbacks >= options_.max_fallbacks) mode_ = Mode::stopped;
+  if (mode_ == Mode::recording && unproductive_fallbacks_ >= options_.max_fallbacks) mode_ = Mode::stopped;
   maybe_unmap();
 }
 
@@ -243,34 +416,36 @@ void StepPlanner::maybe_unmap() {
   arena_base_ = 0;
   arena_bytes_ = 0;
   counters_.arena_bytes = 0;
-  mode_ = counters_.fallbacks >= options_.max_fallbacks ? Mode::stopped : Mode::recording;
+  mode_ = unproductive_fallbacks_ >= options_.max_fallbacks ? Mode::stopped : Mode::recording;
 }
 
 void StepPlanner::mark_step() {
   ++counters_.marks;
+  if (!marked_) {
+    // Marks take over from detection for good.
+    marked_ = true;
+    if (mode_ == Mode::armed || mode_ == Mode::serving) fall_back("the program marked a step: marks replace detection");
+    current_.clear();
+    previous_ok_ = false;
+  }
   if (mode_ == Mode::stopped) return;
   if (mode_ == Mode::armed || mode_ == Mode::serving) {
-    if (pos_ != plan_events_.size()) {
+    if (pos_ != plan_events_.size())
       fall_back(fmt::format("a step ended after {} events; the plan's has {}", pos_, plan_events_.size()));
-    } else if (mode_ == Mode::serving) {
-      ++counters_.served_steps;
-    }
   }
   const bool whole = !step_overflowed_ && !step_foreign_ && !current_.empty();
   if (mode_ == Mode::recording && whole) {
     if (previous_ok_ && current_ == previous_) {
       std::string why;
       if (auto plan = plan_step(current_, options_.round_bytes, &why)) {
-        plan_ = std::move(*plan);
-        plan_events_ = current_;
-        mode_ = Mode::armed;
-        ++counters_.plans;
-        counters_.last_plan_arena_bytes = plan_.arena_bytes;
-        counters_.last_plan_peak_live_bytes = plan_.peak_live_bytes;
-        counters_.last_reason.clear();
-      } else {
-        counters_.last_reason = "the step cannot be planned: " + why;
+        previous_ = std::move(current_);
+        previous_ok_ = true;
+        current_.clear();
+        end_step();
+        adopt(std::move(*plan), previous_);
+        return;
       }
+      counters_.last_reason = "the step cannot be planned: " + why;
     } else if (previous_ok_) {
       const auto [a, b] = std::mismatch(previous_.begin(), previous_.end(), current_.begin(), current_.end());
       counters_.last_reason = fmt::format("the last two steps differ from event {} on ({} and {} events)",
@@ -284,12 +459,9 @@ void StepPlanner::mark_step() {
   std::swap(previous_, current_);
   previous_ok_ = whole;
   current_.clear();
-  ++step_;
-  allocs_in_step_ = 0;
   step_overflowed_ = false;
   step_foreign_ = false;
-  pos_ = 0;
-  start_serving_if_due();
+  end_step();
 }
 
 std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, StreamId stream) {
@@ -314,10 +486,10 @@ std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, Stre
   }
   start_serving_if_due();
   if (mode_ != Mode::serving) return std::nullopt;
-  const std::uint64_t offset = plan_.offsets[allocs_in_step_];
+  const std::uint64_t offset = plan_.offsets[next_ordinal_ - step_first_];
   if (offset == StepPlan::kNotPlanned) return std::nullopt;
   if (arena_bytes_ == 0) {
-    const auto base = host_.map_arena(plan_.arena_bytes);
+    const auto base = host_.map_arena(plan_.arena_bytes, stream);
     if (!base) {
       fall_back(fmt::format("the arena of {} bytes could not be mapped", plan_.arena_bytes));
       return std::nullopt;
@@ -327,53 +499,57 @@ std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, Stre
     counters_.arena_bytes = arena_bytes_;
     ++counters_.arenas_mapped;
   }
-  const std::uintptr_t addr = arena_base_ + offset;
-  record(e, addr);
-  ++pos_;
-  ++arena_live_;
-  ++counters_.served_allocations;
-  return addr;
+  planned_addr_ = arena_base_ + offset;
+  return planned_addr_;
+}
+
+void StepPlanner::placement_failed() {
+  planned_addr_ = 0;
+  if (mode_ == Mode::armed || mode_ == Mode::serving)
+    fall_back(fmt::format("event {} of a step: the owner could not place the block at its planned address", pos_));
+}
+
+void StepPlanner::note(const StepEvent& e, std::uintptr_t addr) {
+  const std::uint64_t ordinal = next_ordinal_++;
+  live_[addr] = Live{ordinal, e.size_bytes};
+  record(e, ordinal);
 }
 
 void StepPlanner::note_allocated(std::uintptr_t addr) {
+  const std::uintptr_t planned = std::exchange(planned_addr_, 0);
   if (mode_ == Mode::stopped || pending_size_ == 0) return;  // a zero-byte request is no event
   StepEvent e;
   e.size_bytes = pending_size_;
   e.stream = pending_stream_;
-  if (mode_ == Mode::armed || mode_ == Mode::serving) {
-    if (matches(e)) {
-      ++pos_;
-    } else {
-      fall_back(fmt::format("event {} of a step: a request the plan does not have", pos_));
-    }
+  const bool following = mode_ == Mode::armed || mode_ == Mode::serving;
+  if (following && !matches(e)) fall_back(fmt::format("event {} of a step: a request the plan does not have", pos_));
+  if (planned != 0 && addr == planned && in_arena(addr)) {
+    ++arena_live_;
+    ++counters_.served_allocations;
   }
-  record(e, addr);
+  note(e, addr);
+  if (following && (mode_ == Mode::armed || mode_ == Mode::serving)) advance();
 }
 
 bool StepPlanner::free(std::uintptr_t addr) {
   const bool arena = in_arena(addr);
   if (arena) --arena_live_;
   if (mode_ == Mode::stopped) return arena;
-  StepEvent e;
-  e.is_free = true;
+  std::uint64_t ordinal = kUnknown;
+  freed_bytes_ = 0;
   if (auto it = live_.find(addr); it != live_.end()) {
-    const std::uint64_t back = step_ - it->second.step;
-    e.steps_back = static_cast<std::uint8_t>(std::min<std::uint64_t>(back, 0xfe));
-    e.index = it->second.index;
+    ordinal = it->second.ordinal;
+    freed_bytes_ = it->second.size_bytes;
     live_.erase(it);
-  } else {
-    e.steps_back = 0xff;  // allocated before the planner saw it
   }
-  if (e.steps_back > 1) step_foreign_ = true;
-  if (mode_ == Mode::armed || mode_ == Mode::serving) {
+  const StepEvent e = free_event(ordinal);
+  const bool planned = mode_ == Mode::armed || mode_ == Mode::serving;
+  if (planned) {
     start_serving_if_due();
-    if (matches(e)) {
-      ++pos_;
-    } else {
-      fall_back(fmt::format("event {} of a step: a free the plan does not have there", pos_));
-    }
+    if (!matches(e)) fall_back(fmt::format("event {} of a step: a free the plan does not have there", pos_));
   }
-  record(e, addr);
+  record(e, ordinal);
+  if (planned && (mode_ == Mode::armed || mode_ == Mode::serving)) advance();
   maybe_unmap();
   return arena;
 }

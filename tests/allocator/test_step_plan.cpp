@@ -264,7 +264,7 @@ struct FakeHost final : StepArenaHost {
   bool refuse = false;
   std::vector<std::size_t> maps;
   std::vector<std::pair<std::uintptr_t, std::size_t>> unmaps;
-  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes) override {
+  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, StreamId) override {
     maps.push_back(size_bytes);
     if (refuse) return std::nullopt;
     return kArenaBase;
@@ -290,6 +290,13 @@ struct Owner {
     current[index] = Block{next_own, bytes, false};
     next_own += std::uintptr_t{1} << 30;
   }
+  // A step the program does not mark: the planner has to find it.
+  void unmarked_step(const std::vector<StepEvent>& events) {
+    previous = std::move(current);
+    current.clear();
+    served = 0;
+    run(events);
+  }
   void step(const std::vector<StepEvent>& events) {
     planner.mark_step();
     previous = std::move(current);
@@ -308,6 +315,7 @@ struct Owner {
       return;
     }
     if (const auto addr = planner.allocate(e.size_bytes, e.stream)) {
+      planner.note_allocated(*addr);
       b = Block{*addr, b.bytes, true};
       ++served;
       CHECK(planner.in_arena(*addr));
@@ -343,7 +351,9 @@ struct Rig {
   FakeHost host;
   StepPlanner planner;
   Owner owner{planner};
-  explicit Rig(StepPlanOptions options = {}) : planner(host, options) { owner.allocate_unseen(3, 2048); }
+  explicit Rig(StepPlanOptions options = {}, bool with_w = true) : planner(host, options) {
+    if (with_w) owner.allocate_unseen(3, 2048);
+  }
 };
 
 // 0 A | 1 free W of the step before | 2 B | 3 free A | 4 C on stream 1 | 5 free B | 6 W | 7 free C | 8 T, never freed.
@@ -544,4 +554,116 @@ TEST_CASE("step planner: a zero-byte request is no event and gets no address", "
   REQUIRE(plan);
   CHECK(plan->arena_bytes == 1536);
   CHECK(plan->offsets[0] != plan->offsets[1]);
+}
+
+namespace {
+
+// A step of 2 x `blocks` events: blocks of varied sizes, each freed two allocations later, the
+// last two freed in the next step (they live over its end).
+std::vector<StepEvent> long_step(std::uint32_t blocks, std::uint64_t scale = 4096) {
+  std::vector<StepEvent> step;
+  for (std::uint32_t j = 0; j < blocks; ++j) {
+    step.push_back(A(scale * (1 + (j * 7) % 13)));
+    if (j == 0) step.push_back(F(blocks - 2, 1));
+    if (j == 1) step.push_back(F(blocks - 1, 1));
+    if (j >= 2) step.push_back(F(j - 2));
+  }
+  return step;
+}
+
+// The first of such steps: nothing of a step before to free.
+std::vector<StepEvent> first_step(std::vector<StepEvent> step) {
+  std::erase_if(step, [](const StepEvent& e) { return e.is_free && e.steps_back == 1; });
+  return step;
+}
+
+}  // namespace
+
+TEST_CASE("step planner: finds an unmarked step's length and serves the steps that repeat it", "[step_plan][detect]") {
+  Rig rig({}, false);
+  auto& [host, planner, owner] = rig;
+  const auto step = long_step(48);  // 96 events
+  REQUIRE(step.size() == 96);
+  owner.unmarked_step(first_step(step));
+  owner.unmarked_step(step);
+  CHECK(planner.counters().detected_steps == 0);  // one whole repeat is not seen yet
+  for (int s = 0; s < 5; ++s) owner.unmarked_step(step);
+  CHECK(planner.counters().marks == 0);
+  CHECK(planner.counters().detected_steps == 1);
+  CHECK(planner.counters().step_events == 96);
+  CHECK(planner.counters().plans == 1);
+  CHECK(planner.counters().fallbacks == 0);
+  CHECK(host.maps.size() == 1);
+  CHECK(planner.serving());
+  // The last steps are served whole, every block at the address its index had the step before.
+  CHECK(owner.served == 48);
+  CHECK(owner.same_address >= 48);
+  CHECK(planner.counters().served_steps >= 2);
+  // A step that differs falls back; the arena is given back once its blocks are freed.
+  auto changed = step;
+  changed[10].size_bytes += 4096;
+  owner.unmarked_step(changed);
+  CHECK(planner.counters().fallbacks == 1);
+  CHECK_FALSE(planner.serving());
+  CHECK_THAT(planner.counters().last_fallback, Contains("where the plan has"));
+  owner.unmarked_step(step);
+  CHECK(host.unmaps.size() == 1);
+}
+
+TEST_CASE("step planner: repeats shorter than min_step_events are loops inside a step, not steps", "[step_plan][detect]") {
+  Rig rig({}, false);
+  auto& [host, planner, owner] = rig;
+  const auto loop = long_step(24);  // 48 events, below the default 64
+  owner.unmarked_step(first_step(loop));
+  for (int s = 0; s < 8; ++s) owner.unmarked_step(loop);
+  CHECK(planner.counters().detected_steps == 0);
+  CHECK(host.maps.empty());
+  StepPlanOptions o;
+  o.min_step_events = 32;
+  Rig lower(o, false);
+  lower.owner.unmarked_step(first_step(loop));
+  for (int s = 0; s < 8; ++s) lower.owner.unmarked_step(loop);
+  CHECK(lower.planner.counters().detected_steps == 1);
+  CHECK(lower.planner.counters().step_events == 48);
+}
+
+TEST_CASE("step planner: detection is off when asked, and marks replace it", "[step_plan][detect]") {
+  StepPlanOptions off;
+  off.detect_steps = false;
+  Rig quiet(off, false);
+  quiet.owner.unmarked_step(first_step(long_step(48)));
+  for (int s = 0; s < 6; ++s) quiet.owner.unmarked_step(long_step(48));
+  CHECK(quiet.planner.counters().plans == 0);
+
+  Rig rig({}, false);
+  auto& [host, planner, owner] = rig;
+  owner.unmarked_step(first_step(long_step(48)));
+  for (int s = 0; s < 5; ++s) owner.unmarked_step(long_step(48));
+  REQUIRE(planner.counters().detected_steps == 1);
+  // The program starts marking: the detected plan is dropped and the marked steps are planned.
+  owner.step(long_step(48));
+  CHECK(planner.counters().fallbacks == 1);
+  CHECK_THAT(planner.counters().last_fallback, Contains("marks replace detection"));
+  for (int s = 0; s < 4; ++s) owner.step(long_step(48));
+  CHECK(planner.counters().plans == 2);
+  CHECK(planner.counters().marks == 5);
+  CHECK(owner.served > 0);
+}
+
+TEST_CASE("step planner: an owner that cannot place a block at its planned address makes the plan fall back",
+          "[step_plan][planner]") {
+  Rig rig({}, false);
+  auto& [host, planner, owner] = rig;
+  owner.unmarked_step(first_step(long_step(48)));
+  for (int s = 0; s < 5; ++s) owner.unmarked_step(long_step(48));
+  REQUIRE(planner.serving());
+  const auto addr = planner.allocate(4096, 0);
+  REQUIRE(addr);
+  planner.placement_failed();
+  CHECK_FALSE(planner.serving());
+  CHECK(planner.counters().fallbacks == 1);
+  CHECK_THAT(planner.counters().last_fallback, Contains("could not place"));
+  // The owner places it elsewhere: an ordinary block, not the arena's.
+  planner.note_allocated(0x5000'0000'0000);
+  CHECK_FALSE(planner.free(0x5000'0000'0000));
 }

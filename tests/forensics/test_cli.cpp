@@ -55,7 +55,6 @@ TEST_CASE("every bad argument gets one clear error", "[cli]") {
       {"replay " + trace + " --json=yes", 2, "--json takes no value"},
       {"replay " + trace + " --device 1", 1, "--device 1 does not apply"},
       {"replay /nonexistent/trace.csv.gz", 1, "cannot open"},
-      {"replay " + trace + " --policy gpumem+plan", 2, "say where they start with --step-marker BYTES"},
       {"replay " + trace + " --per-step 2", 2, "give --step-marker BYTES too"},
       {"replay " + trace + " --step-marker 0", 2, "--step-marker takes a request size"},
       {"replay " + trace + " --policy gpumem+plan --step-marker 12345", 1, "makes no request of exactly that many"},

@@ -163,9 +163,12 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
   std::string notes() const override {
     if (!planner_) return {};
     const alloc::StepPlanCounters& c = planner_->counters();
-    std::string s = fmt::format("step plan: {} step mark(s), {} plan(s), {} arena(s) mapped, {} fallback(s); "
-                                "{} allocations and {} whole steps served from the arena",
-                                c.marks, c.plans, c.arenas_mapped, c.fallbacks, c.served_allocations, c.served_steps);
+    std::string s = c.marks > 0 ? fmt::format("step plan: {} step mark(s)", c.marks)
+                                : fmt::format("step plan: {} step(s) found", c.detected_steps);
+    if (c.marks == 0 && c.detected_steps > 0) s += fmt::format(" (the last of {} events)", c.step_events);
+    s += fmt::format(", {} plan(s), {} arena(s) mapped, {} fallback(s); {} allocations and {} whole steps served "
+                     "from the arena",
+                     c.plans, c.arenas_mapped, c.fallbacks, c.served_allocations, c.served_steps);
     if (c.plans > 0)
       s += fmt::format("; last plan: arena {:.3f} GiB for {:.3f} GiB live at most", static_cast<double>(c.last_plan_arena_bytes) / 1073741824.0,
                        static_cast<double>(c.last_plan_peak_live_bytes) / 1073741824.0);
@@ -173,8 +176,7 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
       // The switch (the engine's cache given back, the arena mapped) happens once; what follows
       // is what every later step pays.
       const PolicyCounters after = source_.counters() - *first_arena_calls_;
-      s += fmt::format("; the switch to the first arena gave back the engine's cache in {:.1f} ms of calls, and the "
-                       "calls after it took {:.1f} ms",
+      s += fmt::format("; the first arena took {:.1f} ms of calls to lay out, and the calls after it took {:.1f} ms",
                        switch_seconds_ * 1e3, call_seconds(after, kH200VmmCosts) * 1e3);
     }
     if (!c.last_fallback.empty()) s += "; last fallback: " + c.last_fallback;
@@ -185,11 +187,16 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
   std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) override {
     if (planner_) {
       if (const auto at = planner_->allocate(requested_bytes, stream)) {
+        // The plan's address, in a range of the engine's own memory: the block is the engine's.
         const std::size_t block = (requested_bytes + 511) & ~std::size_t{511};
-        live_[*at] = Live{block, requested_bytes};
-        allocated_ += block;
-        requested_ += requested_bytes;
-        return *at;
+        if (engine_.allocate_at(reinterpret_cast<void*>(*at), block, requested_bytes) == alloc::FreeStatus::ok) {
+          planner_->note_allocated(*at);
+          live_[*at] = Live{block, requested_bytes};
+          allocated_ += block;
+          requested_ += requested_bytes;
+          return *at;
+        }
+        planner_->placement_failed();
       }
     }
     const alloc::AllocResult r = engine_.allocate(requested_bytes, stream);
@@ -208,7 +215,7 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
     allocated_ -= it->second.block_bytes;
     requested_ -= it->second.requested_bytes;
     live_.erase(it);
-    if (planner_ && planner_->free(addr)) return;
+    if (planner_) planner_->free(addr);
     engine_.free(reinterpret_cast<void*>(addr));
   }
 
@@ -292,46 +299,23 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
     std::size_t requested_bytes;
   };
 
-  // StepArenaHost: the arena is one physical piece mapped once, after the engine gives its cached
-  // memory back (the arena takes the place of the step's transient blocks).
-  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes) override {
+  // StepArenaHost: the arena is a range of the engine's own memory. The engine serves one block of
+  // the arena's size (growing or moving pieces as for any request) and takes it back at once; the
+  // planned blocks are then placed in it with allocate_at, as ordinary blocks of the engine. When a
+  // plan falls back, its arena is simply free memory of the engine, which goes on serving from it.
+  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, alloc::StreamId stream) override {
     const PolicyCounters before = source_.counters();
-    engine_.empty_cache();
-    const std::size_t g = source_.caps().granularity_bytes;
-    const std::size_t bytes = (size_bytes + g - 1) / g * g;
-    const auto va = source_.reserve(bytes, 0);
-    if (!va.ok()) return std::nullopt;
-    const auto piece = source_.create(bytes);
-    if (!piece.ok()) {
-      source_.release(va.value);
-      return std::nullopt;
-    }
-    if (source_.map(va.value.base, bytes, piece.value) != alloc::SourceStatus::ok) {
-      source_.destroy(piece.value);
-      source_.release(va.value);
-      return std::nullopt;
-    }
-    arena_ = Arena{va.value, piece.value};
+    const alloc::AllocResult r = engine_.allocate(size_bytes, stream);
+    if (!r.ok() || !r.ptr) return std::nullopt;
+    engine_.free(r.ptr);
     if (!first_arena_calls_) {
       first_arena_calls_ = source_.counters();
       switch_seconds_ = call_seconds(*first_arena_calls_ - before, kH200VmmCosts);
     }
-    return va.value.base;
+    return reinterpret_cast<std::uintptr_t>(r.ptr);
   }
-  void unmap_arena(std::uintptr_t base, std::size_t size_bytes) override {
-    (void)base;
-    (void)size_bytes;
-    if (!arena_) return;
-    source_.unmap(arena_->va.base, arena_->va.size_bytes);
-    source_.destroy(arena_->piece);
-    source_.release(arena_->va);
-    arena_.reset();
-  }
+  void unmap_arena(std::uintptr_t, std::size_t) override {}  // the engine's memory: it keeps it
 
-  struct Arena {
-    alloc::VaRange va;
-    alloc::PhysHandle piece = 0;
-  };
 
   std::string name_;
   CountingSource source_;
@@ -340,7 +324,6 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
   std::unordered_map<std::uint64_t, Live> live_;
   std::size_t allocated_ = 0;
   std::size_t requested_ = 0;
-  std::optional<Arena> arena_;
   std::optional<PolicyCounters> first_arena_calls_;  // the calls made up to the first arena's mapping
   double switch_seconds_ = 0.0;                      // the calls of that switch
   std::unique_ptr<alloc::StepPlanner> planner_;  // gpumem+plan only

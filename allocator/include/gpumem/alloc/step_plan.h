@@ -52,17 +52,24 @@ namespace gpumem::alloc {
 class StepArenaHost {
  public:
   virtual ~StepArenaHost() = default;
-  // Maps `size_bytes` of memory for the arena and returns its base, or nullopt if it cannot (the
-  // planner then does not serve this plan). The owner may give back cached memory first.
-  virtual std::optional<std::uintptr_t> map_arena(std::size_t size_bytes) = 0;
-  // Gives back what map_arena returned; no block of the arena is live.
+  // Provides `size_bytes` of contiguous memory for the arena, free now, and returns its base, or
+  // nullopt if it cannot (the planner then does not serve this plan). `stream` is the stream of the
+  // request that needs it. The owner may give back cached memory first, or take a free range of
+  // its own memory (the replay's owner does: planned blocks are then its blocks, placed at the
+  // planned addresses).
+  virtual std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, StreamId stream) = 0;
+  // The plan is dropped and no block of the arena is live: the owner may give the range back.
   virtual void unmap_arena(std::uintptr_t base, std::size_t size_bytes) = 0;
 };
 
 struct StepPlanOptions {
-  std::size_t round_bytes = 512;         // blocks are sized and aligned to this (a power of two)
-  std::size_t max_step_events = 1 << 20; // a longer step is not planned (nor recorded further)
-  unsigned max_fallbacks = 4;            // plans abandoned before the planner stops planning
+  std::size_t round_bytes = 512;          // blocks are sized and aligned to this (a power of two)
+  std::size_t max_step_events = 1 << 16;  // a longer step is not planned (nor recorded further)
+  // Find the step's length without marks (until the first mark_step()): see "Detection" above.
+  bool detect_steps = true;
+  std::size_t min_step_events = 64;       // detection ignores shorter repeats (loops inside a step)
+  // Plans in a row that fell back before serving two whole steps, after which the planner stops.
+  unsigned max_fallbacks = 4;
 };
 
 // One event of a recorded step.
@@ -96,6 +103,8 @@ std::optional<StepPlan> plan_step(const std::vector<StepEvent>& step, std::size_
 
 struct StepPlanCounters {
   std::uint64_t marks = 0;
+  std::uint64_t detected_steps = 0;   // steps found without marks (each one planned)
+  std::uint64_t step_events = 0;      // the events of the last step found without marks
   std::uint64_t plans = 0;            // steps planned
   std::uint64_t arenas_mapped = 0;
   std::uint64_t fallbacks = 0;        // plans abandoned at an event that differed
@@ -120,12 +129,15 @@ class StepPlanner {
   void mark_step();
 
   // Before the owner serves a request: the address in the arena that the plan gives it, or nullopt
-  // (the owner serves it, then calls note_allocated with its address). A zero-byte request is no
-  // event of the step: nullopt, and note_allocated after it is ignored.
+  // (the owner places it where it likes). Either way the owner then calls note_allocated with the
+  // address the block got; if it could not place the block at the planned address, it calls
+  // placement_failed() first (the plan falls back) and places it elsewhere. A zero-byte request is
+  // no event of the step: nullopt, and note_allocated after it is ignored; a request that fails
+  // (no note_allocated) leaves the next request to be compared with the same event of the plan.
   std::optional<std::uintptr_t> allocate(std::size_t size_bytes, StreamId stream);
-  // After the owner served a request that allocate() left to it.
+  void placement_failed();
   void note_allocated(std::uintptr_t addr);
-  // Before the owner frees a block: true if it is the arena's (the owner must not free it itself).
+  // Before the owner frees a block: true if it lies in the arena.
   bool free(std::uintptr_t addr);
 
   bool serving() const noexcept { return mode_ == Mode::serving; }
@@ -136,13 +148,27 @@ class StepPlanner {
 
  private:
   enum class Mode : std::uint8_t { recording, armed, serving, draining, stopped };
-  struct BlockId {
-    std::uint64_t step = 0;
-    std::uint32_t index = 0;
+  struct Live {
+    std::uint64_t ordinal = 0;     // the how-manyth allocation the planner saw
+    std::uint64_t size_bytes = 0;  // rounded
+  };
+  // The detector's record of one event.
+  struct RawEvent {
+    std::uint64_t value = 0;          // allocation: rounded size; free: its block's ordinal (~0: unknown)
+    std::uint64_t allocs_before = 0;  // allocations seen before this event
+    StreamId stream = 0;
+    bool is_free = false;
   };
 
-  void record(const StepEvent& e, std::uintptr_t addr);
+  StepEvent free_event(std::uint64_t ordinal) const noexcept;
+  void note(const StepEvent& e, std::uintptr_t addr);
+  void record(const StepEvent& e, std::uint64_t ordinal);
+  std::uint64_t range_hash(std::uint64_t a, std::uint64_t b, std::uint64_t base_power) const noexcept;
+  void plan_detected(std::uint64_t n, std::uint64_t period);
+  void adopt(StepPlan plan, std::vector<StepEvent> events);
   bool matches(const StepEvent& e) const;
+  void advance();
+  void end_step();
   void fall_back(const std::string& reason);
   void maybe_unmap();
   void start_serving_if_due();
@@ -150,23 +176,46 @@ class StepPlanner {
   StepArenaHost& host_;
   StepPlanOptions options_;
   Mode mode_ = Mode::recording;
-  std::uint64_t step_ = 0;              // marks seen (the current step's number)
+  bool marked_ = false;                 // the program marks steps (detection is off)
+
+  // Blocks: every live block the planner saw allocated, and where steps start, by ordinal.
+  std::unordered_map<std::uintptr_t, Live> live_;
+  std::uint64_t next_ordinal_ = 0;
+  std::uint64_t step_first_ = 0;        // the ordinal of the current step's first allocation
+  std::uint64_t previous_first_ = 0;    // ... of the step before's
+  std::uint64_t freed_bytes_ = 0;       // the size of the block free() is recording
+
+  // Marked steps.
   bool step_overflowed_ = false;        // the current step outgrew max_step_events
   bool step_foreign_ = false;           // the current step freed a block from before the step before
   std::vector<StepEvent> current_;      // the current step's events
   std::vector<StepEvent> previous_;     // the last whole step's
   bool previous_ok_ = false;            // previous_ is whole and plannable
-  std::unordered_map<std::uintptr_t, BlockId> live_;  // every live block the planner saw allocated
-  std::uint32_t allocs_in_step_ = 0;
 
+  // Detection: the last events (a ring of 2 x max_step_events), prefix hashes of their
+  // signatures, and a table of keys (the last kWindow events' hash and the bytes live) to the
+  // event where each was last seen.
+  std::vector<RawEvent> ring_;
+  std::vector<std::uint64_t> prefix_;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> keys_;
+  std::uint64_t window_power_ = 1;
+  std::uint64_t events_ = 0;
+  std::uint64_t live_bytes_ = 0;
+  std::uint64_t cooldown_period_ = 0;   // a period found not to plan, ignored until cooldown_until_
+  std::uint64_t cooldown_until_ = 0;
+
+  // The plan and its arena.
   StepPlan plan_;
   std::vector<StepEvent> plan_events_;
   std::size_t pos_ = 0;                 // events of the current step matched so far (armed/serving)
+  std::uint64_t plan_served_steps_ = 0;
+  unsigned unproductive_fallbacks_ = 0;
   std::uintptr_t arena_base_ = 0;
   std::size_t arena_bytes_ = 0;
   std::size_t arena_live_ = 0;          // arena blocks live
-  std::uint64_t pending_size_ = 0;      // the request allocate() left to the owner
+  std::uint64_t pending_size_ = 0;      // the request allocate() was last asked about
   StreamId pending_stream_ = 0;
+  std::uintptr_t planned_addr_ = 0;     // the address allocate() gave it (0: none)
 
   StepPlanCounters counters_;
 };
