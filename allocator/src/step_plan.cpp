@@ -185,8 +185,9 @@ std::optional<StepPlan> plan_step(const std::vector<StepEvent>& step, std::size_
   for (const Order& o : kOrders) {
     std::vector<std::size_t> order(blocks.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
+    auto key = [&](const PlanBlock& b) { return o.key(b); };
     std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-      const double kx = o.key(blocks[x]), ky = o.key(blocks[y]);
+      const double kx = key(blocks[x]), ky = key(blocks[y]);
       if (kx != ky) return kx > ky;
       return blocks[x].size_bytes > blocks[y].size_bytes;
     });
@@ -296,10 +297,17 @@ void StepPlanner::record(const StepEvent& e, std::uint64_t ordinal) {
   auto& slot = keys_[key & (keys_.size() - 1)];
   if (slot.first == key) {
     const std::uint64_t period = n - slot.second;
-    if (period >= options_.min_step_events && period <= options_.max_step_events && n >= 2 * period &&
-        !(period == cooldown_period_ && n < cooldown_until_)) {
+    // After plans that fell back before serving two steps, a step must repeat more times in a row
+    // before it is planned again (a workload whose steps change often pays for fewer plans).
+    const std::uint64_t repeats = required_repeats();
+    if (period >= options_.min_step_events && period <= options_.max_step_events && n >= repeats * period &&
+        repeats * period < ring_.size() && !(period == cooldown_period_ && n < cooldown_until_)) {
       const std::uint64_t bp = power(kHashBase, period);
-      if (range_hash(n - 2 * period, n - period, bp) == range_hash(n - period, n, bp)) plan_detected(n, period);
+      const std::uint64_t last = range_hash(n - period, n, bp);
+      bool same = true;
+      for (std::uint64_t k = 2; k <= repeats && same; ++k)
+        same = range_hash(n - k * period, n - (k - 1) * period, bp) == last;
+      if (same) plan_detected(n, period);
     }
   }
   slot = {key, n};
@@ -370,6 +378,7 @@ void StepPlanner::adopt(StepPlan plan, std::vector<StepEvent> events) {
   ++counters_.plans;
   counters_.last_plan_arena_bytes = plan_.arena_bytes;
   counters_.last_plan_peak_live_bytes = plan_.peak_live_bytes;
+  counters_.last_plan_trough_live_bytes = plan_.trough_live_bytes;
   counters_.last_reason.clear();
   start_serving_if_due();
 }
@@ -435,7 +444,8 @@ void StepPlanner::mark_step() {
   }
   const bool whole = !step_overflowed_ && !step_foreign_ && !current_.empty();
   if (mode_ == Mode::recording && whole) {
-    if (previous_ok_ && current_ == previous_) {
+    equal_steps_ = previous_ok_ && current_ == previous_ ? equal_steps_ + 1 : 1;
+    if (equal_steps_ >= required_repeats()) {
       std::string why;
       if (auto plan = plan_step(current_, options_.round_bytes, &why)) {
         previous_ = std::move(current_);
@@ -446,14 +456,21 @@ void StepPlanner::mark_step() {
         return;
       }
       counters_.last_reason = "the step cannot be planned: " + why;
+    } else if (previous_ok_ && current_ == previous_) {
+      counters_.last_reason = fmt::format("the step has repeated {} times in a row; after {} plan(s) that fell back "
+                                          "early, {} are needed",
+                                          equal_steps_, unproductive_fallbacks_, required_repeats());
     } else if (previous_ok_) {
       const auto [a, b] = std::mismatch(previous_.begin(), previous_.end(), current_.begin(), current_.end());
       counters_.last_reason = fmt::format("the last two steps differ from event {} on ({} and {} events)",
                                           a - previous_.begin(), previous_.size(), current_.size());
     }
-  } else if (mode_ == Mode::recording && step_foreign_) {
+  } else if (mode_ == Mode::recording) {
+    equal_steps_ = 0;
+  }
+  if (mode_ == Mode::recording && !whole && step_foreign_) {
     counters_.last_reason = "the step frees a block from before the step before it";
-  } else if (mode_ == Mode::recording && step_overflowed_) {
+  } else if (mode_ == Mode::recording && !whole && step_overflowed_) {
     counters_.last_reason = fmt::format("the step has more than {} events", options_.max_step_events);
   }
   std::swap(previous_, current_);
@@ -491,7 +508,7 @@ std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, Stre
   if (arena_bytes_ == 0) {
     const auto base = host_.map_arena(plan_.arena_bytes, stream);
     if (!base) {
-      fall_back(fmt::format("the arena of {} bytes could not be mapped", plan_.arena_bytes));
+      fall_back(fmt::format("the owner did not provide the arena of {} bytes", plan_.arena_bytes));
       return std::nullopt;
     }
     arena_base_ = *base;

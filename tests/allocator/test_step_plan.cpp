@@ -469,7 +469,8 @@ TEST_CASE("step planner: an event that differs ends serving; the arena is given 
   CHECK(planner.serving());
 }
 
-TEST_CASE("step planner: after max_fallbacks fallbacks it stops planning", "[step_plan][planner]") {
+TEST_CASE("step planner: each early fallback asks for one more repeat; after max_fallbacks it stops planning",
+          "[step_plan][planner]") {
   StepPlanOptions options;
   options.max_fallbacks = 2;
   Rig rig(options);
@@ -478,15 +479,19 @@ TEST_CASE("step planner: after max_fallbacks fallbacks it stops planning", "[ste
   other[8] = A(9000);
   for (int s = 1; s <= 4; ++s) owner.step(kStep);
   REQUIRE(owner.served == 3);
-  owner.step(other);  // step 5: fallback 1
+  owner.step(other);  // step 5: fallback 1, after the plan served one whole step (4): an early one
   CHECK(planner.counters().fallbacks == 1);
-  for (int s = 6; s <= 8; ++s) owner.step(kStep);  // 6 differs from 5, 7 == 6: planned again at 8
+  for (int s = 6; s <= 8; ++s) owner.step(kStep);  // 6 differs from 5; 6, 7 and 8 are the same
+  CHECK(planner.counters().plans == 1);
+  CHECK_THAT(planner.counters().last_reason, Contains("repeated 2 times in a row"));
+  CHECK_THAT(planner.counters().last_reason, Contains("3 are needed"));
+  owner.step(kStep);  // step 9: three in a row were needed, and there are: planned again
   CHECK(planner.counters().plans == 2);
   CHECK(owner.served == 3);
-  owner.step(other);  // step 9: fallback 2
+  owner.step(other);  // step 10: fallback 2, early again: the planner stops
   CHECK(planner.counters().fallbacks == 2);
-  for (int s = 10; s <= 16; ++s) owner.step(kStep);  // 10 frees the arena's last block
-  CHECK(planner.counters().served_allocations == 3 + 4 + 3 + 4 + 0);  // steps 4, 5, 8, 9, then none
+  for (int s = 11; s <= 17; ++s) owner.step(kStep);  // 11 frees the arena's last block
+  CHECK(planner.counters().served_allocations == 3 + 4 + 3 + 4 + 0);  // steps 4, 5, 9, 10, then none
   CHECK_FALSE(planner.serving());
   CHECK(planner.counters().plans == 2);
   CHECK(planner.counters().fallbacks == 2);
@@ -510,7 +515,7 @@ TEST_CASE("step planner: an arena the host cannot map is a fallback, and nothing
   CHECK(c.arenas_mapped == 0);
   CHECK(c.served_allocations == 0);
   CHECK(c.arena_bytes == 0);
-  CHECK_THAT(c.last_fallback, Contains("could not be mapped"));
+  CHECK_THAT(c.last_fallback, Contains("did not provide the arena"));
   CHECK(host.maps == std::vector<std::size_t>{plan->arena_bytes});
   CHECK(host.unmaps.empty());
   // Step 4 was recorded whole and matches step 3: planned again; this time the host maps it.

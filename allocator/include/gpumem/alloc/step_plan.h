@@ -114,6 +114,7 @@ struct StepPlanCounters {
   std::size_t arena_bytes = 0;        // the arena mapped now (0 if none)
   std::size_t last_plan_arena_bytes = 0;
   std::size_t last_plan_peak_live_bytes = 0;
+  std::size_t last_plan_trough_live_bytes = 0;  // planned bytes live where serving starts
   std::string last_reason;            // why the last step recorded was not planned (empty: it was, or no
                                       // step was compared yet)
   std::string last_fallback;          // the event at which the last plan fell back
@@ -172,6 +173,9 @@ class StepPlanner {
   void fall_back(const std::string& reason);
   void maybe_unmap();
   void start_serving_if_due();
+  // Equal steps in a row needed to plan: 2, and one more per plan in a row that fell back before
+  // serving two whole steps.
+  std::uint64_t required_repeats() const noexcept { return 2 + unproductive_fallbacks_; }
 
   StepArenaHost& host_;
   StepPlanOptions options_;
@@ -191,6 +195,7 @@ class StepPlanner {
   std::vector<StepEvent> current_;      // the current step's events
   std::vector<StepEvent> previous_;     // the last whole step's
   bool previous_ok_ = false;            // previous_ is whole and plannable
+  std::uint64_t equal_steps_ = 0;       // whole steps in a row, ending with previous_, that are the same
 
   // Detection: the last events (a ring of 2 x max_step_events), prefix hashes of their
   // signatures, and a table of keys (the last kWindow events' hash and the bytes live) to the
