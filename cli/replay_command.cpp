@@ -1,5 +1,6 @@
 // `gpumem replay`: replays a PyTorch allocator trace through allocator policies and compares what
 // each would reserve.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -108,6 +109,14 @@ int run_replay(const std::vector<std::string_view>& argv) {
     return 2;
   }
   if (a.policies.empty()) a.policies = fx::default_policy_names();
+  if (a.step_marker && std::none_of(a.policies.begin(), a.policies.end(), [](const std::string& p) {
+        return p == "gpumem+plan" || p.starts_with("gpumem+plan:");
+      })) {
+    std::fputs("gpumem replay: --step-marker marks steps for the step planner, and no policy uses it; add --policy "
+               "gpumem+plan\n",
+               stderr);
+    return 2;
+  }
 
   // Policies first: a bad name should not wait for a large trace to load.
   try {

@@ -300,8 +300,11 @@ void StepPlanner::record(const StepEvent& e, std::uint64_t ordinal) {
     // After plans that fell back before serving two steps, a step must repeat more times in a row
     // before it is planned again (a workload whose steps change often pays for fewer plans).
     const std::uint64_t repeats = required_repeats();
-    if (period >= options_.min_step_events && period <= options_.max_step_events && n >= repeats * period &&
-        repeats * period < ring_.size() && !(period == cooldown_period_ && n < cooldown_until_)) {
+    // (Repeats that do not fit in the ring together are not seen: after many early fallbacks a
+    // long step is no longer planned.)
+    if (period >= options_.min_step_events && period <= options_.max_step_events &&
+        n >= fallback_event_ + repeats * period && repeats * period < ring_.size() &&
+        !(period == cooldown_period_ && n < cooldown_until_)) {
       const std::uint64_t bp = power(kHashBase, period);
       const std::uint64_t last = range_hash(n - period, n, bp);
       bool same = true;
@@ -413,7 +416,14 @@ void StepPlanner::fall_back(const std::string& reason) {
   counters_.last_fallback = reason;
   // A plan that served whole steps before its steps changed (an evaluation between training
   // epochs) was worth making; one that did not counts toward giving up.
-  unproductive_fallbacks_ = plan_served_steps_ >= 2 ? 0 : unproductive_fallbacks_ + 1;
+  if (plan_served_steps_ >= 2) {
+    unproductive_fallbacks_ = 0;
+  } else {
+    // An early fallback: the repeats the next plan needs are counted from here on.
+    ++unproductive_fallbacks_;
+    equal_steps_ = 0;
+    fallback_event_ = events_;
+  }
   mode_ = arena_bytes_ != 0 ? Mode::draining : Mode::recording;
   if (mode_ == Mode::recording && unproductive_fallbacks_ >= options_.max_fallbacks) mode_ = Mode::stopped;
   maybe_unmap();
@@ -513,6 +523,7 @@ std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, Stre
     }
     arena_base_ = *base;
     arena_bytes_ = plan_.arena_bytes;
+    ++arena_generation_;
     counters_.arena_bytes = arena_bytes_;
     ++counters_.arenas_mapped;
   }
@@ -526,9 +537,9 @@ void StepPlanner::placement_failed() {
     fall_back(fmt::format("event {} of a step: the owner could not place the block at its planned address", pos_));
 }
 
-void StepPlanner::note(const StepEvent& e, std::uintptr_t addr) {
+void StepPlanner::note(const StepEvent& e, std::uintptr_t addr, bool served) {
   const std::uint64_t ordinal = next_ordinal_++;
-  live_[addr] = Live{ordinal, e.size_bytes};
+  live_[addr] = Live{ordinal, e.size_bytes, served ? arena_generation_ : 0};
   record(e, ordinal);
 }
 
@@ -538,37 +549,47 @@ void StepPlanner::note_allocated(std::uintptr_t addr) {
   StepEvent e;
   e.size_bytes = pending_size_;
   e.stream = pending_stream_;
-  const bool following = mode_ == Mode::armed || mode_ == Mode::serving;
-  if (following && !matches(e)) fall_back(fmt::format("event {} of a step: a request the plan does not have", pos_));
-  if (planned != 0 && addr == planned && in_arena(addr)) {
+  // Whether this event advances the plan is decided before it is recorded: recording it may find
+  // a new step (after a fallback here), whose plan starts after this event.
+  bool following = mode_ == Mode::armed || mode_ == Mode::serving;
+  if (following && !matches(e)) {
+    fall_back(fmt::format("event {} of a step: a request the plan does not have", pos_));
+    following = false;
+  }
+  const bool served = following && planned != 0 && addr == planned && in_arena(addr);
+  if (served) {
     ++arena_live_;
     ++counters_.served_allocations;
   }
-  note(e, addr);
-  if (following && (mode_ == Mode::armed || mode_ == Mode::serving)) advance();
+  note(e, addr, served);
+  if (following) advance();
 }
 
 bool StepPlanner::free(std::uintptr_t addr) {
-  const bool arena = in_arena(addr);
-  if (arena) --arena_live_;
-  if (mode_ == Mode::stopped) return arena;
+  if (mode_ == Mode::stopped) return false;  // stopped only once no arena is left
   std::uint64_t ordinal = kUnknown;
+  bool served = false;  // placed by the plan in the arena mapped now
   freed_bytes_ = 0;
   if (auto it = live_.find(addr); it != live_.end()) {
     ordinal = it->second.ordinal;
     freed_bytes_ = it->second.size_bytes;
+    served = arena_bytes_ != 0 && it->second.arena_generation == arena_generation_;
     live_.erase(it);
   }
+  if (served) --arena_live_;
   const StepEvent e = free_event(ordinal);
-  const bool planned = mode_ == Mode::armed || mode_ == Mode::serving;
-  if (planned) {
+  bool following = mode_ == Mode::armed || mode_ == Mode::serving;
+  if (following) {
     start_serving_if_due();
-    if (!matches(e)) fall_back(fmt::format("event {} of a step: a free the plan does not have there", pos_));
+    if (!matches(e)) {
+      fall_back(fmt::format("event {} of a step: a free the plan does not have there", pos_));
+      following = false;
+    }
   }
   record(e, ordinal);
-  if (planned && (mode_ == Mode::armed || mode_ == Mode::serving)) advance();
+  if (following) advance();
   maybe_unmap();
-  return arena;
+  return served;
 }
 
 }  // namespace gpumem::alloc

@@ -57,6 +57,7 @@ TEST_CASE("every bad argument gets one clear error", "[cli]") {
       {"replay /nonexistent/trace.csv.gz", 1, "cannot open"},
       {"replay " + trace + " --per-step 2", 2, "give --step-marker BYTES too"},
       {"replay " + trace + " --step-marker 0", 2, "--step-marker takes a request size"},
+      {"replay " + trace + " --step-marker 314453136", 2, "add --policy gpumem+plan"},
       {"replay " + trace + " --policy gpumem+plan --step-marker 12345", 1, "makes no request of exactly that many"},
   };
   for (const Case& c : cases) {

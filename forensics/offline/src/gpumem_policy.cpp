@@ -191,7 +191,8 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
     if (planner_) {
       if (const auto at = planner_->allocate(requested_bytes, stream)) {
         // The plan's address, in a range of the engine's own memory: the block is the engine's.
-        const std::size_t block = (requested_bytes + 511) & ~std::size_t{511};
+        const std::size_t round = alloc::StepPlanOptions{}.round_bytes;  // the planner's (default) rounding
+        const std::size_t block = (requested_bytes + round - 1) & ~(round - 1);
         if (engine_.allocate_at(reinterpret_cast<void*>(*at), block, requested_bytes) == alloc::FreeStatus::ok) {
           planner_->note_allocated(*at);
           live_[*at] = Live{block, requested_bytes};

@@ -7,32 +7,42 @@
 // gives every request of the step the same offset at every step needs about the same memory and
 // makes no driver call once mapped ("A step plan").
 //
-// The owner (the replay's gpumem+plan policy; the engine later) tells the planner where steps
-// start (mark_step) and shows it every request and free:
+// The owner (the replay's gpumem+plan policy; the engine later) shows the planner every request
+// and free, and may tell it where steps start (mark_step):
 //
-//   * Recording. The planner writes each step's events down: an allocation by its rounded size and
-//     stream, a free by which allocation it frees (of this step or the one before, by index).
-//   * Planning. At a mark, if the two steps just recorded are the same event for event, and every
-//     block of the step is freed in it or in the next step before its own next instance is
-//     allocated, the step is planned: each block gets an offset in an arena so that blocks live at
+//   * Finding the step. Without marks, the planner keeps the last events in a ring (an allocation
+//     by its rounded size and stream, a free by how many allocations ago its block was made) with
+//     prefix hashes, and at every event looks up a key (the hash of the last 16 events and the
+//     bytes live) in a table of where each key was last seen. At the same point of two repeats of
+//     a step both agree, so the distance is the step's length; equal hashes over the last repeats
+//     are then checked event by event. Repeats shorter than min_step_events are loops inside a
+//     step. With marks (the first mark_step() turns detection off for good), the events between
+//     two marks are a step.
+//   * Planning. When the last two steps (more after early fallbacks, below) are the same event for
+//     event, the step is laid out: each block gets an offset in an arena so that blocks live at
 //     the same time never share bytes. Blocks live over the step's end wrap around to its start.
-//     The plan is greedy (blocks placed largest first, or by size x lifetime, lifetime or start,
+//     The layout is greedy (blocks placed largest first, or by size x lifetime, lifetime or start,
 //     each at the lowest offset or in the smallest gap that holds it; the smallest arena of the
 //     eight is kept); blocks of different streams never share bytes (no events are needed).
 //   * Serving. In the next step, the planner checks each event against the plan. At the plan's
 //     trough (the point of the step with the fewest planned bytes live, so that the least is held
-//     twice) it asks the owner for the arena, and from then on serves every planned allocation at
+//     twice) it asks the owner for the arena, and from then on gives every planned allocation
 //     arena base + its offset while events match. Blocks live at the trough, allocated before the
 //     arena, stay where the owner put them.
 //   * Falling back. At the first event that differs (a size, a stream, a free of another block, a
-//     step longer or shorter than the plan), the planner stops serving: every request goes to the
-//     owner again. Arena blocks still live are freed into the arena; once none is left the arena is
-//     given back and recording starts over. After `max_fallbacks` fallbacks it stops planning.
+//     step longer or shorter than the plan), or when the owner cannot place a block at its planned
+//     address, the planner stops serving: every request goes to the owner again. Once no block it
+//     placed in the arena is live, the arena is given back and recording goes on. A plan that fell
+//     back before serving two whole steps makes the next plan wait for one more repeat; after
+//     `max_fallbacks` such plans in a row the planner stops.
 //
-// Safety: a block is served from the arena only while the events so far match the plan exactly,
-// so the blocks live together are the plan's, which share no bytes. A block that lives longer than
-// a step (it would overlap its own next instance), or that the step never frees, is left to the
-// owner. The same for blocks of a step that frees a block from before the step before it.
+// Safety: a block is given its planned address only while the events so far match the plan
+// exactly, so the blocks live together are the plan's, which share no bytes. A block that lives
+// longer than a step (it would overlap its own next instance), or that the step never frees, is
+// left to the owner; so is every block of a step that frees a block from before the step before
+// it (such a step is not planned). The owner must still check that a planned address is free in
+// its own memory (the replay's owner does: allocate_at refuses anything else), because blocks it
+// places itself may lie in the arena's range.
 //
 // Thread-safety: none; the owner serializes calls (the engine would call it under its lock).
 #pragma once
@@ -64,8 +74,10 @@ class StepArenaHost {
 
 struct StepPlanOptions {
   std::size_t round_bytes = 512;          // blocks are sized and aligned to this (a power of two)
-  std::size_t max_step_events = 1 << 16;  // a longer step is not planned (nor recorded further)
-  // Find the step's length without marks (until the first mark_step()): see "Detection" above.
+  // A longer step is not planned (nor recorded further). Laying a step out costs time quadratic
+  // in its blocks (about 0.8 s for the 4,227 blocks of llama3b_train's step, eight layouts).
+  std::size_t max_step_events = 1 << 15;
+  // Find the step's length without marks (until the first mark_step()): see "Finding the step" above.
   bool detect_steps = true;
   std::size_t min_step_events = 64;       // detection ignores shorter repeats (loops inside a step)
   // Plans in a row that fell back before serving two whole steps, after which the planner stops.
@@ -109,8 +121,8 @@ struct StepPlanCounters {
   std::uint64_t arenas_mapped = 0;
   std::uint64_t fallbacks = 0;        // plans abandoned at an event that differed
   std::uint64_t served_allocations = 0;
-  std::uint64_t served_steps = 0;     // steps that ended (at a mark) while served, the first from
-                                      // its trough on
+  std::uint64_t served_steps = 0;     // steps that ended (at a mark, or where a detected step
+                                      // ends) while served, the first from its trough on
   std::size_t arena_bytes = 0;        // the arena mapped now (0 if none)
   std::size_t last_plan_arena_bytes = 0;
   std::size_t last_plan_peak_live_bytes = 0;
@@ -138,7 +150,8 @@ class StepPlanner {
   std::optional<std::uintptr_t> allocate(std::size_t size_bytes, StreamId stream);
   void placement_failed();
   void note_allocated(std::uintptr_t addr);
-  // Before the owner frees a block: true if it lies in the arena.
+  // Before the owner frees a block: true if the plan placed it in the arena (a block the owner
+  // placed itself in the arena's range, after a fallback, is not the arena's).
   bool free(std::uintptr_t addr);
 
   bool serving() const noexcept { return mode_ == Mode::serving; }
@@ -150,8 +163,9 @@ class StepPlanner {
  private:
   enum class Mode : std::uint8_t { recording, armed, serving, draining, stopped };
   struct Live {
-    std::uint64_t ordinal = 0;     // the how-manyth allocation the planner saw
-    std::uint64_t size_bytes = 0;  // rounded
+    std::uint64_t ordinal = 0;           // the how-manyth allocation the planner saw
+    std::uint64_t size_bytes = 0;        // rounded
+    std::uint64_t arena_generation = 0;  // served in the arena mapped as this one (0: not served)
   };
   // The detector's record of one event.
   struct RawEvent {
@@ -162,7 +176,7 @@ class StepPlanner {
   };
 
   StepEvent free_event(std::uint64_t ordinal) const noexcept;
-  void note(const StepEvent& e, std::uintptr_t addr);
+  void note(const StepEvent& e, std::uintptr_t addr, bool served);
   void record(const StepEvent& e, std::uint64_t ordinal);
   std::uint64_t range_hash(std::uint64_t a, std::uint64_t b, std::uint64_t base_power) const noexcept;
   void plan_detected(std::uint64_t n, std::uint64_t period);
@@ -197,7 +211,8 @@ class StepPlanner {
   bool previous_ok_ = false;            // previous_ is whole and plannable
   std::uint64_t equal_steps_ = 0;       // whole steps in a row, ending with previous_, that are the same
 
-  // Detection: the last events (a ring of 2 x max_step_events), prefix hashes of their
+  // Detection: the last events (a ring of the power of two at or above 2 x max_step_events + 2),
+  // prefix hashes of their
   // signatures, and a table of keys (the last kWindow events' hash and the bytes live) to the
   // event where each was last seen.
   std::vector<RawEvent> ring_;
@@ -208,6 +223,7 @@ class StepPlanner {
   std::uint64_t live_bytes_ = 0;
   std::uint64_t cooldown_period_ = 0;   // a period found not to plan, ignored until cooldown_until_
   std::uint64_t cooldown_until_ = 0;
+  std::uint64_t fallback_event_ = 0;    // the event of the last fallback: repeats count from there
 
   // The plan and its arena.
   StepPlan plan_;
@@ -217,7 +233,8 @@ class StepPlanner {
   unsigned unproductive_fallbacks_ = 0;
   std::uintptr_t arena_base_ = 0;
   std::size_t arena_bytes_ = 0;
-  std::size_t arena_live_ = 0;          // arena blocks live
+  std::size_t arena_live_ = 0;          // blocks served in the arena and live
+  std::uint64_t arena_generation_ = 0;  // arenas mapped so far
   std::uint64_t pending_size_ = 0;      // the request allocate() was last asked about
   StreamId pending_stream_ = 0;
   std::uintptr_t planned_addr_ = 0;     // the address allocate() gave it (0: none)
