@@ -58,43 +58,40 @@ def usage_error(message):
     sys.exit(2)
 
 
+def name_lines(path):
+    """(line number, words, text) of each line of a NAME ... file, comments (#) and blank lines left out."""
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.split('#', 1)[0].strip()
+            if line:
+                yield n, line.split(), line
+
+
 def load_known_over(path):
     known = {}
     if not path:
         return known
     if not os.path.isfile(path):
         usage_error(f"--known-over {path}: no such file (give an empty file to allow no excess)")
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.split('#', 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            try:
-                if len(parts) != 2:
-                    raise ValueError
-                known[parts[0]] = float(parts[1])
-            except ValueError:
-                usage_error(f"{path}:{n}: expected 'NAME MAX_RATIO' (e.g. 'swin_t_train 1.003'), got {line!r}")
+    for n, parts, line in name_lines(path):
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            known[parts[0]] = float(parts[1])
+        except ValueError:
+            usage_error(f"{path}:{n}: expected 'NAME MAX_RATIO' (e.g. 'swin_t_train 1.003'), got {line!r}")
     return known
 
 
 def load_step_markers(path):
     """{NAME: (BYTES, PER_STEP)} from a step-markers file."""
-    markers = {}
     if not os.path.isfile(path):
         usage_error(f"--step-markers {path}: no such file")
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.split('#', 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[1]) == 0 \
-                    or int(parts[2]) == 0:
-                usage_error(f"{path}:{n}: expected 'NAME BYTES PER_STEP' (two positive whole numbers), "
-                            f"not '{line}'")
-            markers[parts[0]] = (int(parts[1]), int(parts[2]))
+    markers = {}
+    for n, parts, line in name_lines(path):
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
+            usage_error(f"{path}:{n}: expected 'NAME BYTES PER_STEP' (two positive whole numbers), got {line!r}")
+        markers[parts[0]] = (int(parts[1]), int(parts[2]))
     return markers
 
 

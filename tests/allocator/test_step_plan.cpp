@@ -1017,12 +1017,11 @@ TEST_CASE("step planner: a step found at the event that broke the last plan star
     return addr;
   };
   std::uintptr_t z = alloc(1 << 20);
-  for (int cycle = 0; cycle < 6; ++cycle) {
+  auto cycle_of = [&](bool varied) {
     for (int a = 0; a < 10; ++a) {
       std::uintptr_t prev = 0;
       for (int i = 0; i < 40; ++i) {
-        // One inner step of the second cycle differs: its plan falls back early once.
-        const std::uintptr_t x = alloc(512 * (i + 1) + (cycle == 1 && a == 9 && i == 20 ? 512 : 0));
+        const std::uintptr_t x = alloc(512 * (i + 1) + (varied && a == 9 && i == 20 ? 512 : 0));
         if (prev) planner.free(prev);
         prev = x;
       }
@@ -1033,6 +1032,9 @@ TEST_CASE("step planner: a step found at the event that broke the last plan star
     for (int i = 0; i < 40; ++i) tail.push_back(alloc(12288 + i * 512));
     for (const std::uintptr_t x : tail) planner.free(x);
     z = alloc(1 << 20);
+  };
+  for (int cycle = 0; cycle < 6; ++cycle) {
+    cycle_of(cycle == 1);  // one inner step of the second cycle differs: its plan falls back early once
     INFO("cycle " << cycle << ": " << planner.counters().last_fallback);
     // Never compared one event off: a fallback is at a step's first event, or at the changed size.
     CHECK(planner.counters().last_fallback.find("event 1 of a step") == std::string::npos);
@@ -1042,20 +1044,7 @@ TEST_CASE("step planner: a step found at the event that broke the last plan star
   CHECK(planner.serving());
   const auto fallbacks = c.fallbacks;
   const auto served = c.served_allocations;
-  for (int a = 0; a < 10; ++a) {  // one more cycle: served whole, no fallback
-    std::uintptr_t prev = 0;
-    for (int i = 0; i < 40; ++i) {
-      const std::uintptr_t x = alloc(512 * (i + 1));
-      if (prev) planner.free(prev);
-      prev = x;
-    }
-    planner.free(prev);
-  }
-  planner.free(z);
-  std::vector<std::uintptr_t> tail;
-  for (int i = 0; i < 40; ++i) tail.push_back(alloc(12288 + i * 512));
-  for (const std::uintptr_t x : tail) planner.free(x);
-  z = alloc(1 << 20);
+  cycle_of(false);  // one more cycle: served whole, no fallback
   CHECK(c.fallbacks == fallbacks);
   CHECK(c.served_allocations - served == 441);  // every allocation of the cycle
 }
