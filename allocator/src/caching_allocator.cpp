@@ -13,6 +13,7 @@
 #include "cap_policy.h"
 #include "engine.h"
 #include "size_policy.h"
+#include "step_planning.h"
 
 namespace gpumem::alloc {
 
@@ -87,12 +88,15 @@ CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, C
     first_ = &arenas_->first_engine();
     return;
   }
+  const bool plan = config.step_plan;
   impl_ = std::make_unique<Impl>(source, events, std::move(config), device);
   first_ = impl_.get();
   detail::register_engine(impl_->thread_caches.id, impl_.get());
+  if (plan) planning_ = detail::make_step_planning(*this);
 }
 
 CachingAllocator::~CachingAllocator() {
+  planning_.reset();
   if (arenas_) return;  // the arenas release their own
   // The bound StatsObserver (Note [Stats in place]) may outlive the engine: its hot counters go
   // back to its own lock while our lock still exists.
@@ -226,6 +230,12 @@ namespace {
 }  // namespace
 
 AllocResult CachingAllocator::allocate(std::size_t size_bytes, StreamId stream) {
+  if (planning_) [[unlikely]]
+    return allocate_planned(size_bytes, stream);
+  return allocate_engine(size_bytes, stream);
+}
+
+AllocResult CachingAllocator::allocate_engine(std::size_t size_bytes, StreamId stream) {
   // With arenas, while nobody has moved (and no move is due): the first arena's engine inline, as
   // one engine's (an allocation that waits for its lock is counted there: Impl::arenas).
   if (arenas_ && arenas_->routing()) [[unlikely]]
@@ -354,6 +364,12 @@ namespace {
 }  // namespace
 
 FreeStatus CachingAllocator::free(void* ptr) {
+  if (planning_) [[unlikely]]
+    free_planned(ptr);
+  return free_engine(ptr);
+}
+
+FreeStatus CachingAllocator::free_engine(void* ptr) {
   if (arenas_ && arenas_->count() != 1) [[unlikely]]
     return free_routed(*arenas_, ptr);
   return free_in(*first_, ptr);

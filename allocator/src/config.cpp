@@ -254,6 +254,8 @@ void apply_arenas(const Entry& e, const KeyInfo& k, Config& c) {
   c.arenas = static_cast<unsigned>(n);
 }
 
+void apply_step_plan(const Entry& e, const KeyInfo& k, Config& c) { c.step_plan = want_bool(e, k); }
+
 void apply_va_reserve(const Entry& e, const KeyInfo& k, Config& c) {
   c.va_reserve_bytes = want_mib(e, k);  // checked against the pieces in check_config
 }
@@ -262,6 +264,10 @@ void apply_check_invariants(const Entry& e, const KeyInfo& k, Config& c) { c.che
 
 // Checks that involve several keys, once every key is applied.
 void check_config(const Config& c) {
+  if (c.step_plan && c.arenas > 1)
+    fail(fmt::format("step_plan:True plans one engine's steps, and arenas:{} gives each thread that contends an "
+                     "engine of its own; use arenas:1 with step_plan:True",
+                     c.arenas));
   if (c.va_reserve_bytes != 0) {
     std::size_t piece = std::max(c.large_segment_size_bytes, c.small_piece_bytes);
     if (c.va_reserve_bytes < piece)
@@ -342,6 +348,7 @@ constexpr Key<Config> kKeys[] = {
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
     {{"arenas", "", "a whole number from 1 to 64: engines per device (1 = one engine for every thread)", "arenas:4"},
      apply_arenas},
+    {{"step_plan", "", "True or False", "step_plan:True"}, apply_step_plan},
     {{"va_reserve_mb", "",
       "0 (1.125 x device memory) or a whole number of MiB >= large_segment_size_mb and "
       ">= small_piece_size_mb",
@@ -405,6 +412,7 @@ std::string to_string(const Config& c) {
   put("recycle_overhang", bool_text(c.recycle_overhang));
   put("thread_cache", bool_text(c.thread_cache));
   put("arenas", c.arenas);
+  put("step_plan", bool_text(c.step_plan));
   put("va_reserve_mb", mib(c.va_reserve_bytes));
   put("check_invariants", bool_text(c.check_invariants));
   return fmt::to_string(out);

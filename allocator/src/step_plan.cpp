@@ -363,13 +363,27 @@ void StepPlanner::plan_detected(std::uint64_t n, std::uint64_t period) {
     step.push_back(e);
   }
   std::string why;
-  auto plan = plan_step(step, options_.round_bytes, &why);
+  auto plan = this->plan(step, &why);
   if (!plan) return cool(fmt::format("a step of {} events cannot be planned: {}", period, why));
   previous_first_ = first;
   step_first_ = next_ordinal_;
   ++counters_.detected_steps;
   counters_.step_events = period;
   adopt(std::move(*plan), std::move(step));
+}
+
+std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, std::string* why) const {
+  if (options_.one_stream) {
+    const auto first = std::find_if(step.begin(), step.end(), [](const StepEvent& e) { return !e.is_free; });
+    const auto other = first == step.end() ? step.end() : std::find_if(first, step.end(), [&](const StepEvent& e) {
+      return !e.is_free && e.stream != first->stream;
+    });
+    if (other != step.end()) {
+      if (why) *why = "its allocations are on more than one stream, and this owner plans one";
+      return std::nullopt;
+    }
+  }
+  return plan_step(step, options_.round_bytes, why);
 }
 
 void StepPlanner::adopt(StepPlan plan, std::vector<StepEvent> events) {
@@ -457,7 +471,7 @@ void StepPlanner::mark_step() {
     equal_steps_ = previous_ok_ && current_ == previous_ ? equal_steps_ + 1 : 1;
     if (equal_steps_ >= required_repeats()) {
       std::string why;
-      if (auto plan = plan_step(current_, options_.round_bytes, &why)) {
+      if (auto plan = this->plan(current_, &why)) {
         previous_ = std::move(current_);
         previous_ok_ = true;
         current_.clear();

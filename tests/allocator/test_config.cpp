@@ -267,6 +267,11 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   check_error("arenas:0", {"arenas:0", "from 1 to 64"});
   check_error("arenas:65", {"arenas:65", "from 1 to 64"});
   check_error("arenas:auto", {"arenas:auto"});
+  CHECK(parse_ok("step_plan:True").step_plan);
+  CHECK_FALSE(parse_ok("step_plan:False").step_plan);
+  CHECK(parse_ok("step_plan:True,arenas:1").step_plan);
+  check_error("step_plan:True,arenas:4", {"arenas:4", "use arenas:1 with step_plan:True"});
+  check_error("step_plan:sometimes", {"step_plan:sometimes", "True or False"});
 
   CHECK(parse_ok("va_reserve_mb:0").va_reserve_bytes == 0);
   CHECK(parse_ok("va_reserve_mb:20").va_reserve_bytes == 20 * kMiB);
@@ -386,7 +391,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 27);  // 7 PyTorch 2.11 keys + 20 of gpumem's engine
+  CHECK(keys.size() == 28);  // 7 PyTorch 2.11 keys + 21 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

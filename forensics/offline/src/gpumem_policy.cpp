@@ -8,7 +8,6 @@
 
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/sim_source.h"
-#include "gpumem/alloc/step_plan.h"
 #include "gpumem/alloc/stream_events.h"
 #include "gpumem/forensics/call_costs.h"
 
@@ -141,28 +140,28 @@ class CountingEvents final : public alloc::StreamEvents {
   std::unordered_map<alloc::EventToken, Pending> pending_;
 };
 
-class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
+class GpumemPolicy final : public ReplayPolicy {
  public:
-  GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes, bool step_plan)
+  GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes)
       : name_(std::move(name)),
         source_(make_options(device_total_bytes)),
         events_(std::make_unique<CountingEvents>(source_, lag_ns())),
-        engine_(source_, *events_, config) {
+        engine_(source_, *events_, config),
+        planning_(config.step_plan) {
     live_.reserve(4096);
-    if (step_plan) planner_ = std::make_unique<alloc::StepPlanner>(static_cast<alloc::StepArenaHost&>(*this));
   }
-  ~GpumemPolicy() override { planner_.reset(); }
 
   const std::string& name() const noexcept override { return name_; }
   void set_time_us(std::int64_t t_us) override { source_.set_trace_time_us(t_us); }
 
   void mark_step() override {
-    if (planner_) planner_->mark_step();
+    engine_.mark_step();
   }
 
   std::string notes() const override {
-    if (!planner_) return {};
-    const alloc::StepPlanCounters& c = planner_->counters();
+    const std::optional<alloc::StepPlanCounters> counters = engine_.step_plan_counters();
+    if (!counters) return {};
+    const alloc::StepPlanCounters& c = *counters;
     std::string s = c.marks > 0 ? fmt::format("step plan: {} step mark(s)", c.marks)
                                 : fmt::format("step plan: {} step(s) found", c.detected_steps);
     if (c.marks == 0 && c.detected_steps > 0) s += fmt::format(" (the last of {} events)", c.step_events);
@@ -188,25 +187,11 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
   }
 
   std::optional<std::uint64_t> allocate(std::size_t requested_bytes, std::uint64_t stream) override {
-    if (planner_) {
-      if (const auto at = planner_->allocate(requested_bytes, stream)) {
-        // The plan's address, in a range of the engine's own memory: the block is the engine's.
-        const std::size_t round = alloc::StepPlanOptions{}.round_bytes;  // the planner's (default) rounding
-        const std::size_t block = (requested_bytes + round - 1) & ~(round - 1);
-        if (engine_.allocate_at(reinterpret_cast<void*>(*at), block, requested_bytes) == alloc::FreeStatus::ok) {
-          planner_->note_allocated(*at);
-          live_[*at] = Live{block, requested_bytes};
-          allocated_ += block;
-          requested_ += requested_bytes;
-          return *at;
-        }
-        planner_->placement_failed();
-      }
-    }
+    const PolicyCounters before = planning_ && !first_arena_calls_ ? source_.counters() : PolicyCounters{};
     const alloc::AllocResult r = engine_.allocate(requested_bytes, stream);
     if (!r.ok() || !r.ptr) return std::nullopt;
     const auto addr = reinterpret_cast<std::uint64_t>(r.ptr);
-    if (planner_) planner_->note_allocated(addr);
+    if (planning_ && !first_arena_calls_) note_first_arena(before);
     live_[addr] = Live{r.size_bytes, requested_bytes};
     allocated_ += r.size_bytes;
     requested_ += requested_bytes;
@@ -219,7 +204,6 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
     allocated_ -= it->second.block_bytes;
     requested_ -= it->second.requested_bytes;
     live_.erase(it);
-    if (planner_) planner_->free(addr);
     engine_.free(reinterpret_cast<void*>(addr));
   }
 
@@ -303,29 +287,13 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
     std::size_t requested_bytes;
   };
 
-  // StepArenaHost: the arena is a range of the engine's own memory. The engine serves one block of
-  // the arena's size (growing or moving pieces as for any request) and takes it back at once; the
-  // planned blocks are then placed in it with allocate_at, as ordinary blocks of the engine. When a
-  // plan falls back, its arena is simply free memory of the engine, which goes on serving from it.
-  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, alloc::StreamId stream) override {
-    // A plan may not raise the footprint: the arena must fit in the memory the engine holds and
-    // does not use (its free blocks and cached pieces, which it can move into one range). A
-    // greedy layout can need more than the engine's own placement (llama3b_train: 2.7% over the
-    // step's live peak, where the engine is 2.1% over), and then the engine keeps the step.
-    const std::size_t held = source_.physical_bytes();
-    if (size_bytes > held - std::min(held, allocated_)) return std::nullopt;
-    const PolicyCounters before = source_.counters();
-    const alloc::AllocResult r = engine_.allocate(size_bytes, stream);
-    if (!r.ok() || !r.ptr) return std::nullopt;
-    engine_.free(r.ptr);
-    if (!first_arena_calls_) {
-      first_arena_calls_ = source_.counters();
-      switch_seconds_ = call_seconds(*first_arena_calls_ - before, kH200VmmCosts);
-    }
-    return reinterpret_cast<std::uintptr_t>(r.ptr);
+  // The calls the engine's step planner (Config::step_plan) made to lay out its first arena: those of
+  // the allocation during which it was mapped (read at every allocation until it is).
+  void note_first_arena(const PolicyCounters& before) {
+    if (engine_.step_plan_arenas() == 0) return;
+    first_arena_calls_ = source_.counters();
+    switch_seconds_ = call_seconds(*first_arena_calls_ - before, kH200VmmCosts);
   }
-  void unmap_arena(std::uintptr_t, std::size_t) override {}  // the engine's memory: it keeps it
-
 
   std::string name_;
   CountingSource source_;
@@ -336,14 +304,14 @@ class GpumemPolicy final : public ReplayPolicy, private alloc::StepArenaHost {
   std::size_t requested_ = 0;
   std::optional<PolicyCounters> first_arena_calls_;  // the calls made up to the first arena's mapping
   double switch_seconds_ = 0.0;                      // the calls of that switch
-  std::unique_ptr<alloc::StepPlanner> planner_;  // gpumem+plan only
+  bool planning_ = false;                            // Config::step_plan
 };
 
 }  // namespace
 
 std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
-                                                 std::size_t device_total_bytes, bool step_plan) {
-  return std::make_unique<GpumemPolicy>(std::move(name), config, device_total_bytes, step_plan);
+                                                 std::size_t device_total_bytes) {
+  return std::make_unique<GpumemPolicy>(std::move(name), config, device_total_bytes);
 }
 
 }  // namespace gpumem::forensics

@@ -154,14 +154,19 @@ PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env
     return spec;
   }
   if (family == "gpumem" || family == "gpumem+plan") {
-    alloc::Config config = conf.empty() ? alloc::Config{} : parse_gpumem_config(conf, text, /*with_ignored=*/false);
+    // gpumem+plan is gpumem with step_plan:True (checked with the rest: it needs arenas:1).
+    const std::string engine_conf = family == "gpumem+plan"
+                                        ? (conf.empty() ? std::string("step_plan:True") : std::string(conf) + ",step_plan:True")
+                                        : std::string(conf);
+    alloc::Config config =
+        engine_conf.empty() ? alloc::Config{} : parse_gpumem_config(engine_conf, text, /*with_ignored=*/false);
     if (env.memory_limit_bytes != std::numeric_limits<std::size_t>::max()) {
       config.memory_limit_bytes = config.memory_limit_bytes == 0
                                       ? env.memory_limit_bytes
                                       : std::min(config.memory_limit_bytes, env.memory_limit_bytes);
     }
-    spec.make = [name = spec.name, config, total = env.device_total_bytes, plan = family == "gpumem+plan"] {
-      return make_gpumem_policy(name, config, total, plan);
+    spec.make = [name = spec.name, config, total = env.device_total_bytes] {
+      return make_gpumem_policy(name, config, total);
     };
     return spec;
   }

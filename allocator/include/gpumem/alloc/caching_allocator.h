@@ -38,12 +38,14 @@
 #include "gpumem/alloc/events.h"
 #include "gpumem/alloc/introspection.h"
 #include "gpumem/alloc/memory_source.h"
+#include "gpumem/alloc/step_plan.h"
 #include "gpumem/alloc/stream_events.h"
 
 namespace gpumem::alloc {
 
 namespace detail {
 struct Arenas;
+struct StepPlanning;
 }
 
 // The facts of a failed request.
@@ -181,6 +183,15 @@ class CachingAllocator {
   // range is not wholly free memory of this engine (nothing changes then).
   FreeStatus allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes);
 
+  // Config::step_plan: a training step starts here. The planner then takes its steps from these
+  // marks instead of finding them (the first mark turns detection off). Without step_plan it does
+  // nothing. Thread-safe.
+  void mark_step();
+  // The step planner's counters (Config::step_plan), or nullopt without it.
+  std::optional<StepPlanCounters> step_plan_counters() const;
+  // Of those, the arenas mapped so far (0 without step_plan): cheaper, for a reader of every call.
+  std::uint64_t step_plan_arenas() const;
+
   // Caps reserved bytes at fraction x provider total (1.0 = no fraction cap).
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
@@ -222,6 +233,13 @@ class CachingAllocator {
   // allocator/src/arenas.h), to which every call then goes.
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<detail::Arenas> arenas_;
+  // Config::step_plan: the planner and its lock (allocator/src/step_planning.cpp); null without.
+  std::unique_ptr<detail::StepPlanning> planning_;
+  friend struct detail::StepPlanning;
+  AllocResult allocate_engine(std::size_t size_bytes, StreamId stream);
+  FreeStatus free_engine(void* ptr);
+  AllocResult allocate_planned(std::size_t size_bytes, StreamId stream);
+  void free_planned(void* ptr);
   // The engine allocate() and free() call while one engine serves every thread: impl_, or with
   // arenas the first arena's (until a second is made, its calls cost what one engine's cost).
   Impl* first_ = nullptr;

@@ -143,6 +143,12 @@ struct Config {
   // nothing shared with the others but the memory source, the stream events and one cap), up to
   // N; thread caches are off in every arena. Single-threaded programs never leave the first.
   unsigned arenas = 1;
+  // step_plan:True|False: a step planner in front of the engine (gpumem/alloc/step_plan.h;
+  // docs/notes/allocation-policy.md, "A step plan, replayed"). It finds a training step that
+  // repeats on one stream, lays it out once in a range of the engine's memory, and places the
+  // steps that repeat it there (no driver call); at the first request that differs the engine
+  // serves as usual. Needs arenas:1.
+  bool step_plan = false;
   // va_reserve_mb: address space reserved per expandable region (0 = 1.125 x device memory).
   std::size_t va_reserve_bytes = 0;
   // check_invariants:True|False: run check_invariants() after every mutation (slow; tests).

@@ -82,6 +82,9 @@ struct StepPlanOptions {
   std::size_t min_step_events = 64;       // detection ignores shorter repeats (loops inside a step)
   // Plans in a row that fell back before serving two whole steps, after which the planner stops.
   unsigned max_fallbacks = 4;
+  // Plan only steps whose allocations are all on one stream (an owner that places planned blocks
+  // in memory of one stream, as the engine does).
+  bool one_stream = false;
 };
 
 // One event of a recorded step.
@@ -181,6 +184,8 @@ class StepPlanner {
   std::uint64_t range_hash(std::uint64_t a, std::uint64_t b, std::uint64_t base_power) const noexcept;
   void plan_detected(std::uint64_t n, std::uint64_t period);
   void adopt(StepPlan plan, std::vector<StepEvent> events);
+  // plan_step, and the options' own conditions (one_stream).
+  std::optional<StepPlan> plan(const std::vector<StepEvent>& step, std::string* why) const;
   bool matches(const StepEvent& e) const;
   void advance();
   void end_step();

@@ -18,11 +18,11 @@
 
 namespace gpumem::forensics {
 
-// device_total_bytes: the simulated device's memory (the source's capacity). step_plan: the engine
-// behind a StepPlanner (gpumem/alloc/step_plan.h), which learns the steps the replay marks
-// (mark_step) and serves those that repeat from one arena; the arena's piece counts in
-// reserved_bytes() and its create and map in the counters.
+// device_total_bytes: the simulated device's memory (the source's capacity). With
+// config.step_plan (gpumem+plan) the engine's step planner takes the steps the replay marks
+// (mark_step), or finds them, and notes() says what it did: steps found and served, the arena, the
+// calls its first arena took and the calls made after it.
 std::unique_ptr<ReplayPolicy> make_gpumem_policy(std::string name, const alloc::Config& config,
-                                                 std::size_t device_total_bytes, bool step_plan = false);
+                                                 std::size_t device_total_bytes);
 
 }  // namespace gpumem::forensics

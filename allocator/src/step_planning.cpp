@@ -1,0 +1,83 @@
+#include "step_planning.h"
+
+#include "size_policy.h"
+
+namespace gpumem::alloc {
+namespace detail {
+namespace {
+
+StepPlanOptions engine_plan_options() {
+  StepPlanOptions o;
+  o.round_bytes = policy::kMinBlockBytes;
+  // A planned block takes the stream of the arena's memory (allocate_at): one stream per plan.
+  o.one_stream = true;
+  return o;
+}
+
+}  // namespace
+
+StepPlanning::StepPlanning(CachingAllocator& owner) : engine(owner), planner(*this, engine_plan_options()) {}
+
+std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, StreamId stream) {
+  // A plan may not raise the footprint: the arena must fit in the memory the engine holds and does
+  // not use (its free blocks and cached pieces, which it can move into one range).
+  const EngineTotals t = engine.totals();
+  if (size_bytes > t.reserved_bytes - std::min(t.reserved_bytes, t.allocated_bytes)) return std::nullopt;
+  const AllocResult r = engine.allocate_engine(size_bytes, stream);
+  if (!r.ok() || r.ptr == nullptr) return std::nullopt;
+  engine.free_engine(r.ptr);
+  return reinterpret_cast<std::uintptr_t>(r.ptr);
+}
+
+std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine) {
+  return std::make_unique<StepPlanning>(engine);
+}
+
+}  // namespace detail
+
+AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
+  if (capturing()) return allocate_engine(size_bytes, stream);
+  detail::StepPlanning& p = *planning_;
+  std::lock_guard lock(p.mutex);
+  if (const auto at = p.planner.allocate(size_bytes, stream)) {
+    const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
+    void* ptr = reinterpret_cast<void*>(*at);
+    if (allocate_at(ptr, block, size_bytes) == FreeStatus::ok) {
+      p.planner.note_allocated(*at);
+      AllocResult r;
+      r.ptr = ptr;
+      r.size_bytes = block;
+      return r;
+    }
+    p.planner.placement_failed();
+  }
+  AllocResult r = allocate_engine(size_bytes, stream);
+  if (r.ptr != nullptr) p.planner.note_allocated(reinterpret_cast<std::uintptr_t>(r.ptr));
+  return r;
+}
+
+void CachingAllocator::free_planned(void* ptr) {
+  if (ptr == nullptr || capturing()) return;
+  std::lock_guard lock(planning_->mutex);
+  planning_->planner.free(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
+void CachingAllocator::mark_step() {
+  if (!planning_) return;
+  std::lock_guard lock(planning_->mutex);
+  planning_->planner.mark_step();
+}
+
+std::optional<StepPlanCounters> CachingAllocator::step_plan_counters() const {
+  if (!planning_) return std::nullopt;
+  std::lock_guard lock(planning_->mutex);
+  return planning_->planner.counters();
+}
+
+std::uint64_t CachingAllocator::step_plan_arenas() const {
+  if (!planning_) return 0;
+  std::lock_guard lock(planning_->mutex);
+  return planning_->planner.counters().arenas_mapped;
+}
+
+}  // namespace gpumem::alloc

@@ -1,0 +1,35 @@
+// The engine's step planner (Config::step_plan): a StepPlanner (gpumem/alloc/step_plan.h) whose
+// owner is the CachingAllocator. The arena is a range of the engine's own memory: the engine
+// serves one block of the arena's size on the step's stream and takes it back at once, and each
+// planned request is then placed at its address with allocate_at, an ordinary block of the engine
+// (alloc event, stats, live table). When a plan falls back the range is simply free memory.
+//
+// Locking: the planner's mutex is taken before the engine's (allocate_planned holds it across
+// allocate_at and the arena's allocation); free() shows the free to the planner under it, then
+// frees in the engine without it. Another thread may then be given the planned address of a block
+// whose engine free has not happened yet: allocate_at refuses it and the plan falls back (a missed
+// plan, never a shared block). Planning is bypassed while a CUDA graph is captured.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/step_plan.h"
+
+namespace gpumem::alloc::detail {
+
+struct StepPlanning final : StepArenaHost {
+  explicit StepPlanning(CachingAllocator& owner);
+  std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, StreamId stream) override;
+  void unmap_arena(std::uintptr_t, std::size_t) override {}  // the engine's memory: it keeps it
+
+  CachingAllocator& engine;
+  mutable std::mutex mutex;
+  StepPlanner planner;
+};
+
+std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine);
+
+}  // namespace gpumem::alloc::detail

@@ -1,0 +1,189 @@
+// The engine's step planner (Config::step_plan; allocator/src/step_planning.h): a training loop on
+// SimSource whose steps repeat is found, laid out in the engine's memory and placed there with no
+// source call; planned blocks are the engine's (stats, lookup, invariants); a step that differs,
+// a block whose reuse waits on another stream, and steps on two streams are left to the engine.
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "catch.h"
+#include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/manual_stream_events.h"
+#include "gpumem/alloc/sim_source.h"
+
+using namespace gpumem::alloc;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+Config plan_config() {
+  Config c;
+  c.step_plan = true;
+  c.check_invariants = true;
+  c.thread_cache = false;
+  c.va_reserve_bytes = 4096 * MiB;
+  return c;
+}
+
+std::uint64_t calls(const SimSource& s) {
+  const SimSourceCounters c = s.counters();
+  return c.reserves + c.releases + c.creates + c.destroys + c.maps + c.unmaps;
+}
+
+// One training step: activations kept for a "backward" and freed in reverse, temporaries freed at
+// once, one block (the "gradient") kept into the next step and freed at its start. 121 events.
+struct Loop {
+  CachingAllocator& engine;
+  StreamId stream = 0;
+  void* carried = nullptr;
+  std::vector<void*> addrs = {};  // this step's allocations, by index
+
+  void step(std::size_t extra_bytes = 0) {
+    addrs.clear();
+    auto alloc = [&](std::size_t bytes) {
+      const AllocResult r = engine.allocate(bytes, stream);
+      REQUIRE(r.ptr != nullptr);
+      addrs.push_back(r.ptr);
+      return r.ptr;
+    };
+    // The gradient kept from the step before goes first (zero_grad), so at the step's start
+    // nothing of the step is live: the plan's trough, where the arena is taken.
+    if (carried != nullptr) REQUIRE(engine.free(carried) == FreeStatus::ok);
+    std::vector<void*> kept;
+    for (int layer = 0; layer < 20; ++layer) {
+      kept.push_back(alloc((layer % 5 + 1) * 3 * MiB + (layer == 7 ? extra_bytes : 0)));
+      void* tmp = alloc((layer % 3 + 1) * 700 * KiB);
+      REQUIRE(engine.free(tmp) == FreeStatus::ok);
+    }
+    for (int layer = 19; layer >= 0; --layer) {
+      void* grad = alloc((layer % 5 + 1) * 3 * MiB);
+      REQUIRE(engine.free(kept[static_cast<std::size_t>(layer)]) == FreeStatus::ok);
+      if (layer == 0) {
+        carried = grad;
+      } else {
+        REQUIRE(engine.free(grad) == FreeStatus::ok);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("engine step plan: repeating steps are placed in the engine's memory with no source call",
+          "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, plan_config());
+  Loop loop{engine};
+  for (int s = 0; s < 6; ++s) loop.step();
+  const auto c = engine.step_plan_counters();
+  REQUIRE(c);
+  INFO(c->last_fallback << " / " << c->last_reason << " / arena " << c->last_plan_arena_bytes << " for "
+                        << c->last_plan_peak_live_bytes);
+  CHECK(c->detected_steps == 1);
+  CHECK(c->plans == 1);
+  CHECK(c->fallbacks == 0);
+  CHECK(c->served_allocations > 0);
+  // Three more steps: every allocation at the address its index had the step before, none of
+  // them a call to the source.
+  std::vector<void*> before = loop.addrs;
+  const std::uint64_t calls_before = calls(source);
+  const std::size_t reserved_before = source.physical_bytes();
+  for (int s = 0; s < 3; ++s) {
+    loop.step();
+    CHECK(loop.addrs == before);
+    before = loop.addrs;
+  }
+  CHECK(calls(source) == calls_before);
+  CHECK(source.physical_bytes() == reserved_before);
+  CHECK(engine.step_plan_counters()->served_steps >= 3);
+  // Planned blocks are ordinary blocks of the engine.
+  const EngineTotals t = engine.totals();
+  CHECK(t.allocated_bytes == 3 * MiB);  // the carried gradient of layer 0 (1 x 3 MiB)
+  const auto found = engine.lookup(loop.carried);
+  REQUIRE(found);
+  engine.check_invariants();
+}
+
+TEST_CASE("engine step plan: a step that differs goes to the engine, and the plan comes back", "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, plan_config());
+  Loop loop{engine};
+  for (int s = 0; s < 6; ++s) loop.step();
+  REQUIRE(engine.step_plan_counters()->plans == 1);
+  loop.step(512 * KiB);  // layer 7's activation is larger this once
+  auto c = engine.step_plan_counters();
+  CHECK(c->fallbacks == 1);
+  CHECK_THAT(c->last_fallback, Contains("where the plan has"));
+  engine.check_invariants();
+  for (int s = 0; s < 6; ++s) loop.step();
+  c = engine.step_plan_counters();
+  CHECK(c->plans == 2);
+  CHECK(c->fallbacks == 1);
+  CHECK(c->served_steps >= 3);
+}
+
+TEST_CASE("engine step plan: a planned block still in use on another stream is not reused early",
+          "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, plan_config());
+  Loop loop{engine};
+  for (int s = 0; s < 6; ++s) loop.step();
+  REQUIRE(engine.step_plan_counters()->served_steps >= 1);
+  // The carried gradient is also used on stream 7: when the next step frees it (as planned), its
+  // memory waits for stream 7, so the plan cannot place the blocks it gives that memory to. The
+  // engine serves them elsewhere; no block shares bytes with the waiting one.
+  const void* waiting = loop.carried;
+  REQUIRE(engine.record_stream(loop.carried, 7) == FreeStatus::ok);
+  loop.step();
+  auto c = engine.step_plan_counters();
+  CHECK(c->fallbacks == 1);
+  CHECK_THAT(c->last_fallback, Contains("could not place the block at its planned address"));
+  for (void* p : loop.addrs) CHECK(p != waiting);
+  engine.check_invariants();
+  events.complete_all();
+  for (int s = 0; s < 6; ++s) loop.step();
+  c = engine.step_plan_counters();
+  CHECK(c->plans == 2);
+  CHECK(c->fallbacks == 1);
+}
+
+TEST_CASE("engine step plan: marks replace detection; two streams and no step_plan are not planned",
+          "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  {
+    CachingAllocator engine(source, events, plan_config());
+    Loop loop{engine};
+    for (int s = 0; s < 5; ++s) {
+      engine.mark_step();
+      loop.step();
+    }
+    const auto c = engine.step_plan_counters();
+    CHECK(c->marks == 5);
+    CHECK(c->detected_steps == 0);
+    CHECK(c->plans == 1);
+    CHECK(c->served_allocations > 0);
+  }
+  {
+    CachingAllocator engine(source, events, plan_config());
+    Loop main{engine, 0}, side{engine, 3};
+    for (int s = 0; s < 6; ++s) {
+      main.step();
+      side.step();
+    }
+    const auto c = engine.step_plan_counters();
+    CHECK(c->served_allocations == 0);
+    CHECK_THAT(c->last_reason, Contains("more than one stream"));
+  }
+  Config off = plan_config();
+  off.step_plan = false;
+  CachingAllocator plain(source, events, off);
+  CHECK_FALSE(plain.step_plan_counters());
+  plain.mark_step();  // does nothing
+}
