@@ -41,20 +41,19 @@ bool conflict(const PlanBlock& a, const PlanBlock& b) noexcept {
 std::size_t place(const std::vector<PlanBlock>& blocks, const std::vector<std::size_t>& order, bool best_fit,
                   std::vector<std::uint64_t>& offsets) {
   offsets.assign(blocks.size(), 0);
-  std::vector<std::size_t> placed;
-  placed.reserve(blocks.size());
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;  // [offset, end) of conflicting blocks
+  // The blocks placed so far, by offset (kept sorted as they are inserted): a block's conflicting
+  // ones come out in offset order with no sort.
+  std::vector<std::size_t> by_offset;
+  by_offset.reserve(blocks.size());
   std::size_t arena = 0;
   for (std::size_t k : order) {
     const PlanBlock& b = blocks[k];
-    taken.clear();
-    for (std::size_t q : placed)
-      if (conflict(b, blocks[q])) taken.emplace_back(offsets[q], offsets[q] + blocks[q].size_bytes);
-    std::sort(taken.begin(), taken.end());
-    std::uint64_t at = 0;         // the end of the taken bytes so far
+    std::uint64_t at = 0;         // the end of the conflicting bytes so far
     std::uint64_t chosen = ~std::uint64_t{0};
     std::uint64_t chosen_gap = ~std::uint64_t{0};
-    for (const auto& [lo, hi] : taken) {
+    for (std::size_t q : by_offset) {
+      if (!conflict(b, blocks[q])) continue;
+      const std::uint64_t lo = offsets[q], hi = offsets[q] + blocks[q].size_bytes;
       if (lo >= at + b.size_bytes) {
         const std::uint64_t gap = lo - at;
         if (!best_fit) {
@@ -70,7 +69,9 @@ std::size_t place(const std::vector<PlanBlock>& blocks, const std::vector<std::s
     }
     offsets[k] = chosen != ~std::uint64_t{0} ? chosen : at;
     arena = std::max<std::size_t>(arena, offsets[k] + b.size_bytes);
-    placed.push_back(k);
+    const auto pos = std::upper_bound(by_offset.begin(), by_offset.end(), offsets[k],
+                                      [&](std::uint64_t off, std::size_t q) { return off < offsets[q]; });
+    by_offset.insert(pos, k);
   }
   return arena;
 }
