@@ -4,6 +4,7 @@
 // a block whose reuse waits on another stream, and steps on two streams are left to the engine.
 #include <cstdint>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "catch.h"
@@ -186,4 +187,68 @@ TEST_CASE("engine step plan: marks replace detection; two streams and no step_pl
   CachingAllocator plain(source, events, off);
   CHECK_FALSE(plain.step_plan_counters());
   plain.mark_step();  // does nothing
+}
+
+TEST_CASE("engine step plan: random repeating programs keep the engine's invariants and never share bytes",
+          "[step_plan][engine][property]") {
+  std::uint64_t served = 0, plans = 0, fallbacks = 0;
+  for (std::uint32_t seed = 1; seed <= 12; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    SimSource source;
+    ManualStreamEvents events;
+    CachingAllocator engine(source, events, plan_config());
+    // The program's step: n allocations of random sizes, each freed some events later (or kept to
+    // the next step's start).
+    const int n = 40 + static_cast<int>(rng() % 40);
+    std::vector<std::size_t> sizes(static_cast<std::size_t>(n));
+    for (auto& s : sizes) s = (1 + rng() % 4096) * 2 * KiB;
+    std::vector<int> lifetime(static_cast<std::size_t>(n));
+    for (auto& l : lifetime) l = 1 + static_cast<int>(rng() % 12);
+    std::map<std::uintptr_t, std::size_t> live;  // address -> size, every block the program holds
+    auto check_no_overlap = [&] {
+      std::uintptr_t end = 0;
+      for (const auto& [a, s] : live) {
+        REQUIRE(a >= end);
+        end = a + s;
+      }
+    };
+    std::vector<std::pair<void*, int>> pending;  // block, allocations left before its free
+    for (int step = 0; step < 24; ++step) {
+      const bool perturbed = rng() % 10 == 0;
+      for (int j = 0; j < n; ++j) {
+        std::size_t bytes = sizes[static_cast<std::size_t>(j)];
+        if (perturbed && j == n / 2) bytes += 64 * KiB;
+        const AllocResult r = engine.allocate(bytes, 0);
+        REQUIRE(r.ptr != nullptr);
+        const auto a = reinterpret_cast<std::uintptr_t>(r.ptr);
+        REQUIRE(live.emplace(a, r.size_bytes).second);
+        check_no_overlap();
+        if (rng() % 50 == 0) REQUIRE(engine.record_stream(r.ptr, 5) == FreeStatus::ok);
+        pending.emplace_back(r.ptr, lifetime[static_cast<std::size_t>(j)]);
+        for (auto it = pending.begin(); it != pending.end();) {
+          if (--it->second > 0) {
+            ++it;
+            continue;
+          }
+          live.erase(reinterpret_cast<std::uintptr_t>(it->first));
+          REQUIRE(engine.free(it->first) == FreeStatus::ok);
+          it = pending.erase(it);
+        }
+      }
+      if (rng() % 4 == 0) events.complete_all();
+    }
+    for (auto& [p, left] : pending) REQUIRE(engine.free(p) == FreeStatus::ok);
+    events.complete_all();
+    engine.check_invariants();
+    CHECK(engine.totals().allocated_bytes == 0);
+    const auto c = engine.step_plan_counters();
+    served += c->served_allocations;
+    plans += c->plans;
+    fallbacks += c->fallbacks;
+  }
+  // The programs repeat: plans were made, served, and some fell back at the perturbed steps.
+  CHECK(plans > 0);
+  CHECK(served > 0);
+  CHECK(fallbacks > 0);
 }
