@@ -58,6 +58,7 @@ __all__ = [
     "reset_peak_stats",
     "snapshot",
     "stats",
+    "step",
     "__version__",
 ]
 
@@ -308,7 +309,9 @@ def stats(device: DeviceLike = "cuda") -> Dict[str, int]:
     ``gpumem.thread_caches.on`` is 1 once two threads met in the engine and its thread caches came
     on (it never goes back to 0). ``gpumem.engine_lock.acquisitions`` / ``.contended`` count the
     allocations and frees that took the engine's lock, and those that found another thread holding
-    it.
+    it. ``gpumem.step_plan.on`` is 1 with ``step_plan:True``, and ``gpumem.step_plan.*`` say what
+    the step planner did: steps found, plans, fallbacks, allocations and steps served from its
+    layout, the arena in use.
     """
     load()
     return {str(k): int(v) for k, v in _torch().ops.gpumem.memory_stats(_device(device)).items()}
@@ -329,6 +332,18 @@ def record_ops(enabled: bool = True) -> bool:
         raise TypeError("gpumem.record_ops(enabled): enabled must be True or False, not %r" % (enabled,))
     load()
     return bool(_torch().ops.gpumem.record_ops(enabled))
+
+
+def step(device: DeviceLike = "cuda") -> None:
+    """Tells gpumem's step planner that a training step starts (call it at the top of each step).
+
+    Only with ``step_plan:True``: the planner then learns the step from these marks instead of
+    finding its length itself (the first call turns its own detection off). Without it, or before
+    gpumem serves ``device``, it does nothing. ``stats()`` has the planner's ``gpumem.step_plan.*``
+    keys (docs/torch_adapter.md).
+    """
+    load()
+    _torch().ops.gpumem.mark_step(_device(device))
 
 
 def reset_peak_stats(device: DeviceLike = "cuda") -> None:

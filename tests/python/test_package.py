@@ -206,6 +206,35 @@ class PackageTest(unittest.TestCase):
             assert gpumem.stats("cuda")["allocation.all.current"] == 0
         """, env={"GPUMEM_ALLOW_SIM": "1"})
 
+    def test_step_planner_on_a_simulated_device(self):
+        # step_plan:True through the adapter: a loop whose steps repeat is found and served from its
+        # layout; gpumem.step() marks steps (and does nothing without the planner).
+        run_python("""
+            import ctypes, torch, gpumem
+            gpumem.install("source:sim,step_plan:True,memory_limit_mb:1024")
+            lib = ctypes.CDLL(gpumem.library_path())
+            lib.gpumem_malloc.restype = ctypes.c_void_p
+            lib.gpumem_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            lib.gpumem_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            sizes = [(i % 7 + 1) << 20 for i in range(40)]
+            def one_step():   # activations kept for the backward, freed in reverse
+                kept = [(lib.gpumem_malloc(n, 0, None), n) for n in sizes]
+                for p, m in reversed(kept):
+                    lib.gpumem_free(p, m, 0, None)
+            for _ in range(8):
+                one_step()
+            s = gpumem.stats(0)   # the device's engine exists once it served a request
+            assert s["gpumem.step_plan.on"] == 1, s
+            assert s["gpumem.step_plan.steps_found"] >= 1, s
+            assert s["gpumem.step_plan.plans"] >= 1, s
+            assert s["gpumem.step_plan.served_allocations"] > 0, s
+            assert s["allocation.all.current"] == 0, s["allocation.all.current"]
+            for _ in range(4):
+                gpumem.step(0)
+                one_step()
+            assert gpumem.stats(0)["gpumem.step_plan.marks"] == 4
+        """, env={"GPUMEM_ALLOW_SIM": "1"})
+
     def test_pinned_allocator_ships_and_loads_from_the_package(self):
         # run_package_test.sh says whether the build tree has libgpumem_pinned_torch.so (a CUDA
         # libtorch and jemalloc); the wheel must ship it exactly then.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -133,6 +134,20 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   out["gpumem.engine_lock.contended"] = static_cast<std::int64_t>(locks.contended);
   // Engines serving the device (arenas:N; 1 until a thread moved to an arena of its own).
   out["gpumem.arenas"] = de != nullptr ? static_cast<std::int64_t>(de->engine->arenas()) : 1;
+  // The step planner (step_plan:True): whether it is on, and what it did (counts since the engine
+  // was made; arena_bytes is the arena in use now, 0 when none).
+  const std::optional<alloc::StepPlanCounters> plan =
+      de != nullptr ? de->engine->step_plan_counters() : std::optional<alloc::StepPlanCounters>{};
+  const alloc::StepPlanCounters none;
+  const alloc::StepPlanCounters& c = plan ? *plan : none;
+  out["gpumem.step_plan.on"] = plan ? 1 : 0;
+  out["gpumem.step_plan.marks"] = static_cast<std::int64_t>(c.marks);
+  out["gpumem.step_plan.steps_found"] = static_cast<std::int64_t>(c.detected_steps);
+  out["gpumem.step_plan.plans"] = static_cast<std::int64_t>(c.plans);
+  out["gpumem.step_plan.fallbacks"] = static_cast<std::int64_t>(c.fallbacks);
+  out["gpumem.step_plan.served_allocations"] = static_cast<std::int64_t>(c.served_allocations);
+  out["gpumem.step_plan.served_steps"] = static_cast<std::int64_t>(c.served_steps);
+  out["gpumem.step_plan.arena_bytes"] = static_cast<std::int64_t>(c.arena_bytes);
   return out;
 }
 

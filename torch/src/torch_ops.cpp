@@ -79,6 +79,12 @@ void op_write_snapshot(c10::Device device, std::string path) { write_snapshot(de
 // record_ops' run-time switch: the at::RecordFunction callbacks that name each event's op.
 bool op_record_ops(bool enabled) { return forensics::set_record_function_attribution(enabled); }
 
+// A training step starts (step_plan:True): the device's planner then takes its steps from these
+// marks. Nothing without gpumem on the device or without step_plan.
+void op_mark_step(c10::Device device) {
+  if (alloc::CachingAllocator* e = engine(device)) e->mark_step();
+}
+
 // Installs at load time when GPUMEM_ALLOC_CONF is set. A failure cannot be thrown out of dlopen:
 // loaded from Python, it raises RuntimeError there as the load returns (python_error.h); loaded
 // from C++, it is printed on stderr. Either way it is kept for torch.ops.gpumem.load_error().
@@ -113,4 +119,5 @@ TORCH_LIBRARY(gpumem, m) {
   m.def("cpu_installed() -> bool", &gpumem::torch::op_cpu_installed);
   m.def("write_snapshot(Device device, str path) -> ()", &gpumem::torch::op_write_snapshot);
   m.def("record_ops(bool enabled) -> bool", &gpumem::torch::op_record_ops);
+  m.def("mark_step(Device device) -> ()", &gpumem::torch::op_mark_step);
 }
