@@ -23,6 +23,9 @@ std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, St
   // not use (its free blocks and cached pieces, which it can move into one range).
   const EngineTotals t = engine.totals();
   if (size_bytes > t.reserved_bytes - std::min(t.reserved_bytes, t.allocated_bytes)) return std::nullopt;
+  // Nor may it fail: an arena the engine could only serve by growing past its cap would end in an
+  // OOM (and an OOM report) for a request the program never made.
+  if (t.cap_bytes < t.reserved_bytes || size_bytes > t.cap_bytes - t.reserved_bytes) return std::nullopt;
   const AllocResult r = engine.allocate_engine(size_bytes, stream);
   if (!r.ok() || r.ptr == nullptr) return std::nullopt;
   engine.free_engine(r.ptr);
