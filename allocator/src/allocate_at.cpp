@@ -13,7 +13,16 @@ using detail::Block;
 using detail::EventBatch;
 
 FreeStatus CachingAllocator::allocate_at(void* ptr, std::size_t size_bytes, std::size_t requested_bytes) {
-  if (arenas_) return arenas_->allocate_at(ptr, size_bytes, requested_bytes);
+  return allocate_at_impl(ptr, size_bytes, requested_bytes, std::nullopt);
+}
+
+FreeStatus CachingAllocator::allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
+                                              std::optional<StreamId> stream) {
+  if (arenas_) {
+    // Planned placements (a stream given) are for one engine only (step_plan needs arenas:1).
+    if (stream) return FreeStatus::foreign_pointer;
+    return arenas_->allocate_at(ptr, size_bytes, requested_bytes);
+  }
   Impl& m = *impl_;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (ptr == nullptr) return FreeStatus::null_pointer;
@@ -29,12 +38,19 @@ FreeStatus CachingAllocator::allocate_at(void* ptr, std::size_t size_bytes, std:
       detail::WorldStop stop(m.thread_caches);
       m.drain_all_caches_locked();
     }
+    // A step plan's placement (stream given): frees whose stream uses have completed since become
+    // free first (as an allocation's would), so that a block record_stream'd in the step before is
+    // found free again.
+    if (stream && m.may_wait()) m.process_pending_locked(batch);
     detail::Region* r = m.map.region_of(addr);
     if (r == nullptr) return FreeStatus::foreign_pointer;
     Block* b = r->first;
     while (b != nullptr && b->end() <= addr) b = b->next;
     if (b == nullptr || b->state != BlockState::free || b->addr > addr || b->end() < addr + size_bytes)
       return FreeStatus::foreign_pointer;
+    // ... and only in memory of its own stream: a block carved from another stream's free memory
+    // would go back to that stream's free blocks with no event between the two streams' uses.
+    if (stream && b->stream != *stream) return FreeStatus::foreign_pointer;
     m.map.index_of(*r).erase(*b);
     b = m.map.carve(b, addr, size_bytes);
     b->state = BlockState::allocated;

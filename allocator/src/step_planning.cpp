@@ -23,9 +23,14 @@ std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, St
   // not use (its free blocks and cached pieces, which it can move into one range).
   const EngineTotals t = engine.totals();
   if (size_bytes > t.reserved_bytes - std::min(t.reserved_bytes, t.allocated_bytes)) return std::nullopt;
-  // Nor may it fail: an arena the engine could only serve by growing past its cap would end in an
-  // OOM (and an OOM report) for a request the program never made.
-  if (t.cap_bytes < t.reserved_bytes || size_bytes > t.cap_bytes - t.reserved_bytes) return std::nullopt;
+  // Nor may it fail. The engine serves the arena by moving its cached pieces where it can, and
+  // creates memory where it cannot; a growth that fails ends in an OOM (an OOM event, a report)
+  // for a request the program never made. So unless one free extent already holds the arena, the
+  // cap and the device must have room for all of it new.
+  if (t.largest_free_extent_bytes < size_bytes) {
+    if (t.cap_bytes < t.reserved_bytes || size_bytes > t.cap_bytes - t.reserved_bytes) return std::nullopt;
+    if (size_bytes > engine.source().mem_info().free_bytes) return std::nullopt;
+  }
   const AllocResult r = engine.allocate_engine(size_bytes, stream);
   if (!r.ok() || r.ptr == nullptr) return std::nullopt;
   engine.free_engine(r.ptr);
@@ -45,7 +50,7 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
   if (const auto at = p.planner.allocate(size_bytes, stream)) {
     const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
     void* ptr = reinterpret_cast<void*>(*at);
-    if (allocate_at(ptr, block, size_bytes) == FreeStatus::ok) {
+    if (allocate_at_impl(ptr, block, size_bytes, stream) == FreeStatus::ok) {
       p.planner.note_allocated(*at);
       AllocResult r;
       r.ptr = ptr;
@@ -60,7 +65,9 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
 }
 
 void CachingAllocator::free_planned(void* ptr) {
-  if (ptr == nullptr || capturing()) return;
+  // Frees are shown even while a graph is captured (allocations then bypass the planner): a planned
+  // block freed during a capture must still leave the arena's count.
+  if (ptr == nullptr) return;
   std::lock_guard lock(planning_->mutex);
   planning_->planner.free(reinterpret_cast<std::uintptr_t>(ptr));
 }

@@ -87,6 +87,9 @@ std::shared_ptr<PrivatePool> GraphPools::make_pool_locked(PoolId id) {
   // One engine per pool: a capture allocates from one thread, and arenas would split the memory a
   // pool holds for its replays (arenas:N applies to the device's engine).
   config.arenas = 1;
+  // Nor a step planner (step_plan): a pool holds its memory for replays, and an arena taken for a
+  // plan would stay held; gpumem.step() marks the device's engine only.
+  config.step_plan = false;
   pool->engine = std::make_unique<alloc::CachingAllocator>(*pool->source, *pool->events, config, device_.device);
   pool->engine->set_memory_fraction(device_.engine->memory_fraction());
   pool->engine->set_holding(true);

@@ -237,6 +237,10 @@ class CachingAllocator {
   std::unique_ptr<detail::StepPlanning> planning_;
   friend struct detail::StepPlanning;
   AllocResult allocate_engine(std::size_t size_bytes, StreamId stream);
+  // allocate_at; with a stream (a step plan's placement), completed pending frees are processed
+  // first and the range must be free memory of that stream.
+  FreeStatus allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
+                              std::optional<StreamId> stream);
   FreeStatus free_engine(void* ptr);
   AllocResult allocate_planned(std::size_t size_bytes, StreamId stream);
   void free_planned(void* ptr);
