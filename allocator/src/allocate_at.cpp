@@ -16,8 +16,43 @@ FreeStatus CachingAllocator::allocate_at(void* ptr, std::size_t size_bytes, std:
   return allocate_at_impl(ptr, size_bytes, requested_bytes, std::nullopt);
 }
 
+namespace {
+
+// The block of r's chain that holds addr (or nullptr), walked to from the block at the hint when
+// that is a block of r's chain on the hint's side of [addr, addr + size), else from r's first.
+// Under the engine's lock; the chain changes only under it (thread caches' sub-blocks are not in
+// it), so any block of it found in the live table is a valid place to start.
+Block* block_at(CachingAllocator::Impl& m, detail::Region& r, std::uintptr_t addr, std::size_t size,
+                StepPlacementHint hint) {
+  if (hint.neighbour != 0) {
+    Block* h = m.live.find(hint.neighbour, m.use_caches());
+    if (h != nullptr && h->region == &r && static_cast<detail::Lease*>(h->lease) == nullptr &&
+        (h->state == BlockState::allocated || h->state == BlockState::pending_free)) {
+      if (!hint.above && h->end() <= addr) {
+        Block* b = h;
+        while (b != nullptr && b->end() <= addr) b = b->next;
+        return b;
+      }
+      if (hint.above && h->addr >= addr + size) {
+        Block* b = h;
+        while (b != nullptr && b->addr > addr) b = b->prev;
+        return b;
+      }
+    }
+  }
+  Block* b = r.first;
+  while (b != nullptr && b->end() <= addr) b = b->next;
+  return b;
+}
+
+bool holds(const Block* b, std::uintptr_t addr, std::size_t size) {
+  return b != nullptr && b->state == BlockState::free && b->addr <= addr && b->end() >= addr + size;
+}
+
+}  // namespace
+
 FreeStatus CachingAllocator::allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
-                                              std::optional<StreamId> stream) {
+                                              std::optional<StreamId> stream, StepPlacementHint hint) {
   if (arenas_) {
     // Planned placements (a stream given) are for one engine only (step_plan needs arenas:1).
     if (stream) return FreeStatus::foreign_pointer;
@@ -32,22 +67,25 @@ FreeStatus CachingAllocator::allocate_at_impl(void* ptr, std::size_t size_bytes,
   const Impl::ObserverList* obs = nullptr;
   {
     Impl::Lock lock(m.mutex);
-    {
-      // A block this range lies in may sit in a thread's cache (free to the engine, cached there):
-      // hand every cache back first, so the range is one free block if it is free at all.
-      detail::WorldStop stop(m.thread_caches);
-      m.drain_all_caches_locked();
-    }
     // A step plan's placement (stream given): frees whose stream uses have completed since become
     // free first (as an allocation's would), so that a block record_stream'd in the step before is
     // found free again.
     if (stream && m.may_wait()) m.process_pending_locked(batch);
     detail::Region* r = m.map.region_of(addr);
     if (r == nullptr) return FreeStatus::foreign_pointer;
-    Block* b = r->first;
-    while (b != nullptr && b->end() <= addr) b = b->next;
-    if (b == nullptr || b->state != BlockState::free || b->addr > addr || b->end() < addr + size_bytes)
-      return FreeStatus::foreign_pointer;
+    // A placement looks first without stopping the threads (the range is usually one free block);
+    // a graph pool's restore, and a placement that found no free block holding the range, hand
+    // every thread's cache back first: a block the range lies in may sit in one (free to the
+    // engine, cached there), and is then part of one free block if the range is free at all.
+    Block* b = stream ? block_at(m, *r, addr, size_bytes, hint) : nullptr;
+    if (!holds(b, addr, size_bytes)) {
+      {
+        detail::WorldStop stop(m.thread_caches);
+        m.drain_all_caches_locked();
+      }
+      b = block_at(m, *r, addr, size_bytes, {});
+    }
+    if (!holds(b, addr, size_bytes)) return FreeStatus::foreign_pointer;
     // ... and only in memory of its own stream: a block carved from another stream's free memory
     // would go back to that stream's free blocks with no event between the two streams' uses.
     if (stream && b->stream != *stream) return FreeStatus::foreign_pointer;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <utility>
 
@@ -203,6 +204,37 @@ std::optional<StepPlan> plan_step(const std::vector<StepEvent>& step, std::size_
     }
   }
   for (std::size_t k = 0; k < blocks.size(); ++k) plan.offsets[blocks[k].index] = best_offsets[k];
+
+  // Each planned allocation's neighbour: a sweep over the step with the planned blocks live, by
+  // offset (blocks live at once never share an offset: they share no bytes and take at least
+  // round_bytes each). Blocks live over the step's end start live (their instance of the step before).
+  plan.neighbours.assign(allocs.size(), StepPlan::kNoNeighbour);
+  std::map<std::uint64_t, std::uint32_t> live_by_offset;
+  auto erase_live = [&](std::uint32_t j) {
+    if (j >= allocs.size() || plan.offsets[j] == StepPlan::kNotPlanned) return;
+    if (auto it = live_by_offset.find(plan.offsets[j]); it != live_by_offset.end() && it->second == j)
+      live_by_offset.erase(it);
+  };
+  for (const PlanBlock& b : blocks)
+    if (b.hi0 == n) live_by_offset.emplace(plan.offsets[b.index], b.index);
+  std::uint32_t next_alloc = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    const StepEvent& e = step[p];
+    if (e.is_free) {
+      erase_live(e.index);  // steps_back 0 or 1 (checked above); a wrapped block's earlier instance for 1
+      continue;
+    }
+    const std::uint32_t j = next_alloc++;
+    const std::uint64_t off = plan.offsets[j];
+    if (off == StepPlan::kNotPlanned) continue;
+    auto above = live_by_offset.lower_bound(off);
+    if (above != live_by_offset.begin()) {
+      plan.neighbours[j] = std::prev(above)->second;
+    } else if (above != live_by_offset.end()) {
+      plan.neighbours[j] = above->second;
+    }
+    live_by_offset.emplace(off, j);
+  }
   return plan;
 }
 
@@ -507,6 +539,7 @@ void StepPlanner::mark_step() {
 }
 
 std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, StreamId stream) {
+  hint_ = {};
   const std::uint64_t rounded = (static_cast<std::uint64_t>(size_bytes) + options_.round_bytes - 1) & ~(options_.round_bytes - 1);
   pending_size_ = rounded;
   pending_stream_ = stream;
@@ -543,6 +576,10 @@ std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, Stre
     ++counters_.arenas_mapped;
   }
   planned_addr_ = arena_base_ + offset;
+  const std::uint32_t nb = plan_.neighbours[next_ordinal_ - step_first_];
+  hint_ = nb == StepPlan::kNoNeighbour
+              ? StepPlacementHint{}
+              : StepPlacementHint{arena_base_ + plan_.offsets[nb], plan_.offsets[nb] > offset};
   return planned_addr_;
 }
 
@@ -554,7 +591,7 @@ void StepPlanner::placement_failed() {
 
 void StepPlanner::note(const StepEvent& e, std::uintptr_t addr, bool served) {
   const std::uint64_t ordinal = next_ordinal_++;
-  live_[addr] = Live{ordinal, e.size_bytes, served ? arena_generation_ : 0};
+  if (addr != 0) live_.assign(addr, Live{ordinal, e.size_bytes, served ? arena_generation_ : 0});
   record(e, ordinal);
 }
 
@@ -585,11 +622,12 @@ bool StepPlanner::free(std::uintptr_t addr) {
   std::uint64_t ordinal = kUnknown;
   bool served = false;  // placed by the plan in the arena mapped now
   freed_bytes_ = 0;
-  if (auto it = live_.find(addr); it != live_.end()) {
-    ordinal = it->second.ordinal;
-    freed_bytes_ = it->second.size_bytes;
-    served = arena_bytes_ != 0 && it->second.arena_generation == arena_generation_;
-    live_.erase(it);
+  if (const std::size_t slot = live_.find(addr); slot != AddressTable<Live>::npos) {
+    const Live& l = live_.at(slot);
+    ordinal = l.ordinal;
+    freed_bytes_ = l.size_bytes;
+    served = arena_bytes_ != 0 && l.arena_generation == arena_generation_;
+    live_.erase(slot);
   }
   if (served) --arena_live_;
   const StepEvent e = free_event(ordinal);

@@ -50,7 +50,7 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
   if (const auto at = p.planner.allocate(size_bytes, stream)) {
     const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
     void* ptr = reinterpret_cast<void*>(*at);
-    if (allocate_at_impl(ptr, block, size_bytes, stream) == FreeStatus::ok) {
+    if (allocate_at_impl(ptr, block, size_bytes, stream, p.planner.placement_hint()) == FreeStatus::ok) {
       p.planner.note_allocated(*at);
       AllocResult r;
       r.ptr = ptr;

@@ -64,6 +64,7 @@ bool conflict(const Life& a, const Life& b) {
 struct LayoutCheck {
   std::size_t conflicting_pairs = 0;  // pairs of planned blocks that may not share bytes
   std::size_t violations = 0;         // of those, pairs that do
+  std::size_t with_neighbour = 0;     // planned blocks with a neighbour live where they are allocated
 };
 
 // Checks `plan` against lifetimes computed from the events: every planned block lies in the arena,
@@ -101,6 +102,27 @@ LayoutCheck check_layout(const std::vector<StepEvent>& step, const StepPlan& pla
   CHECK(plan.trough_live_bytes == least);
   REQUIRE(plan.trough < n);
   CHECK(live_before(plan.trough) == least);
+  // Each planned block's neighbour: of the planned blocks live before its allocation, the one with
+  // the highest offset below its own, else the one with the lowest above.
+  REQUIRE(plan.neighbours.size() == lives.size());
+  std::size_t j = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    if (step[p].is_free) continue;
+    const std::size_t self = j++;
+    if (plan.offsets[self] == StepPlan::kNotPlanned) continue;
+    std::uint32_t below = StepPlan::kNoNeighbour, above = StepPlan::kNoNeighbour;
+    for (std::size_t k = 0; k < lives.size(); ++k) {
+      if (k == self || plan.offsets[k] == StepPlan::kNotPlanned || !lives[k].live_after((p + n - 1) % n)) continue;
+      if (plan.offsets[k] < plan.offsets[self]) {
+        if (below == StepPlan::kNoNeighbour || plan.offsets[k] > plan.offsets[below]) below = static_cast<std::uint32_t>(k);
+      } else if (above == StepPlan::kNoNeighbour || plan.offsets[k] < plan.offsets[above]) {
+        above = static_cast<std::uint32_t>(k);
+      }
+    }
+    INFO("allocation " << self << " at event " << p);
+    CHECK(plan.neighbours[self] == (below != StepPlan::kNoNeighbour ? below : above));
+    if (plan.neighbours[self] != StepPlan::kNoNeighbour) ++r.with_neighbour;
+  }
   return r;
 }
 
@@ -254,6 +276,7 @@ TEST_CASE("plan_step: random steps are laid out with no overlap between conflict
     const LayoutCheck c = check_layout(step, *plan, round);  // also: arena_bytes >= peak_live_bytes
     CHECK(c.conflicting_pairs > 0);
     CHECK(c.violations == 0);
+    CHECK(c.with_neighbour > 0);
   }
 }
 
@@ -744,7 +767,7 @@ struct SimOwner {
   std::map<std::uintptr_t, std::pair<std::uint64_t, StreamId>> used;  // arena blocks of this mapping, ever
   std::uint64_t used_map = 0;  // the mapping `used` is of (host.maps then)
   std::uintptr_t bump = kSimOwnBase;
-  std::uint64_t arena_placements = 0, placement_failures = 0, own_in_arena = 0, marks = 0;
+  std::uint64_t arena_placements = 0, placement_failures = 0, own_in_arena = 0, marks = 0, hinted = 0;
 
   SimOwner(StepPlanner& p, SimHost& h, std::mt19937& r) : planner(p), host(h), rng(r) {}
   void check() const {
@@ -790,6 +813,21 @@ struct SimOwner {
       for (const auto& [a, u] : used)
         if (a < *planned + bytes && *planned < a + u.first) SIM_CHECK(u.second == stream);
       used[*planned] = {bytes, stream};
+      // The hint: a block of the arena next to the planned one, on the side it says, with no block
+      // the plan placed between them. (It need not be live: in the first step served the blocks
+      // allocated before the arena live elsewhere.)
+      if (const StepPlacementHint h = planner.placement_hint(); h.neighbour != 0) {
+        SIM_CHECK(planner.in_arena(h.neighbour));
+        SIM_CHECK(h.neighbour != *planned);
+        SIM_CHECK(h.above == (h.neighbour > *planned));
+        if (const auto it = live.find(h.neighbour); it != live.end() && it->second.second) {
+          ++hinted;
+          SIM_CHECK((h.above ? h.neighbour >= *planned + bytes : h.neighbour + it->second.first <= *planned));
+          const auto lo = live.upper_bound(std::min(h.neighbour, *planned));
+          const auto hi = live.lower_bound(std::max(h.neighbour, *planned));
+          for (auto b = lo; b != hi; ++b) SIM_CHECK(!b->second.second);
+        }
+      }
       if (sim_uni(rng, 0, 999) >= fail_per_mille) {
         place(*planned, bytes, true);
         ++arena_placements;
@@ -987,6 +1025,7 @@ TEST_CASE("step planner: a random program and owner see no overlap, no stray are
     total["refusals"] += host.refusals;
     total["placement failures"] += owner.placement_failures;
     total["own blocks in an arena's range"] += owner.own_in_arena;
+    total["placements with a live neighbour"] += owner.hinted;
   }
   CHECK_FALSE(sim_failed);
   std::string summary = std::to_string(sim_event) + " events";
@@ -996,7 +1035,7 @@ TEST_CASE("step planner: a random program and owner see no overlap, no stray are
   CHECK(total["plans"] >= 20);
   CHECK(total["served steps"] >= 20);  // plans served whole steps (blocks live over a step's end included)
   for (const char* what : {"detected", "served marked", "served detected", "fallbacks", "unmaps", "refusals",
-                           "placement failures", "own blocks in an arena's range"})
+                           "placement failures", "own blocks in an arena's range", "placements with a live neighbour"})
     CHECK(total[what] > 0);
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "catch.h"
-#include "gpumem/forensics/detail/live_block_table.h"
+#include "gpumem/alloc/address_table.h"
 #include "gpumem/forensics/fragmentation_tracker.h"
 #include "gpumem/forensics/op_attribution.h"
 #include "gpumem/forensics/alloc_context.h"
@@ -280,8 +280,8 @@ TEST_CASE("FragmentationTracker counts allocated, pending, reserved and the unal
   CHECK(c.peak_reserved_unallocated_seq == 1);
 }
 
-TEST_CASE("LiveBlockTable agrees with a hash map under churn, across growth and wrap-around", "[tracker]") {
-  detail::LiveBlockTable<std::uint64_t> table(16);  // small: growth and probe chains that wrap
+TEST_CASE("AddressTable agrees with a hash map under churn, across growth and wrap-around", "[tracker]") {
+  alloc::AddressTable<std::uint64_t> table(16);  // small: growth and probe chains that wrap
   std::unordered_map<std::uintptr_t, std::uint64_t> model;
   std::mt19937_64 rng(5);
   // Addresses of a few segments, 512-byte aligned, so that many share a home slot's neighbourhood.

@@ -238,9 +238,10 @@ class CachingAllocator {
   friend struct detail::StepPlanning;
   AllocResult allocate_engine(std::size_t size_bytes, StreamId stream);
   // allocate_at; with a stream (a step plan's placement), completed pending frees are processed
-  // first and the range must be free memory of that stream.
+  // first, the range must be free memory of that stream, and the search for it starts at the
+  // hint's block when that is a block of the range's region on the right side of it.
   FreeStatus allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
-                              std::optional<StreamId> stream);
+                              std::optional<StreamId> stream, StepPlacementHint hint = {});
   FreeStatus free_engine(void* ptr);
   AllocResult allocate_planned(std::size_t size_bytes, StreamId stream);
   void free_planned(void* ptr);

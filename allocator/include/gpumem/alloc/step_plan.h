@@ -51,9 +51,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "gpumem/alloc/address_table.h"
 #include "gpumem/alloc/stream_events.h"
 
 namespace gpumem::alloc {
@@ -110,6 +110,23 @@ struct StepPlan {
   const char* order = "";             // the greedy order that gave the smallest arena ("size",
                                       // "area", "duration", "start")
   bool best_fit = false;              // ... with best-fit placement (else first fit)
+  // neighbours[j], for a planned allocation j: a planned block live where j is allocated and next
+  // to it in the arena (the one with the highest offset below j's, else the one with the lowest
+  // above), or kNoNeighbour when none is live. A block live over the step's end counts with its
+  // instance of the step before. An owner can start its search for j's range there instead of at
+  // the arena's start (StepPlanner::placement_hint).
+  static constexpr std::uint32_t kNoNeighbour = ~std::uint32_t{0};
+  std::vector<std::uint32_t> neighbours;
+};
+
+// Where an owner may start looking for the range of the address StepPlanner::allocate just gave:
+// the address of a block the plan has live next to it, below (above == false: the block ends at or
+// before the planned address) or above it. neighbour == 0: none. A hint, not a promise: in the
+// first step served, or after the owner placed blocks of its own in the arena's range, no block of
+// the owner's may start there; the owner checks it.
+struct StepPlacementHint {
+  std::uintptr_t neighbour = 0;
+  bool above = false;
 };
 
 // Plans one step (pure). Returns nullopt with `why` set if the step cannot be planned: a free of a
@@ -152,6 +169,8 @@ class StepPlanner {
   // (no note_allocated) leaves the next request to be compared with the same event of the plan.
   std::optional<std::uintptr_t> allocate(std::size_t size_bytes, StreamId stream);
   void placement_failed();
+  // After allocate() gave an address: a neighbour to start looking from (StepPlacementHint).
+  StepPlacementHint placement_hint() const noexcept { return hint_; }
   void note_allocated(std::uintptr_t addr);
   // Before the owner frees a block: true if the plan placed it in the arena (a block the owner
   // placed itself in the arena's range, after a fallback, is not the arena's).
@@ -202,7 +221,7 @@ class StepPlanner {
   bool marked_ = false;                 // the program marks steps (detection is off)
 
   // Blocks: every live block the planner saw allocated, and where steps start, by ordinal.
-  std::unordered_map<std::uintptr_t, Live> live_;
+  AddressTable<Live> live_;  // (an address 0 is not recorded: its free is of an unknown block)
   std::uint64_t next_ordinal_ = 0;
   std::uint64_t step_first_ = 0;        // the ordinal of the current step's first allocation
   std::uint64_t previous_first_ = 0;    // ... of the step before's
@@ -243,6 +262,7 @@ class StepPlanner {
   std::uint64_t pending_size_ = 0;      // the request allocate() was last asked about
   StreamId pending_stream_ = 0;
   std::uintptr_t planned_addr_ = 0;     // the address allocate() gave it (0: none)
+  StepPlacementHint hint_;              // ... and where to look for it from
 
   StepPlanCounters counters_;
 };

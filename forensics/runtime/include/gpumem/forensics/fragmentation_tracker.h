@@ -7,7 +7,7 @@
 //
 // Cost: one tick-counter read per batch (tick_clock.h; the engine is asked for sequence numbers
 // only), the op stack read once per batch that allocates, and one insert per allocation and one
-// erase per free in a flat, preallocated table (detail/live_block_table.h: no memory allocated per
+// erase per free in a flat, preallocated table (gpumem/alloc/address_table.h: no memory allocated per
 // event), under its own spin lock.
 //
 // Invariants: allocated_bytes == sum of live blocks' sizes; reserved_bytes >= 0 (clamped).
@@ -24,7 +24,7 @@
 
 #include "gpumem/alloc/events.h"
 #include "gpumem/alloc/spin_lock.h"
-#include "gpumem/forensics/detail/live_block_table.h"
+#include "gpumem/alloc/address_table.h"
 #include "gpumem/forensics/detail/tick_clock.h"
 
 namespace gpumem::forensics {
@@ -70,7 +70,7 @@ class FragmentationTracker final : public alloc::AllocObserver {
   detail::TickCalibration clock_;  // LiveBlockInfo::t_ns is kept in ticks
   mutable alloc::detail::SpinLock mutex_;  // held per batch for a few stores (see TraceRing)
   FragmentationCounters c_;
-  detail::LiveBlockTable<LiveBlockInfo> live_;
+  alloc::AddressTable<LiveBlockInfo> live_;
 };
 
 }  // namespace gpumem::forensics

@@ -1,13 +1,13 @@
-// LiveBlockTable: the fragmentation tracker's live blocks by address, in one flat array: open
-// addressing with linear probing over a power-of-two number of slots, allocated once (and doubled,
-// rehashing, when more than half full), so an insert or an erase allocates nothing and touches
-// one or two cache lines. Erase shifts the entries that follow back into the hole (no tombstones),
+// AddressTable: live blocks by address, in one flat array (the fragmentation tracker's, the step
+// planner's): open addressing with linear probing over a power-of-two number of slots, allocated
+// once (and doubled, rehashing, when more than half full), so an insert or an erase allocates
+// nothing and touches one or two cache lines. Erase shifts the entries that follow back into the hole (no tombstones),
 // so lookups never slow down with churn.
 //
 // Address 0 marks an empty slot: it is never a block's address (callers skip it).
 // Invariants: size() == number of slots with a non-zero address; size() <= capacity() / 2; every
 // entry is reachable from its home slot (hash) without crossing an empty slot.
-// Thread-safety: none (the tracker holds its lock around every call).
+// Thread-safety: none (its owners hold their locks around every call).
 #pragma once
 
 #include <cstddef>
@@ -15,12 +15,12 @@
 #include <utility>
 #include <vector>
 
-namespace gpumem::forensics::detail {
+namespace gpumem::alloc {
 
 template <class Info>
-class LiveBlockTable {
+class AddressTable {
  public:
-  explicit LiveBlockTable(std::size_t initial_slots = 8192) { reset(round_up(initial_slots)); }
+  explicit AddressTable(std::size_t initial_slots = 8192) { reset(round_up(initial_slots)); }
 
   // Inserts or replaces the entry of addr (addr != 0).
   void assign(std::uintptr_t addr, Info info) {
@@ -112,4 +112,4 @@ class LiveBlockTable {
   std::size_t size_ = 0;
 };
 
-}  // namespace gpumem::forensics::detail
+}  // namespace gpumem::alloc
