@@ -1073,6 +1073,14 @@ def describe_run(spec, res, native):
     if engines is not None:
         # With arenas:N, how many engines the run's threads ended up in (1: no thread moved).
         parts.append("engines %d" % engines)
+    gs = res.get("gpumem_stats", {})
+    if gs.get("gpumem.step_plan.on"):
+        # The step planner (step_plan:True): what it found and served (docs/notes/allocation-policy.md).
+        parts.append("step plan: %d step(s) found, %d plan(s), %d fallback(s), %d steps and %d allocations served, "
+                     "arena %.3f GiB" % (gs.get("gpumem.step_plan.steps_found", 0), gs.get("gpumem.step_plan.plans", 0),
+                                         gs.get("gpumem.step_plan.fallbacks", 0), gs.get("gpumem.step_plan.served_steps", 0),
+                                         gs.get("gpumem.step_plan.served_allocations", 0),
+                                         gs.get("gpumem.step_plan.arena_bytes", 0) / report.GiB))
     if res.get("pinned"):
         parts.append("pinned to CPUs %s" % res.get("cpus"))
     if res.get("cudnn_sdp") is False:
