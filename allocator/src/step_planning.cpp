@@ -1,8 +1,13 @@
 #include "step_planning.h"
 
+#include "engine.h"
 #include "size_policy.h"
 
 namespace gpumem::alloc {
+
+using detail::Block;
+using detail::EventBatch;
+
 namespace detail {
 namespace {
 
@@ -31,10 +36,9 @@ std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, St
     if (t.cap_bytes < t.reserved_bytes || size_bytes > t.cap_bytes - t.reserved_bytes) return std::nullopt;
     if (size_bytes > engine.source().mem_info().free_bytes) return std::nullopt;
   }
-  const AllocResult r = engine.allocate_engine(size_bytes, stream);
-  if (!r.ok() || r.ptr == nullptr) return std::nullopt;
-  engine.free_engine(r.ptr);
-  return reinterpret_cast<std::uintptr_t>(r.ptr);
+  void* at = engine.take_arena_range(size_bytes, stream);
+  if (at == nullptr) return std::nullopt;
+  return reinterpret_cast<std::uintptr_t>(at);
 }
 
 std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine) {
@@ -42,6 +46,38 @@ std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine) {
 }
 
 }  // namespace detail
+
+void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream) {
+  if (arenas_ || size_bytes == 0 || size_bytes >= policy::kMaxRequestBytes) return nullptr;
+  Impl& m = *impl_;
+  EventBatch batch = m.new_batch();
+  const Impl::ObserverList* obs = nullptr;
+  void* at = nullptr;
+  {
+    // As an allocation (allocate_in, caching_allocator.cpp) past the thread caches: best fit in the
+    // free index, else growth; the growth's own events (mappings) are real and are published. The
+    // block found is free and in no container: it goes back to the free index at once, where the
+    // planned placements then find it.
+    const std::size_t rounded = policy::round_size(size_bytes, m.rules.roundup_power2_divisions, m.rules.any_divisions);
+    const PoolKind pool = policy::pool_for(rounded);
+    auto lock = m.lock_noting_contention(true);
+    if (!m.pending.empty() && m.may_wait()) m.process_pending_locked(batch);
+    Block* b = m.map.take_cached(pool, stream, rounded, m.rules.split);
+    if (b == nullptr) {
+      detail::GrowFailure fail;
+      b = m.allocate_slow_dropping_lock(lock, pool, stream, rounded, batch, fail);
+    }
+    if (b != nullptr) {
+      at = reinterpret_cast<void*>(b->addr);
+      b->state = BlockState::free;
+      m.map.insert_free_merged(b);
+    }
+    m.maybe_check_locked();
+    obs = m.observers_for(batch);
+  }
+  Impl::publish(obs, batch);
+  return at;
+}
 
 AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
   if (capturing()) return allocate_engine(size_bytes, stream);

@@ -1,8 +1,11 @@
 // The engine's step planner (Config::step_plan): a StepPlanner (gpumem/alloc/step_plan.h) whose
-// owner is the CachingAllocator. The arena is a range of the engine's own memory: the engine
-// serves one block of the arena's size on the step's stream and takes it back at once, and each
-// planned request is then placed at its address with allocate_at, an ordinary block of the engine
-// (alloc event, stats, live table). When a plan falls back the range is simply free memory.
+// owner is the CachingAllocator. The arena is a range of the engine's own memory: the engine finds
+// or grows a free range of the arena's size on the step's stream as it would for an allocation,
+// and leaves it free (take_arena_range: no alloc event, no counter, no OOM event; the program made
+// no such request). Each planned request is then placed at its address with allocate_at, an
+// ordinary block of the engine (alloc event, stats, live table), its search for the free block
+// starting at the plan's neighbour (StepPlacementHint). When a plan falls back the range is
+// simply free memory.
 //
 // Locking: the planner's mutex is taken before the engine's (allocate_planned holds it across
 // allocate_at and the arena's allocation); free() shows the free to the planner under it, then

@@ -2,6 +2,7 @@
 // SimSource whose steps repeat is found, laid out in the engine's memory and placed there with no
 // source call; planned blocks are the engine's (stats, lookup, invariants); a step that differs,
 // a block whose reuse waits on another stream, and steps on two streams are left to the engine.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -109,6 +110,62 @@ TEST_CASE("engine step plan: repeating steps are placed in the engine's memory w
   const auto found = engine.lookup(loop.carried);
   REQUIRE(found);
   engine.check_invariants();
+}
+
+namespace {
+
+// The program's view from the events: allocations seen, bytes requested live and their peak.
+struct Requests {
+  std::uint64_t allocs = 0;
+  std::size_t largest = 0;
+  std::size_t live = 0, peak = 0;
+};
+struct RequestLedger final : AllocObserver, Requests {
+  void on_events(std::span<const AllocEvent> events) override {
+    for (const AllocEvent& e : events) {
+      if (e.kind == EventKind::alloc) {
+        ++allocs;
+        largest = std::max(largest, e.requested_bytes);
+        live += e.requested_bytes;
+        peak = std::max(peak, live);
+      } else if (e.kind == EventKind::free_completed) {
+        live -= e.requested_bytes;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("engine step plan: the arena is no allocation: events, counts and peaks are the program's",
+          "[step_plan][engine]") {
+  // The arena is taken as a free range of the engine's memory. Served as an allocation, it showed
+  // in the event stream (a trace, a snapshot's history) and in PyTorch's requested and allocated
+  // peaks as one request of the arena's size that the program never made.
+  auto run = [](bool plan, Requests& seen) {
+    SimSource source;
+    ManualStreamEvents events;
+    Config config = plan_config();
+    config.step_plan = plan;
+    CachingAllocator engine(source, events, config);
+    auto observer = std::make_shared<RequestLedger>();
+    engine.attach_observer(observer);
+    Loop loop{engine};
+    for (int s = 0; s < 10; ++s) loop.step();
+    engine.detach_observer(observer.get());
+    if (plan) {
+      REQUIRE(engine.step_plan_counters()->arenas_mapped == 1);
+      REQUIRE(engine.step_plan_counters()->served_steps >= 3);
+    }
+    seen = static_cast<const Requests&>(*observer);
+  };
+  Requests planned, unplanned;
+  run(true, planned);
+  run(false, unplanned);
+  CHECK(planned.allocs == unplanned.allocs);
+  CHECK(planned.largest == unplanned.largest);  // 15 MiB: no 100-odd MiB arena among them
+  CHECK(planned.peak == unplanned.peak);
+  CHECK(planned.live == unplanned.live);
 }
 
 TEST_CASE("engine step plan: a step that differs goes to the engine, and the plan comes back", "[step_plan][engine]") {

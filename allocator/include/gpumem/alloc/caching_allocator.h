@@ -243,6 +243,10 @@ class CachingAllocator {
   FreeStatus allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
                               std::optional<StreamId> stream, StepPlacementHint hint = {});
   FreeStatus free_engine(void* ptr);
+  // A step plan's arena (one engine): a free range of size_bytes on `stream`, found or grown as an
+  // allocation's would be, and left free; no alloc or free event, no counter, no OOM event (the
+  // program made no request). Null if there is none.
+  void* take_arena_range(std::size_t size_bytes, StreamId stream);
   AllocResult allocate_planned(std::size_t size_bytes, StreamId stream);
   void free_planned(void* ptr);
   // The engine allocate() and free() call while one engine serves every thread: impl_, or with
