@@ -472,8 +472,19 @@ void StepPlanner::fall_back(const std::string& reason) {
     fallback_event_ = events_;
   }
   mode_ = arena_bytes_ != 0 ? Mode::draining : Mode::recording;
-  if (mode_ == Mode::recording && unproductive_fallbacks_ >= options_.max_fallbacks) mode_ = Mode::stopped;
+  if (mode_ == Mode::recording && (unproductive_fallbacks_ >= options_.max_fallbacks || stop_requested_))
+    mode_ = Mode::stopped;
+  counters_.stopped = mode_ == Mode::stopped;
   maybe_unmap();
+}
+
+void StepPlanner::stop(const std::string& why) {
+  if (mode_ == Mode::stopped) return;
+  stop_requested_ = true;
+  if (mode_ == Mode::armed || mode_ == Mode::serving) fall_back("the planner was stopped: " + why);
+  if (mode_ == Mode::recording) mode_ = Mode::stopped;
+  counters_.stopped = mode_ == Mode::stopped;
+  counters_.last_reason = "stopped: " + why;
 }
 
 void StepPlanner::maybe_unmap() {
@@ -482,7 +493,8 @@ void StepPlanner::maybe_unmap() {
   arena_base_ = 0;
   arena_bytes_ = 0;
   counters_.arena_bytes = 0;
-  mode_ = unproductive_fallbacks_ >= options_.max_fallbacks ? Mode::stopped : Mode::recording;
+  mode_ = unproductive_fallbacks_ >= options_.max_fallbacks || stop_requested_ ? Mode::stopped : Mode::recording;
+  counters_.stopped = mode_ == Mode::stopped;
 }
 
 void StepPlanner::mark_step() {

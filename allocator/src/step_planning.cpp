@@ -80,9 +80,9 @@ void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream
 }
 
 AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
-  if (capturing()) return allocate_engine(size_bytes, stream);
   detail::StepPlanning& p = *planning_;
-  std::lock_guard lock(p.mutex);
+  if (capturing() || p.off.load(std::memory_order_relaxed)) return allocate_engine(size_bytes, stream);
+  std::lock_guard lock(p);
   if (const auto at = p.planner.allocate(size_bytes, stream)) {
     const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
     void* ptr = reinterpret_cast<void*>(*at);
@@ -103,8 +103,8 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
 void CachingAllocator::free_planned(void* ptr) {
   // Frees are shown even while a graph is captured (allocations then bypass the planner): a planned
   // block freed during a capture must still leave the arena's count.
-  if (ptr == nullptr) return;
-  std::lock_guard lock(planning_->mutex);
+  if (ptr == nullptr || planning_->off.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(*planning_);
   planning_->planner.free(reinterpret_cast<std::uintptr_t>(ptr));
 }
 

@@ -14,9 +14,12 @@
 // plan, never a shared block). Planning is bypassed while a CUDA graph is captured.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
+
+#include <fmt/format.h>
 
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/step_plan.h"
@@ -28,9 +31,34 @@ struct StepPlanning final : StepArenaHost {
   std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, StreamId stream) override;
   void unmap_arena(std::uintptr_t, std::size_t) override {}  // the engine's memory: it keeps it
 
+  // The planner's lock, taken by allocate_planned and free_planned. Threads that allocate at the
+  // same time make the order of the events a matter of timing: no step repeats, and each call
+  // would wait for this lock. So when kContendedStop acquisitions within a window of
+  // kContentionWindow calls find it held, the planner is stopped; once it is, `off` is set and
+  // every call goes straight to the engine (frees too: a stopped planner has no arena).
+  void lock() {
+    if (!mutex.try_lock()) {
+      mutex.lock();
+      if (++contended == kContendedStop)
+        planner.stop(fmt::format("{} calls in {} found another thread in the planner: threads that allocate at "
+                                 "the same time give the steps no order to repeat",
+                                 kContendedStop, kContentionWindow));
+    }
+    if (++calls % kContentionWindow == 0) contended = 0;
+  }
+  void unlock() {
+    if (planner.stopped()) off.store(true, std::memory_order_relaxed);
+    mutex.unlock();
+  }
+  static constexpr std::uint32_t kContendedStop = 16;
+  static constexpr std::uint64_t kContentionWindow = 4096;
+
   CachingAllocator& engine;
   mutable std::mutex mutex;
   StepPlanner planner;
+  std::atomic<bool> off{false};
+  std::uint32_t contended = 0;  // under mutex
+  std::uint64_t calls = 0;      // under mutex
 };
 
 std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine);

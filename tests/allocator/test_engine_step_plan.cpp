@@ -3,6 +3,9 @@
 // source call; planned blocks are the engine's (stats, lookup, invariants); a step that differs,
 // a block whose reuse waits on another stream, and steps on two streams are left to the engine.
 #include <algorithm>
+#include <atomic>
+#include <thread>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -405,4 +408,59 @@ TEST_CASE("engine step plan: no arena that needs memory the device does not have
   CHECK(c->arenas_mapped == 0);
   CHECK_THAT(c->last_fallback, Contains("did not provide the arena"));
   CHECK(oom->ooms == 0);
+}
+
+TEST_CASE("engine step plan: threads that allocate at the same time stop the planner", "[step_plan][engine][threads]") {
+  // Four threads allocating at once: the order of the events is a matter of timing, so no step can
+  // repeat, and each call would wait for the planner's lock. The planner stops and the engine
+  // serves every call directly (its thread caches then come on as without a planner).
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, plan_config());
+  // Observers run inside the planner's lock (after the engine's): a slow one makes the threads meet
+  // there even on one core, where a thread is rarely preempted inside a short call.
+  struct Slow final : AllocObserver {
+    void on_events(std::span<const AllocEvent>) override { std::this_thread::sleep_for(std::chrono::microseconds(20)); }
+  };
+  auto slow = std::make_shared<Slow>();
+  engine.attach_observer(slow);
+  std::atomic<int> ready{0};
+  auto worker = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<void*> live;
+    ready.fetch_add(1);
+    while (ready.load() < 4) std::this_thread::yield();
+    for (int i = 0; i < 3000; ++i) {
+      if (live.size() < 32 && (live.empty() || rng() % 2 == 0)) {
+        const AllocResult r = engine.allocate(512 * (1 + rng() % 64), 0);
+        if (r.ptr != nullptr) live.push_back(r.ptr);
+      } else {
+        std::swap(live[rng() % live.size()], live.back());
+        CHECK(engine.free(live.back()) == FreeStatus::ok);
+        live.pop_back();
+      }
+    }
+    for (void* p : live) CHECK(engine.free(p) == FreeStatus::ok);
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) threads.emplace_back(worker, t + 1);
+  for (std::thread& t : threads) t.join();
+  engine.detach_observer(slow.get());
+  const auto c = engine.step_plan_counters();
+  REQUIRE(c);
+  INFO(c->last_reason);
+  CHECK(c->stopped);
+  CHECK_THAT(c->last_reason, Contains("allocate at the same time"));
+  CHECK(engine.totals().allocated_bytes == 0);
+  engine.check_invariants();
+}
+
+TEST_CASE("engine step plan: one thread never stops the planner", "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine(source, events, plan_config());
+  Loop loop{engine};
+  for (int s = 0; s < 40; ++s) loop.step();
+  CHECK_FALSE(engine.step_plan_counters()->stopped);
+  CHECK(engine.step_plan_counters()->served_steps >= 30);
 }

@@ -571,6 +571,58 @@ TEST_CASE("step planner: a step longer than max_step_events is not planned", "[s
   }
 }
 
+TEST_CASE("step planner: stop() while serving falls back, drains the arena, then answers nothing",
+          "[step_plan][planner]") {
+  Rig rig;
+  auto& [host, planner, owner] = rig;
+  for (int s = 0; s < 5; ++s) owner.step(kStep);
+  REQUIRE(planner.serving());
+  REQUIRE(host.maps.size() == 1);
+  // Mid-step: A and B are live in the arena (events 0-2 ran). The plan falls back; the arena stays
+  // until both are gone.
+  planner.mark_step();
+  owner.previous = std::move(owner.current);
+  owner.current.clear();
+  owner.served = 0;
+  owner.run({kStep.begin(), kStep.begin() + 3});
+  REQUIRE(owner.current.size() == 2);
+  REQUIRE(owner.current[0].arena);  // A (served from the second step on)
+  REQUIRE(owner.current[1].arena);  // B
+  const std::uint64_t fallbacks = planner.counters().fallbacks;
+  planner.stop("a test");
+  CHECK_FALSE(planner.serving());
+  CHECK_FALSE(planner.stopped());  // A and B are still in the arena
+  CHECK_FALSE(planner.counters().stopped);
+  CHECK(planner.counters().fallbacks == fallbacks + 1);
+  CHECK_THAT(planner.counters().last_reason, Contains("stopped: a test"));
+  owner.run({kStep.begin() + 3, kStep.begin() + 4});  // frees A
+  CHECK_FALSE(planner.stopped());
+  CHECK(host.unmaps.empty());
+  owner.run({kStep.begin() + 4, kStep.end()});  // frees B: the arena is empty; the rest is the owner's
+  CHECK(owner.served == 2);                      // A and B, before the stop
+  CHECK(planner.stopped());
+  CHECK(planner.counters().stopped);
+  CHECK(host.unmaps.size() == 1);
+  // Stopped: nothing is planned or served again, however often the step repeats.
+  for (int s = 0; s < 6; ++s) owner.step(kStep);
+  CHECK(owner.served == 0);
+  CHECK(host.maps.size() == 1);
+  CHECK(planner.counters().plans == 1);
+  CHECK_FALSE(planner.free(owner.current[0].addr));
+}
+
+TEST_CASE("step planner: stop() while recording stops at once", "[step_plan][planner]") {
+  Rig rig;
+  auto& [host, planner, owner] = rig;
+  owner.step(kStep);
+  planner.stop("a test");
+  CHECK(planner.stopped());
+  CHECK(planner.counters().stopped);
+  for (int s = 0; s < 6; ++s) owner.step(kStep);
+  CHECK(planner.counters().plans == 0);
+  CHECK(host.maps.empty());
+}
+
 TEST_CASE("step planner: a zero-byte request is no event and gets no address", "[step_plan][planner]") {
   // The engine gives no block for 0 bytes (null, and free(nullptr) does nothing): the planner leaves
   // such a request to its owner and does not count it as an event of the step.

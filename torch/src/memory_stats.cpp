@@ -148,6 +148,9 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   out["gpumem.step_plan.served_allocations"] = static_cast<std::int64_t>(c.served_allocations);
   out["gpumem.step_plan.served_steps"] = static_cast<std::int64_t>(c.served_steps);
   out["gpumem.step_plan.arena_bytes"] = static_cast<std::int64_t>(c.arena_bytes);
+  // 1 once the planner stopped for good: plans that kept falling back, or threads that allocate at
+  // the same time (the steps then have no order to repeat); calls then go straight to the engine.
+  out["gpumem.step_plan.stopped"] = c.stopped ? 1 : 0;
   return out;
 }
 

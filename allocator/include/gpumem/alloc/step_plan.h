@@ -150,6 +150,7 @@ struct StepPlanCounters {
   std::string last_reason;            // why the last step recorded was not planned (empty: it was, or no
                                       // step was compared yet)
   std::string last_fallback;          // the event at which the last plan fell back
+  bool stopped = false;               // the planner stopped for good (max_fallbacks, or stop())
 };
 
 class StepPlanner {
@@ -175,6 +176,13 @@ class StepPlanner {
   // Before the owner frees a block: true if the plan placed it in the arena (a block the owner
   // placed itself in the arena's range, after a fallback, is not the arena's).
   bool free(std::uintptr_t addr);
+
+  // Stops planning for good: the owner found that its program's events have no order to repeat
+  // (threads that allocate at the same time). A plan being served falls back; once no block of its
+  // arena is live the planner is stopped, and from then on allocate() gives nothing and free()
+  // returns false at once (an owner may stop calling it).
+  void stop(const std::string& why);
+  bool stopped() const noexcept { return mode_ == Mode::stopped; }
 
   bool serving() const noexcept { return mode_ == Mode::serving; }
   bool in_arena(std::uintptr_t addr) const noexcept {
@@ -255,6 +263,7 @@ class StepPlanner {
   std::size_t pos_ = 0;                 // events of the current step matched so far (armed/serving)
   std::uint64_t plan_served_steps_ = 0;
   unsigned unproductive_fallbacks_ = 0;
+  bool stop_requested_ = false;         // stop(): stopped once the arena is empty
   std::uintptr_t arena_base_ = 0;
   std::size_t arena_bytes_ = 0;
   std::size_t arena_live_ = 0;          // blocks served in the arena and live
