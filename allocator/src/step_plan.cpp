@@ -324,6 +324,7 @@ void StepPlanner::record(const StepEvent& e, std::uint64_t ordinal) {
     live_bytes_ += e.size_bytes;
   }
   if (mode_ != Mode::recording || n + 1 < kWindow) return;
+  if (options_.dormant_events != 0 && n + 1 - awake_since_ >= options_.awake_events) return rest();
   // At the same point of two repeats of a step, the last few events and the bytes live are the
   // same: the key finds the step's length without being told.
   const std::uint64_t key = mix(range_hash(n - kWindow, n, window_power_) ^ mix(live_bytes_ + 0x51));
@@ -420,6 +421,7 @@ std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, st
 }
 
 void StepPlanner::adopt(StepPlan plan, std::vector<StepEvent> events) {
+  awake_since_ = events_;
   plan_ = std::move(plan);
   plan_events_ = std::move(events);
   mode_ = Mode::armed;
@@ -471,6 +473,7 @@ void StepPlanner::fall_back(const std::string& reason) {
     equal_steps_ = 0;
     fallback_event_ = events_;
   }
+  awake_since_ = events_;
   mode_ = arena_bytes_ != 0 ? Mode::draining : Mode::recording;
   if (mode_ == Mode::recording && (unproductive_fallbacks_ >= options_.max_fallbacks || stop_requested_))
     mode_ = Mode::stopped;
@@ -478,12 +481,43 @@ void StepPlanner::fall_back(const std::string& reason) {
   maybe_unmap();
 }
 
+void StepPlanner::rest() {
+  mode_ = Mode::dormant;
+  dormant_left_ = options_.dormant_events;
+  ++counters_.dormant_periods;
+  counters_.dormant = true;
+}
+
+void StepPlanner::wake() {
+  if (mode_ != Mode::dormant) return;
+  dormant_left_ = 1;
+  tick();
+}
+
+void StepPlanner::tick() {
+  if (--dormant_left_ != 0) return;
+  // Afresh: what was recorded before is not contiguous with what comes now, and the blocks
+  // allocated while dormant are unknown (a free of one, or of a block freed meanwhile whose address
+  // came back, is a free of an unknown block).
+  mode_ = Mode::recording;
+  counters_.dormant = false;
+  live_.clear();
+  live_bytes_ = 0;
+  events_ = 0;
+  awake_since_ = 0;
+  fallback_event_ = 0;
+  cooldown_period_ = 0;
+  cooldown_until_ = 0;
+  std::fill(keys_.begin(), keys_.end(), std::pair<std::uint64_t, std::uint64_t>{kUnknown, 0});
+}
+
 void StepPlanner::stop(const std::string& why) {
   if (mode_ == Mode::stopped) return;
   stop_requested_ = true;
   if (mode_ == Mode::armed || mode_ == Mode::serving) fall_back("the planner was stopped: " + why);
-  if (mode_ == Mode::recording) mode_ = Mode::stopped;
+  if (mode_ == Mode::recording || mode_ == Mode::dormant) mode_ = Mode::stopped;
   counters_.stopped = mode_ == Mode::stopped;
+  counters_.dormant = false;
   counters_.last_reason = "stopped: " + why;
 }
 
@@ -499,6 +533,7 @@ void StepPlanner::maybe_unmap() {
 
 void StepPlanner::mark_step() {
   ++counters_.marks;
+  wake();  // marks replace detection: awake, and afresh
   if (!marked_) {
     // Marks take over from detection for good.
     marked_ = true;
@@ -610,6 +645,7 @@ void StepPlanner::note(const StepEvent& e, std::uintptr_t addr, bool served) {
 void StepPlanner::note_allocated(std::uintptr_t addr) {
   const std::uintptr_t planned = std::exchange(planned_addr_, 0);
   if (mode_ == Mode::stopped || pending_size_ == 0) return;  // a zero-byte request is no event
+  if (mode_ == Mode::dormant) return tick();
   StepEvent e;
   e.size_bytes = pending_size_;
   e.stream = pending_stream_;
@@ -631,6 +667,10 @@ void StepPlanner::note_allocated(std::uintptr_t addr) {
 
 bool StepPlanner::free(std::uintptr_t addr) {
   if (mode_ == Mode::stopped) return false;  // stopped only once no arena is left
+  if (mode_ == Mode::dormant) {              // entered from recording: no arena either
+    tick();
+    return false;
+  }
   std::uint64_t ordinal = kUnknown;
   bool served = false;  // placed by the plan in the arena mapped now
   freed_bytes_ = 0;

@@ -81,7 +81,7 @@ void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream
 
 AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
   detail::StepPlanning& p = *planning_;
-  if (capturing() || p.off.load(std::memory_order_relaxed)) return allocate_engine(size_bytes, stream);
+  if (capturing() || p.bypass()) return allocate_engine(size_bytes, stream);
   std::lock_guard lock(p);
   if (const auto at = p.planner.allocate(size_bytes, stream)) {
     const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
@@ -103,7 +103,7 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
 void CachingAllocator::free_planned(void* ptr) {
   // Frees are shown even while a graph is captured (allocations then bypass the planner): a planned
   // block freed during a capture must still leave the arena's count.
-  if (ptr == nullptr || planning_->off.load(std::memory_order_relaxed)) return;
+  if (ptr == nullptr || planning_->bypass()) return;
   std::lock_guard lock(*planning_);
   planning_->planner.free(reinterpret_cast<std::uintptr_t>(ptr));
 }
@@ -111,7 +111,8 @@ void CachingAllocator::free_planned(void* ptr) {
 void CachingAllocator::mark_step() {
   if (!planning_) return;
   std::lock_guard lock(planning_->mutex);
-  planning_->planner.mark_step();
+  planning_->planner.mark_step();  // wakes a dormant planner: marks replace detection
+  planning_->bypass_left.store(0, std::memory_order_relaxed);
 }
 
 std::optional<StepPlanCounters> CachingAllocator::step_plan_counters() const {

@@ -37,6 +37,14 @@ struct StepPlanning final : StepArenaHost {
   // kContentionWindow calls find it held, the planner is stopped; once it is, `off` is set and
   // every call goes straight to the engine (frees too: a stopped planner has no arena).
   void lock() {
+    lock_only();
+    // Dormant, and the calls it sleeps for have gone by without the lock (bypass_left): awake.
+    if (planner.dormant() && bypass_left.load(std::memory_order_relaxed) <= 0) {
+      planner.wake();
+      bypass_left.store(0, std::memory_order_relaxed);
+    }
+  }
+  void lock_only() {
     if (!mutex.try_lock()) {
       mutex.lock();
       if (++contended == kContendedStop)
@@ -48,7 +56,16 @@ struct StepPlanning final : StepArenaHost {
   }
   void unlock() {
     if (planner.stopped()) off.store(true, std::memory_order_relaxed);
+    // Detection rests (StepPlanOptions::dormant_events): the calls it rests for go straight to the
+    // engine, counted here without the lock, and the call after them wakes it (lock()).
+    if (planner.dormant() && bypass_left.load(std::memory_order_relaxed) <= 0)
+      bypass_left.store(static_cast<std::int64_t>(planner.dormant_left()), std::memory_order_relaxed);
     mutex.unlock();
+  }
+  // One call that may go straight to the engine: the planner is stopped, or rests.
+  bool bypass() {
+    if (off.load(std::memory_order_relaxed)) return true;
+    return bypass_left.load(std::memory_order_relaxed) > 0 && bypass_left.fetch_sub(1, std::memory_order_relaxed) > 0;
   }
   static constexpr std::uint32_t kContendedStop = 16;
   static constexpr std::uint64_t kContentionWindow = 4096;
@@ -57,6 +74,7 @@ struct StepPlanning final : StepArenaHost {
   mutable std::mutex mutex;
   StepPlanner planner;
   std::atomic<bool> off{false};
+  std::atomic<std::int64_t> bypass_left{0};
   std::uint32_t contended = 0;  // under mutex
   std::uint64_t calls = 0;      // under mutex
 };

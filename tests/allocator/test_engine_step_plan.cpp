@@ -464,3 +464,68 @@ TEST_CASE("engine step plan: one thread never stops the planner", "[step_plan][e
   CHECK_FALSE(engine.step_plan_counters()->stopped);
   CHECK(engine.step_plan_counters()->served_steps >= 30);
 }
+
+TEST_CASE("engine step plan: detection rests where nothing repeats; the engine serves those calls alone, then "
+          "the planner wakes and finds the loop",
+          "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  Config config = plan_config();
+  config.check_invariants = false;  // a million calls
+  CachingAllocator engine(source, events, config);
+  // 160,000 events whose sizes never repeat in order: past the planner's 131,072 awake events.
+  std::mt19937 rng(7);
+  std::vector<void*> live;
+  for (int i = 0; i < 160000; ++i) {
+    if (live.size() < 64 && (live.empty() || rng() % 2 == 0)) {
+      live.push_back(engine.allocate(512 * (1 + rng() % 4096), 0).ptr);
+    } else {
+      std::swap(live[rng() % live.size()], live.back());
+      REQUIRE(engine.free(live.back()) == FreeStatus::ok);
+      live.pop_back();
+    }
+  }
+  for (void* p : live) REQUIRE(engine.free(p) == FreeStatus::ok);
+  auto c = engine.step_plan_counters();
+  REQUIRE(c);
+  CHECK(c->dormant);
+  CHECK(c->dormant_periods == 1);
+  CHECK(c->plans == 0);
+  // A loop starts. The planner rests for 917,504 calls (each allocation and free one), which go
+  // straight to the engine; then it wakes, finds the step and serves it.
+  Loop loop{engine};
+  int steps = 0;
+  for (; steps < 9000 && engine.step_plan_counters()->served_steps < 3; ++steps) loop.step();
+  c = engine.step_plan_counters();
+  INFO(steps << " steps; " << c->last_reason);
+  CHECK(steps > 7000);  // 917,504 / 121 events a step: asleep for about 7,580 steps
+  CHECK_FALSE(c->dormant);
+  CHECK(c->plans == 1);
+  CHECK(c->served_steps >= 3);
+  CHECK(c->dormant_periods == 1);
+  engine.check_invariants();
+}
+
+TEST_CASE("engine step plan: a mark wakes a dormant planner at once", "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  Config config = plan_config();
+  config.check_invariants = false;
+  CachingAllocator engine(source, events, config);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 70000; ++i) {
+    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
+    REQUIRE(engine.free(p) == FreeStatus::ok);
+  }
+  REQUIRE(engine.step_plan_counters()->dormant);
+  Loop loop{engine};
+  for (int s = 0; s < 6; ++s) {
+    engine.mark_step();
+    loop.step();
+  }
+  const auto c = engine.step_plan_counters();
+  INFO(c->last_reason);
+  CHECK_FALSE(c->dormant);
+  CHECK(c->plans == 1);
+  CHECK(c->served_allocations > 0);
+}

@@ -695,6 +695,51 @@ TEST_CASE("step planner: finds an unmarked step's length and serves the steps th
   CHECK(host.unmaps.size() == 1);
 }
 
+TEST_CASE("step planner: detection rests where nothing repeats, and finds a step that repeats after it wakes",
+          "[step_plan][detect]") {
+  StepPlanOptions options;
+  options.awake_events = 1000;
+  options.dormant_events = 3000;
+  Rig rig(options, false);
+  auto& [host, planner, owner] = rig;
+  // Steps of one length whose sizes change every time: nothing repeats.
+  for (std::uint64_t k = 0; k < 12; ++k) owner.unmarked_step(first_step(long_step(48, 4096 + 512 * k)));
+  CHECK(planner.counters().detected_steps == 0);
+  CHECK(planner.counters().dormant_periods == 1);  // after 1,000 events (of 1,152)
+  CHECK(planner.counters().dormant);
+  // The step now repeats. Dormant, the planner sees none of it; awake again (3,000 events after it
+  // slept), it learns it afresh: the blocks of the steps before are unknown to it, so the first
+  // step it records whole frees blocks it cannot place, and then the step is found and served.
+  const auto step = long_step(48);
+  for (int s = 0; s < 60 && planner.counters().plans == 0; ++s) owner.unmarked_step(step);
+  CHECK_FALSE(planner.counters().dormant);
+  CHECK(planner.counters().plans == 1);
+  CHECK(planner.counters().dormant_periods == 1);
+  for (int s = 0; s < 3; ++s) owner.unmarked_step(step);
+  CHECK(planner.serving());
+  CHECK(owner.served == 48);
+  CHECK(planner.counters().fallbacks == 0);
+  // While a plan serves (and after a plan is made or dropped) the planner does not rest.
+  for (int s = 0; s < 40; ++s) owner.unmarked_step(step);
+  CHECK(planner.counters().dormant_periods == 1);
+  CHECK(planner.serving());
+}
+
+TEST_CASE("step planner: a mark wakes a dormant planner; marks then replace detection", "[step_plan][detect]") {
+  StepPlanOptions options;
+  options.awake_events = 500;
+  options.dormant_events = 1000000;
+  Rig rig(options, false);
+  auto& [host, planner, owner] = rig;
+  for (std::uint64_t k = 0; k < 8; ++k) owner.unmarked_step(first_step(long_step(48, 4096 + 512 * k)));
+  REQUIRE(planner.counters().dormant);
+  const auto step = long_step(48);
+  for (int s = 0; s < 5; ++s) owner.step(step);  // marked
+  CHECK_FALSE(planner.counters().dormant);
+  CHECK(planner.counters().plans == 1);
+  CHECK(planner.serving());
+}
+
 TEST_CASE("step planner: repeats shorter than min_step_events are loops inside a step, not steps", "[step_plan][detect]") {
   Rig rig({}, false);
   auto& [host, planner, owner] = rig;
@@ -1019,6 +1064,10 @@ TEST_CASE("step planner: a random program and owner see no overlap, no stray are
     const bool short_steps = seed % 8 >= 6;  // steps of ~24-50 events, min_step_events lowered
     StepPlanOptions options;
     if (short_steps) options.min_step_events = 16;
+    if (seed % 5 == 3) {  // detection rests often, for a while (blocks live across it become unknown)
+      options.awake_events = 700;
+      options.dormant_events = 500;
+    }
     SimHost host;
     host.rng = &rng;
     host.refuse_percent = seed % 3 == 0 ? 25 : 3;  // the host refuses arenas: often in a third of the seeds
@@ -1078,6 +1127,7 @@ TEST_CASE("step planner: a random program and owner see no overlap, no stray are
     total["placement failures"] += owner.placement_failures;
     total["own blocks in an arena's range"] += owner.own_in_arena;
     total["placements with a live neighbour"] += owner.hinted;
+    total["dormant periods"] += c.dormant_periods;
   }
   CHECK_FALSE(sim_failed);
   std::string summary = std::to_string(sim_event) + " events";
@@ -1087,7 +1137,7 @@ TEST_CASE("step planner: a random program and owner see no overlap, no stray are
   CHECK(total["plans"] >= 20);
   CHECK(total["served steps"] >= 20);  // plans served whole steps (blocks live over a step's end included)
   for (const char* what : {"detected", "served marked", "served detected", "fallbacks", "unmaps", "refusals",
-                           "placement failures", "own blocks in an arena's range", "placements with a live neighbour"})
+                           "placement failures", "own blocks in an arena's range", "placements with a live neighbour", "dormant periods"})
     CHECK(total[what] > 0);
 }
 

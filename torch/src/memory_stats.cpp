@@ -151,6 +151,9 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   // 1 once the planner stopped for good: plans that kept falling back, or threads that allocate at
   // the same time (the steps then have no order to repeat); calls then go straight to the engine.
   out["gpumem.step_plan.stopped"] = c.stopped ? 1 : 0;
+  // Detection rests where nothing repeats (1 in 8 of the time by default): how often, and now.
+  out["gpumem.step_plan.dormant_periods"] = static_cast<std::int64_t>(c.dormant_periods);
+  out["gpumem.step_plan.dormant"] = c.dormant ? 1 : 0;
   return out;
 }
 

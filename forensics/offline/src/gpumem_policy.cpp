@@ -181,6 +181,10 @@ class GpumemPolicy final : public ReplayPolicy {
       s += fmt::format("; the first arena took {:.1f} ms of calls to lay out, and the calls after it took {:.1f} ms",
                        switch_seconds_ * 1e3, call_seconds(after, kH200VmmCosts) * 1e3);
     }
+    if (c.dormant_periods > 0)
+      s += fmt::format("; detection rested {} time(s) where nothing repeated{}", c.dormant_periods,
+                       c.dormant ? " (and rests at the end)" : "");
+    if (c.stopped) s += "; stopped";
     if (!c.last_fallback.empty()) s += "; last fallback: " + c.last_fallback;
     if (!c.last_reason.empty()) s += "; last step not planned: " + c.last_reason;
     return s;

@@ -62,6 +62,12 @@ class AddressTable {
   }
 
   std::size_t size() const noexcept { return size_; }
+  // Removes every entry (the slots are kept).
+  void clear() noexcept {
+    if (size_ == 0) return;
+    for (Slot& s : slots_) s = Slot{};
+    size_ = 0;
+  }
   std::size_t capacity() const noexcept { return slots_.size(); }
 
   // f(addr, info) for every entry, in no particular order.

@@ -82,6 +82,12 @@ struct StepPlanOptions {
   std::size_t min_step_events = 64;       // detection ignores shorter repeats (loops inside a step)
   // Plans in a row that fell back before serving two whole steps, after which the planner stops.
   unsigned max_fallbacks = 4;
+  // Detection rests where it finds nothing: after awake_events events recorded with no plan made
+  // or dropped, the planner is dormant for dormant_events events (it records nothing; a request
+  // costs a count), then starts afresh (the blocks live before are unknown to it). A program whose
+  // steps never repeat then pays for detection an eighth of the time by default. 0: never dormant.
+  std::uint64_t awake_events = std::uint64_t{1} << 17;
+  std::uint64_t dormant_events = std::uint64_t{7} << 17;
   // Plan only steps whose allocations are all on one stream (an owner that places planned blocks
   // in memory of one stream, as the engine does).
   bool one_stream = false;
@@ -151,6 +157,8 @@ struct StepPlanCounters {
                                       // step was compared yet)
   std::string last_fallback;          // the event at which the last plan fell back
   bool stopped = false;               // the planner stopped for good (max_fallbacks, or stop())
+  std::uint64_t dormant_periods = 0;  // times detection rested (StepPlanOptions::dormant_events)
+  bool dormant = false;               // ... and whether it rests now
 };
 
 class StepPlanner {
@@ -183,6 +191,12 @@ class StepPlanner {
   // returns false at once (an owner may stop calling it).
   void stop(const std::string& why);
   bool stopped() const noexcept { return mode_ == Mode::stopped; }
+  // Dormancy (StepPlanOptions::dormant_events): whether detection rests, and the events left until
+  // it wakes. An owner may count those events itself and not call the planner meanwhile, then
+  // wake() it (the planner then starts afresh, as after counting them itself).
+  bool dormant() const noexcept { return mode_ == Mode::dormant; }
+  std::uint64_t dormant_left() const noexcept { return mode_ == Mode::dormant ? dormant_left_ : 0; }
+  void wake();
 
   bool serving() const noexcept { return mode_ == Mode::serving; }
   bool in_arena(std::uintptr_t addr) const noexcept {
@@ -191,7 +205,7 @@ class StepPlanner {
   const StepPlanCounters& counters() const noexcept { return counters_; }
 
  private:
-  enum class Mode : std::uint8_t { recording, armed, serving, draining, stopped };
+  enum class Mode : std::uint8_t { recording, armed, serving, draining, stopped, dormant };
   struct Live {
     std::uint64_t ordinal = 0;           // the how-manyth allocation the planner saw
     std::uint64_t size_bytes = 0;        // rounded
@@ -218,6 +232,10 @@ class StepPlanner {
   void end_step();
   void fall_back(const std::string& reason);
   void maybe_unmap();
+  // Dormancy (StepPlanOptions::dormant_events): rest() enters it, tick() counts an event in it and
+  // wakes up after the last.
+  void rest();
+  void tick();
   void start_serving_if_due();
   // Equal steps in a row needed to plan: 2, and one more per plan in a row that fell back before
   // serving two whole steps.
@@ -256,6 +274,8 @@ class StepPlanner {
   std::uint64_t cooldown_period_ = 0;   // a period found not to plan, ignored until cooldown_until_
   std::uint64_t cooldown_until_ = 0;
   std::uint64_t fallback_event_ = 0;    // the event of the last fallback: repeats count from there
+  std::uint64_t awake_since_ = 0;       // events_ when detection last woke, or a plan was made or dropped
+  std::uint64_t dormant_left_ = 0;      // events until detection wakes (dormant)
 
   // The plan and its arena.
   StepPlan plan_;
