@@ -40,6 +40,13 @@ std::uint64_t calls(const SimSource& s) {
   return c.reserves + c.releases + c.creates + c.destroys + c.maps + c.unmaps;
 }
 
+// The engine most cases use: step_plan on SimSource, invariants checked after every call.
+struct PlanEngine {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine{source, events, plan_config()};
+};
+
 // One training step: activations kept for a "backward" and freed in reverse, temporaries freed at
 // once, one block (the "gradient") kept into the next step and freed at its start. 121 events.
 struct Loop {
@@ -79,11 +86,8 @@ struct Loop {
 
 }  // namespace
 
-TEST_CASE("engine step plan: repeating steps are placed in the engine's memory with no source call",
+TEST_CASE_METHOD(PlanEngine, "engine step plan: repeating steps are placed in the engine's memory with no source call",
           "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
   Loop loop{engine};
   for (int s = 0; s < 6; ++s) loop.step();
   const auto c = engine.step_plan_counters();
@@ -171,10 +175,7 @@ TEST_CASE("engine step plan: the arena is no allocation: events, counts and peak
   CHECK(planned.live == unplanned.live);
 }
 
-TEST_CASE("engine step plan: a step that differs goes to the engine, and the plan comes back", "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
+TEST_CASE_METHOD(PlanEngine, "engine step plan: a step that differs goes to the engine, and the plan comes back", "[step_plan][engine]") {
   Loop loop{engine};
   for (int s = 0; s < 6; ++s) loop.step();
   REQUIRE(engine.step_plan_counters()->plans == 1);
@@ -190,11 +191,8 @@ TEST_CASE("engine step plan: a step that differs goes to the engine, and the pla
   CHECK(c->served_steps >= 3);
 }
 
-TEST_CASE("engine step plan: a planned block still in use on another stream is not reused early",
+TEST_CASE_METHOD(PlanEngine, "engine step plan: a planned block still in use on another stream is not reused early",
           "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
   Loop loop{engine};
   for (int s = 0; s < 6; ++s) loop.step();
   REQUIRE(engine.step_plan_counters()->served_steps >= 1);
@@ -327,13 +325,10 @@ struct OomCounter final : AllocObserver {
 
 }  // namespace
 
-TEST_CASE("engine step plan: a plan survives record_stream'd blocks whose stream work completed",
+TEST_CASE_METHOD(PlanEngine, "engine step plan: a plan survives record_stream'd blocks whose stream work completed",
           "[step_plan][engine]") {
   // A tensor handed to a communication stream every step (DDP, FSDP): its free waits for the
   // stream's work, which completes before the next step. The plan places its memory again then.
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
   for (int s = 0; s < 16; ++s) {
     std::vector<void*> kept;
     for (int l = 0; l < 40; ++l) kept.push_back(engine.allocate(static_cast<std::size_t>(l % 5 + 1) * 3 * MiB, 0).ptr);
@@ -349,10 +344,7 @@ TEST_CASE("engine step plan: a plan survives record_stream'd blocks whose stream
   engine.check_invariants();
 }
 
-TEST_CASE("engine step plan: planned blocks freed during a graph capture leave the plan", "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
+TEST_CASE_METHOD(PlanEngine, "engine step plan: planned blocks freed during a graph capture leave the plan", "[step_plan][engine]") {
   auto step = [&](bool free_them) {
     std::vector<void*> kept;
     for (int l = 0; l < 40; ++l) kept.push_back(engine.allocate(static_cast<std::size_t>(l % 5 + 1) * 3 * MiB, 0).ptr);
@@ -410,13 +402,10 @@ TEST_CASE("engine step plan: no arena that needs memory the device does not have
   CHECK(oom->ooms == 0);
 }
 
-TEST_CASE("engine step plan: threads that allocate at the same time stop the planner", "[step_plan][engine][threads]") {
+TEST_CASE_METHOD(PlanEngine, "engine step plan: threads that allocate at the same time stop the planner", "[step_plan][engine][threads]") {
   // Four threads allocating at once: the order of the events is a matter of timing, so no step can
   // repeat, and each call would wait for the planner's lock. The planner stops and the engine
   // serves every call directly (its thread caches then come on as without a planner).
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
   // Observers run inside the planner's lock (after the engine's): a slow one makes the threads meet
   // there even on one core, where a thread is rarely preempted inside a short call.
   struct Slow final : AllocObserver {
@@ -455,10 +444,7 @@ TEST_CASE("engine step plan: threads that allocate at the same time stop the pla
   engine.check_invariants();
 }
 
-TEST_CASE("engine step plan: one thread never stops the planner", "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, plan_config());
+TEST_CASE_METHOD(PlanEngine, "engine step plan: one thread never stops the planner", "[step_plan][engine]") {
   Loop loop{engine};
   for (int s = 0; s < 40; ++s) loop.step();
   CHECK_FALSE(engine.step_plan_counters()->stopped);
