@@ -422,6 +422,7 @@ std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, st
 
 void StepPlanner::adopt(StepPlan plan, std::vector<StepEvent> events) {
   awake_since_ = events_;
+  quiet_rests_ = 0;
   plan_ = std::move(plan);
   plan_events_ = std::move(events);
   mode_ = Mode::armed;
@@ -483,7 +484,8 @@ void StepPlanner::fall_back(const std::string& reason) {
 
 void StepPlanner::rest() {
   mode_ = Mode::dormant;
-  dormant_left_ = options_.dormant_events;
+  dormant_left_ = options_.dormant_events << std::min(quiet_rests_, std::min(options_.dormant_doublings, 20u));
+  ++quiet_rests_;
   ++counters_.dormant_periods;
   counters_.dormant = true;
 }

@@ -21,7 +21,15 @@ StepPlanOptions engine_plan_options() {
 
 }  // namespace
 
-StepPlanning::StepPlanning(CachingAllocator& owner) : engine(owner), planner(*this, engine_plan_options()) {}
+constinit thread_local BypassCredit t_bypass_credit;
+
+namespace {
+std::atomic<std::uint64_t> g_next_planning_id{1};
+}  // namespace
+
+StepPlanning::StepPlanning(CachingAllocator& owner)
+    : engine(owner), planner(*this, engine_plan_options()),
+      id(g_next_planning_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, StreamId stream) {
   // A plan may not raise the footprint: the arena must fit in the memory the engine holds and does
@@ -79,9 +87,15 @@ void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream
   return at;
 }
 
+// A call that bypasses the planner (it rests or stopped) pays for this test and a jump: the
+// planner's own path, with its lock and its stack, is a function of its own.
 AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
+  if (planning_->bypass() || capturing()) return allocate_engine(size_bytes, stream);
+  return allocate_through_planner(size_bytes, stream);
+}
+
+AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, StreamId stream) {
   detail::StepPlanning& p = *planning_;
-  if (capturing() || p.bypass()) return allocate_engine(size_bytes, stream);
   std::lock_guard lock(p);
   if (const auto at = p.planner.allocate(size_bytes, stream)) {
     const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
@@ -104,6 +118,10 @@ void CachingAllocator::free_planned(void* ptr) {
   // Frees are shown even while a graph is captured (allocations then bypass the planner): a planned
   // block freed during a capture must still leave the arena's count.
   if (ptr == nullptr || planning_->bypass()) return;
+  free_through_planner(ptr);
+}
+
+void CachingAllocator::free_through_planner(void* ptr) {
   std::lock_guard lock(*planning_);
   planning_->planner.free(reinterpret_cast<std::uintptr_t>(ptr));
 }
@@ -112,7 +130,7 @@ void CachingAllocator::mark_step() {
   if (!planning_) return;
   std::lock_guard lock(planning_->mutex);
   planning_->planner.mark_step();  // wakes a dormant planner: marks replace detection
-  planning_->bypass_left.store(0, std::memory_order_relaxed);
+  planning_->end_bypass();
 }
 
 std::optional<StepPlanCounters> CachingAllocator::step_plan_counters() const {

@@ -26,6 +26,17 @@
 
 namespace gpumem::alloc::detail {
 
+// Calls a thread may send straight to the engine while the planner rests (StepPlanning::bypass):
+// claimed from the planning's shared count in chunks, so that threads do not all write one word on
+// every call. Valid for the planning `planning` (a number no other planning gets) while its wake
+// count is `epoch`.
+struct BypassCredit {
+  std::uint64_t planning = 0;
+  std::uint64_t epoch = 0;
+  std::int64_t left = 0;
+};
+extern constinit thread_local BypassCredit t_bypass_credit;  // constinit: no guard on access
+
 struct StepPlanning final : StepArenaHost {
   explicit StepPlanning(CachingAllocator& owner);
   std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, StreamId stream) override;
@@ -41,8 +52,15 @@ struct StepPlanning final : StepArenaHost {
     // Dormant, and the calls it sleeps for have gone by without the lock (bypass_left): awake.
     if (planner.dormant() && bypass_left.load(std::memory_order_relaxed) <= 0) {
       planner.wake();
-      bypass_left.store(0, std::memory_order_relaxed);
+      end_bypass();
     }
+  }
+  // Under the lock: no call may go straight to the engine any more, nor one that a thread claimed
+  // before (its credit's epoch is now old). Release: a thread that sees a block allocated after
+  // this (a planned one) sees the new epoch too.
+  void end_bypass() {
+    bypass_left.store(0, std::memory_order_relaxed);
+    epoch.fetch_add(1, std::memory_order_release);
   }
   void lock_only() {
     if (!mutex.try_lock()) {
@@ -62,19 +80,40 @@ struct StepPlanning final : StepArenaHost {
       bypass_left.store(static_cast<std::int64_t>(planner.dormant_left()), std::memory_order_relaxed);
     mutex.unlock();
   }
-  // One call that may go straight to the engine: the planner is stopped, or rests.
+  // One call that may go straight to the engine: the planner is stopped, or rests. A thread takes
+  // kBypassChunk of the calls it rests for at once (BypassCredit) and spends them without touching
+  // shared memory it writes; the planner's count of its rest is then off by at most a chunk a
+  // thread, which only moves when it wakes.
   bool bypass() {
+    BypassCredit& c = t_bypass_credit;
+    if (c.left > 0 && c.planning == id && c.epoch == epoch.load(std::memory_order_acquire)) [[likely]] {
+      --c.left;
+      return true;
+    }
+    return bypass_claim();
+  }
+  // The rest of bypass(): the planner stopped, or a new chunk of calls to claim.
+  [[gnu::noinline]] bool bypass_claim() {
     if (off.load(std::memory_order_relaxed)) return true;
-    return bypass_left.load(std::memory_order_relaxed) > 0 && bypass_left.fetch_sub(1, std::memory_order_relaxed) > 0;
+    // The epoch is read before the claim: a wake between the two voids the chunk claimed.
+    const std::uint64_t now = epoch.load(std::memory_order_acquire);
+    if (bypass_left.load(std::memory_order_relaxed) <= 0) return false;
+    const std::int64_t before = bypass_left.fetch_sub(kBypassChunk, std::memory_order_relaxed);
+    if (before <= 0) return false;
+    t_bypass_credit = BypassCredit{id, now, std::min(before, kBypassChunk) - 1};
+    return true;
   }
   static constexpr std::uint32_t kContendedStop = 16;
   static constexpr std::uint64_t kContentionWindow = 4096;
+  static constexpr std::int64_t kBypassChunk = 256;
 
   CachingAllocator& engine;
   mutable std::mutex mutex;
   StepPlanner planner;
   std::atomic<bool> off{false};
   std::atomic<std::int64_t> bypass_left{0};
+  std::atomic<std::uint64_t> epoch{0};  // times bypassing ended (end_bypass): older credits are void
+  const std::uint64_t id;               // this planning's number for BypassCredit
   std::uint32_t contended = 0;  // under mutex
   std::uint64_t calls = 0;      // under mutex
 };

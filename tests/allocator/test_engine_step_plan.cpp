@@ -492,6 +492,69 @@ TEST_CASE("engine step plan: detection rests where nothing repeats; the engine s
   engine.check_invariants();
 }
 
+TEST_CASE("engine step plan: after a mark the planner sees every call, none goes by on calls claimed while it rested",
+          "[step_plan][engine]") {
+  SimSource source;
+  ManualStreamEvents events;
+  Config config = plan_config();
+  config.check_invariants = false;
+  CachingAllocator engine(source, events, config);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 70000; ++i) {
+    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
+    REQUIRE(engine.free(p) == FreeStatus::ok);
+  }
+  // Asleep: this thread has taken a chunk of the calls the planner rests for and spent part of it.
+  REQUIRE(engine.step_plan_counters()->dormant);
+  // Marked steps: the first has no gradient from a step before to free, the next two are equal,
+  // and the mark after them plans, if the planner saw every call of the second and third steps.
+  Loop loop{engine};
+  for (int s = 0; s < 3; ++s) {
+    engine.mark_step();
+    loop.step();
+  }
+  engine.mark_step();
+  const auto c = engine.step_plan_counters();
+  INFO(c->last_reason);
+  CHECK(c->marks == 4);
+  CHECK(c->plans == 1);
+}
+
+TEST_CASE("engine step plan: threads that allocate while the planner rests go by it, then stop it when it wakes",
+          "[step_plan][engine][threads]") {
+  SimSource source;
+  ManualStreamEvents events;
+  Config config = plan_config();
+  config.check_invariants = false;
+  CachingAllocator engine(source, events, config);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 70000; ++i) {
+    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
+    REQUIRE(engine.free(p) == FreeStatus::ok);
+  }
+  REQUIRE(engine.step_plan_counters()->dormant);
+  // Four threads make 1.2 million calls together: past the 917,504 the planner rests for, so it
+  // wakes while they run, finds them at once in its lock and stops.
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&engine, &failures, t] {
+      std::mt19937 r(static_cast<unsigned>(100 + t));
+      for (int i = 0; i < 150000; ++i) {
+        void* p = engine.allocate(512 * (1 + r() % 64), 0).ptr;
+        if (p == nullptr || engine.free(p) != FreeStatus::ok) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+  const auto c = engine.step_plan_counters();
+  INFO(c->last_reason);
+  CHECK(c->dormant_periods >= 1);
+  CHECK(c->plans == 0);
+  engine.check_invariants();
+}
+
 TEST_CASE("engine step plan: a mark wakes a dormant planner at once", "[step_plan][engine]") {
   SimSource source;
   ManualStreamEvents events;

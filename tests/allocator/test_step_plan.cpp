@@ -725,6 +725,38 @@ TEST_CASE("step planner: detection rests where nothing repeats, and finds a step
   CHECK(planner.serving());
 }
 
+TEST_CASE("step planner: each rest with no plan between is twice as long as the one before, up to the cap",
+          "[step_plan][detect]") {
+  StepPlanOptions options;
+  options.awake_events = 100;
+  options.dormant_events = 200;
+  options.dormant_doublings = 2;
+  Rig rig(options, false);
+  StepPlanner& planner = rig.planner;
+  // Pairs of an allocation and its free, every size new: nothing ever repeats. The lengths of the
+  // dormant runs (events after which the planner is dormant) are the rests.
+  std::vector<std::uint64_t> rests;
+  std::uint64_t run = 0;
+  auto observe = [&] {
+    if (planner.dormant()) {
+      ++run;
+    } else if (run != 0) {
+      rests.push_back(std::exchange(run, 0));
+    }
+  };
+  for (std::uint64_t i = 0; i < 2000 && rests.size() < 5; ++i) {
+    const std::uintptr_t addr = 0x1000'0000 + i * 0x10'0000;
+    CHECK_FALSE(planner.allocate(512 * (1 + i), 0));
+    planner.note_allocated(addr);
+    observe();
+    CHECK_FALSE(planner.free(addr));
+    observe();
+  }
+  CHECK(rests == std::vector<std::uint64_t>{200, 400, 800, 800, 800});
+  CHECK(planner.counters().dormant_periods >= 5);
+  CHECK(planner.counters().detected_steps == 0);
+}
+
 TEST_CASE("step planner: a mark wakes a dormant planner; marks then replace detection", "[step_plan][detect]") {
   StepPlanOptions options;
   options.awake_events = 500;

@@ -86,8 +86,12 @@ struct StepPlanOptions {
   // or dropped, the planner is dormant for dormant_events events (it records nothing; a request
   // costs a count), then starts afresh (the blocks live before are unknown to it). A program whose
   // steps never repeat then pays for detection an eighth of the time by default. 0: never dormant.
+  // Each rest that follows another with no plan made in between is twice as long as the one before,
+  // up to 2^dormant_doublings x dormant_events (by default detection is then awake one event in
+  // 113); a plan made or a mark starts the count again.
   std::uint64_t awake_events = std::uint64_t{1} << 17;
   std::uint64_t dormant_events = std::uint64_t{7} << 17;
+  unsigned dormant_doublings = 4;
   // Plan only steps whose allocations are all on one stream (an owner that places planned blocks
   // in memory of one stream, as the engine does).
   bool one_stream = false;
@@ -276,6 +280,7 @@ class StepPlanner {
   std::uint64_t fallback_event_ = 0;    // the event of the last fallback: repeats count from there
   std::uint64_t awake_since_ = 0;       // events_ when detection last woke, or a plan was made or dropped
   std::uint64_t dormant_left_ = 0;      // events until detection wakes (dormant)
+  unsigned quiet_rests_ = 0;            // rests since the last plan made (or mark): the next is 2^this longer
 
   // The plan and its arena.
   StepPlan plan_;
