@@ -89,10 +89,11 @@ CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, C
     return;
   }
   const bool plan = config.step_plan;
+  const bool layout_thread = config.step_plan_layout_thread;
   impl_ = std::make_unique<Impl>(source, events, std::move(config), device);
   first_ = impl_.get();
   detail::register_engine(impl_->thread_caches.id, impl_.get());
-  if (plan) planning_ = detail::make_step_planning(*this);
+  if (plan) planning_ = detail::make_step_planning(*this, layout_thread);
 }
 
 CachingAllocator::~CachingAllocator() {

@@ -1,9 +1,13 @@
 #include "gpumem/alloc/step_plan.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -277,6 +281,31 @@ StepPlanner::StepPlanner(StepArenaHost& host, StepPlanOptions options) : host_(h
   }
 }
 
+// A layout thread: it reads `step` and writes `plan`, `why` and `micros`, then sets `done`
+// (release); the planner reads them after seeing `done` (acquire), or after joining it.
+struct StepPlanner::LayoutJob {
+  std::vector<StepEvent> step;
+  std::size_t round_bytes = 0;
+  std::function<void()> hook;
+  std::optional<StepPlan> plan;
+  std::string why;
+  std::uint64_t micros = 0;
+  std::atomic<bool> done{false};
+  std::thread worker;
+  void run() {
+    if (hook) hook();
+    const auto t0 = std::chrono::steady_clock::now();
+    plan = plan_step(step, round_bytes, &why);
+    micros = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+    done.store(true, std::memory_order_release);
+  }
+};
+
+StepPlanner::~StepPlanner() {
+  if (layout_ && layout_->worker.joinable()) layout_->worker.join();
+}
+
 StepEvent StepPlanner::free_event(std::uint64_t ordinal) const noexcept {
   StepEvent e;
   e.is_free = true;
@@ -396,17 +425,93 @@ void StepPlanner::plan_detected(std::uint64_t n, std::uint64_t period) {
     }
     step.push_back(e);
   }
-  std::string why;
-  auto plan = this->plan(step, &why);
-  if (!plan) return cool(fmt::format("a step of {} events cannot be planned: {}", period, why));
   previous_first_ = first;
   step_first_ = next_ordinal_;
-  ++counters_.detected_steps;
-  counters_.step_events = period;
+  lay_out(std::move(step), period);
+}
+
+void StepPlanner::lay_out(std::vector<StepEvent> step, std::uint64_t period) {
+  std::string why;
+  if (options_.layout_thread && plannable(step, &why)) {
+    // A layout from a plan dropped before it was done is waited for (rare: a plan falls back
+    // and the next is found within one layout's time).
+    if (layout_) finish_layout();
+    auto job = std::make_unique<LayoutJob>();
+    job->step = step;
+    job->round_bytes = options_.round_bytes;
+    job->hook = options_.layout_hook;
+    try {
+      job->worker = std::thread([j = job.get()] { j->run(); });
+      layout_ = std::move(job);
+      layout_period_ = period;
+      counters_.laying_out = true;
+      arm(std::move(step));
+      return;
+    } catch (const std::system_error&) {
+      // No thread to be had: laid out here, as without layout_thread.
+    }
+  }
+  auto plan = this->plan(step, &why);
+  if (!plan) return not_planned(why, period);
+  if (period != 0) {
+    ++counters_.detected_steps;
+    counters_.step_events = period;
+  }
   adopt(std::move(*plan), std::move(step));
 }
 
-std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, std::string* why) const {
+void StepPlanner::not_planned(const std::string& why, std::uint64_t period) {
+  if (period != 0) {
+    // Found without marks: this period is ignored for one period's events (as when its repeats differ).
+    counters_.last_reason = fmt::format("a step of {} events cannot be planned: {}", period, why);
+    cooldown_period_ = period;
+    cooldown_until_ = events_ + period;
+  } else {
+    counters_.last_reason = "the step cannot be planned: " + why;
+  }
+}
+
+void StepPlanner::poll_layout_slow() {
+  if (layout_->done.load(std::memory_order_acquire)) finish_layout();
+}
+
+void StepPlanner::wait_for_layout() {
+  if (layout_) finish_layout();
+}
+
+void StepPlanner::finish_layout() {
+  const std::unique_ptr<LayoutJob> job = std::move(layout_);
+  if (job->worker.joinable()) job->worker.join();
+  counters_.laying_out = false;
+  ++counters_.layouts;
+  counters_.last_layout_us = job->micros;
+  // The plan fell back (or the planner stopped) while it was laid out: nothing to take.
+  if (mode_ != Mode::armed || plan_ready_) return;
+  if (!job->plan) {
+    mode_ = Mode::recording;
+    if (layout_period_ == 0) equal_steps_ = 0;  // marked: the step must repeat again before the next try
+    return not_planned(job->why, layout_period_);
+  }
+  if (layout_period_ != 0) {
+    ++counters_.detected_steps;
+    counters_.step_events = layout_period_;
+  }
+  // Serving starts at a trough: this step's if it is still ahead, else the next step's.
+  wait_next_step_ = pos_ > job->plan->trough;
+  take_plan(std::move(*job->plan));
+}
+
+std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, std::string* why) {
+  if (!plannable(step, why)) return std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = plan_step(step, options_.round_bytes, why);
+  ++counters_.layouts;
+  counters_.last_layout_us = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  return plan;
+}
+
+bool StepPlanner::plannable(const std::vector<StepEvent>& step, std::string* why) const {
   if (options_.one_stream) {
     const auto first = std::find_if(step.begin(), step.end(), [](const StepEvent& e) { return !e.is_free; });
     const auto other = first == step.end() ? step.end() : std::find_if(first, step.end(), [&](const StepEvent& e) {
@@ -414,20 +519,31 @@ std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, st
     });
     if (other != step.end()) {
       if (why) *why = "its allocations are on more than one stream, and this owner plans one";
-      return std::nullopt;
+      return false;
     }
   }
-  return plan_step(step, options_.round_bytes, why);
+  return true;
 }
 
 void StepPlanner::adopt(StepPlan plan, std::vector<StepEvent> events) {
+  arm(std::move(events));
+  take_plan(std::move(plan));
+}
+
+void StepPlanner::arm(std::vector<StepEvent> events) {
   awake_since_ = events_;
   quiet_rests_ = 0;
-  plan_ = std::move(plan);
   plan_events_ = std::move(events);
+  plan_ready_ = false;
+  wait_next_step_ = false;
   mode_ = Mode::armed;
   pos_ = 0;
   plan_served_steps_ = 0;
+}
+
+void StepPlanner::take_plan(StepPlan plan) {
+  plan_ = std::move(plan);
+  plan_ready_ = true;
   ++counters_.plans;
   counters_.last_plan_arena_bytes = plan_.arena_bytes;
   counters_.last_plan_peak_live_bytes = plan_.peak_live_bytes;
@@ -441,7 +557,7 @@ bool StepPlanner::matches(const StepEvent& e) const {
 }
 
 void StepPlanner::start_serving_if_due() {
-  if (mode_ == Mode::armed && pos_ >= plan_.trough) mode_ = Mode::serving;
+  if (mode_ == Mode::armed && plan_ready_ && !wait_next_step_ && pos_ >= plan_.trough) mode_ = Mode::serving;
 }
 
 void StepPlanner::advance() {
@@ -458,6 +574,7 @@ void StepPlanner::end_step() {
   previous_first_ = step_first_;
   step_first_ = next_ordinal_;
   pos_ = 0;
+  wait_next_step_ = false;
   start_serving_if_due();
 }
 
@@ -534,6 +651,7 @@ void StepPlanner::maybe_unmap() {
 }
 
 void StepPlanner::mark_step() {
+  poll_layout();
   ++counters_.marks;
   wake();  // marks replace detection: awake, and afresh
   if (!marked_) {
@@ -552,16 +670,14 @@ void StepPlanner::mark_step() {
   if (mode_ == Mode::recording && whole) {
     equal_steps_ = previous_ok_ && current_ == previous_ ? equal_steps_ + 1 : 1;
     if (equal_steps_ >= required_repeats()) {
-      std::string why;
-      if (auto plan = this->plan(current_, &why)) {
-        previous_ = std::move(current_);
-        previous_ok_ = true;
-        current_.clear();
-        end_step();
-        adopt(std::move(*plan), previous_);
-        return;
-      }
-      counters_.last_reason = "the step cannot be planned: " + why;
+      previous_ = std::move(current_);
+      previous_ok_ = true;
+      current_.clear();
+      step_overflowed_ = false;
+      step_foreign_ = false;
+      end_step();
+      lay_out(previous_, 0);
+      return;
     } else if (previous_ok_ && current_ == previous_) {
       counters_.last_reason = fmt::format("the step has repeated {} times in a row; after {} plan(s) that fell back "
                                           "early, {} are needed",
@@ -588,6 +704,7 @@ void StepPlanner::mark_step() {
 }
 
 std::optional<std::uintptr_t> StepPlanner::allocate(std::size_t size_bytes, StreamId stream) {
+  poll_layout();
   hint_ = {};
   const std::uint64_t rounded = (static_cast<std::uint64_t>(size_bytes) + options_.round_bytes - 1) & ~(options_.round_bytes - 1);
   pending_size_ = rounded;
@@ -668,6 +785,7 @@ void StepPlanner::note_allocated(std::uintptr_t addr) {
 }
 
 bool StepPlanner::free(std::uintptr_t addr) {
+  poll_layout();
   if (mode_ == Mode::stopped) return false;  // stopped only once no arena is left
   if (mode_ == Mode::dormant) {              // entered from recording: no arena either
     tick();

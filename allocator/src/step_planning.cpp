@@ -11,8 +11,9 @@ using detail::EventBatch;
 namespace detail {
 namespace {
 
-StepPlanOptions engine_plan_options() {
+StepPlanOptions engine_plan_options(bool layout_thread) {
   StepPlanOptions o;
+  o.layout_thread = layout_thread;
   o.round_bytes = policy::kMinBlockBytes;
   // A planned block takes the stream of the arena's memory (allocate_at): one stream per plan.
   o.one_stream = true;
@@ -27,8 +28,8 @@ namespace {
 std::atomic<std::uint64_t> g_next_planning_id{1};
 }  // namespace
 
-StepPlanning::StepPlanning(CachingAllocator& owner)
-    : engine(owner), planner(*this, engine_plan_options()),
+StepPlanning::StepPlanning(CachingAllocator& owner, bool layout_thread)
+    : engine(owner), planner(*this, engine_plan_options(layout_thread)),
       id(g_next_planning_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, StreamId stream) {
@@ -49,8 +50,8 @@ std::optional<std::uintptr_t> StepPlanning::map_arena(std::size_t size_bytes, St
   return reinterpret_cast<std::uintptr_t>(at);
 }
 
-std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine) {
-  return std::make_unique<StepPlanning>(engine);
+std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine, bool layout_thread) {
+  return std::make_unique<StepPlanning>(engine, layout_thread);
 }
 
 }  // namespace detail

@@ -12,6 +12,11 @@
 // frees in the engine without it. Another thread may then be given the planned address of a block
 // whose engine free has not happened yet: allocate_at refuses it and the plan falls back (a missed
 // plan, never a shared block). Planning is bypassed while a CUDA graph is captured.
+//
+// The layout runs on a thread of the planner's (StepPlanOptions::layout_thread, unless
+// Config::step_plan_layout_thread is false): the lock is never held across it. While the planner
+// rests or after it stopped, calls go by it without the lock (bypass(): each thread claims the
+// calls of a rest in chunks, BypassCredit).
 #pragma once
 
 #include <atomic>
@@ -38,7 +43,7 @@ struct BypassCredit {
 extern constinit thread_local BypassCredit t_bypass_credit;  // constinit: no guard on access
 
 struct StepPlanning final : StepArenaHost {
-  explicit StepPlanning(CachingAllocator& owner);
+  StepPlanning(CachingAllocator& owner, bool layout_thread);
   std::optional<std::uintptr_t> map_arena(std::size_t size_bytes, StreamId stream) override;
   void unmap_arena(std::uintptr_t, std::size_t) override {}  // the engine's memory: it keeps it
 
@@ -118,6 +123,6 @@ struct StepPlanning final : StepArenaHost {
   std::uint64_t calls = 0;      // under mutex
 };
 
-std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine);
+std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine, bool layout_thread);
 
 }  // namespace gpumem::alloc::detail

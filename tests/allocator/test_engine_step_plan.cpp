@@ -29,6 +29,7 @@ constexpr std::size_t MiB = 1024 * KiB;
 Config plan_config() {
   Config c;
   c.step_plan = true;
+  c.step_plan_layout_thread = false;  // each plan at the event its step is found (one test below: the thread)
   c.check_invariants = true;
   c.thread_cache = false;
   c.va_reserve_bytes = 4096 * MiB;
@@ -489,6 +490,29 @@ TEST_CASE("engine step plan: detection rests where nothing repeats; the engine s
   CHECK(c->plans == 1);
   CHECK(c->served_steps >= 3);
   CHECK(c->dormant_periods == 1);
+  engine.check_invariants();
+}
+
+TEST_CASE("engine step plan: laid out on a thread of its own, the loop is served from a step after it is found",
+          "[step_plan][engine][layout_thread]") {
+  SimSource source;
+  ManualStreamEvents events;
+  Config config = plan_config();
+  config.step_plan_layout_thread = true;  // the default
+  CachingAllocator engine(source, events, config);
+  Loop loop{engine};
+  int steps = 0;
+  // The allocating thread never waits for the layout: the steps go on, and the plan serves from the
+  // first trough after it is done (the next step's start, on a machine that is not loaded).
+  for (; steps < 200 && engine.step_plan_counters()->served_steps < 3; ++steps) loop.step();
+  const auto c = engine.step_plan_counters();
+  INFO(steps << " steps; " << c->last_reason);
+  CHECK(c->detected_steps == 1);
+  CHECK(c->plans == 1);
+  CHECK(c->layouts == 1);
+  CHECK_FALSE(c->laying_out);
+  CHECK(c->served_steps >= 3);
+  CHECK(c->fallbacks == 0);
   engine.check_invariants();
 }
 

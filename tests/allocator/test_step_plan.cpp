@@ -1,6 +1,8 @@
 // step_plan.h: plan_step's layout of a recorded step; StepPlanner's recording, serving from the arena, falling back.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
@@ -641,7 +643,116 @@ TEST_CASE("step planner: a zero-byte request is no event and gets no address", "
   CHECK(plan->offsets[0] != plan->offsets[1]);
 }
 
+TEST_CASE("step planner: a layout on a thread of its own serves from the trough of the step it is done in",
+          "[step_plan][planner][layout_thread]") {
+  const auto plan = plan_step(kStep, 512, nullptr);
+  REQUIRE(plan);
+  REQUIRE(plan->trough == 2);
+  StepPlanOptions options;
+  options.layout_thread = true;
+  Rig rig(options);
+  auto& [host, planner, owner] = rig;
+  for (int s = 0; s < 3; ++s) owner.step(kStep);
+  CHECK_FALSE(planner.laying_out());
+  planner.mark_step();  // steps 2 and 3 are the same: laid out on the thread
+  CHECK(planner.laying_out());
+  CHECK(planner.counters().laying_out);
+  CHECK(planner.counters().plans == 0);
+  planner.wait_for_layout();  // done before the step's first event: as without the thread
+  CHECK_FALSE(planner.laying_out());
+  CHECK(planner.counters().plans == 1);
+  CHECK(planner.counters().layouts == 1);
+  owner.previous = std::move(owner.current);
+  owner.current.clear();
+  owner.served = 0;
+  owner.run(kStep);
+  CHECK(owner.served == 3);  // B, C, W from the trough on
+  owner.step(kStep);
+  CHECK(owner.served == 4);
+  CHECK(planner.counters().fallbacks == 0);
+  CHECK(host.maps == std::vector<std::size_t>{plan->arena_bytes});
+}
+
+TEST_CASE("step planner: a layout done past the trough serves from the next step's; one dropped meanwhile is not taken",
+          "[step_plan][planner][layout_thread]") {
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  StepPlanOptions options;
+  options.layout_thread = true;
+  options.layout_hook = [gate] { gate.wait(); };
+  Rig rig(options);
+  auto& [host, planner, owner] = rig;
+  for (int s = 0; s < 3; ++s) owner.step(kStep);
+  planner.mark_step();
+  REQUIRE(planner.laying_out());
+  // The step goes on while the layout is held back: A, free W, B, free A (past the trough, 2).
+  owner.previous = std::move(owner.current);
+  owner.current.clear();
+  owner.served = 0;
+  const std::vector<StepEvent> head(kStep.begin(), kStep.begin() + 4), tail(kStep.begin() + 4, kStep.end());
+  owner.run(head);
+  CHECK(owner.served == 0);
+  go.set_value();
+  planner.wait_for_layout();
+  CHECK(planner.counters().plans == 1);
+  CHECK_FALSE(planner.serving());
+  owner.run(tail);
+  CHECK(owner.served == 0);  // C and W come after the trough this step had already passed
+  CHECK(host.maps.empty());
+  owner.step(kStep);
+  CHECK(owner.served == 3);  // the next step's trough: B, C, W
+  owner.step(kStep);
+  CHECK(owner.served == 4);
+  CHECK(planner.counters().fallbacks == 0);
+
+  // A plan that falls back while its layout is at work: the layout is not taken.
+  std::promise<void> go2;
+  std::shared_future<void> gate2 = go2.get_future().share();
+  StepPlanOptions options2;
+  options2.layout_thread = true;
+  options2.layout_hook = [gate2] { gate2.wait(); };
+  Rig second(options2);
+  for (int s = 0; s < 3; ++s) second.owner.step(kStep);
+  second.planner.mark_step();
+  REQUIRE(second.planner.laying_out());
+  auto changed = kStep;
+  changed[0].size_bytes += 4096;
+  second.owner.previous = std::move(second.owner.current);
+  second.owner.current.clear();
+  second.owner.run(changed);  // differs at its first event: falls back
+  CHECK(second.planner.counters().fallbacks == 1);
+  go2.set_value();
+  second.planner.wait_for_layout();
+  CHECK(second.planner.counters().plans == 0);
+  CHECK(second.planner.counters().layouts == 1);
+  CHECK_FALSE(second.planner.serving());
+  for (int s = 0; s < 3; ++s) second.owner.step(kStep);
+  CHECK(second.owner.served == 0);
+}
+
+TEST_CASE("step planner: a planner destroyed while its layout is at work waits for it", "[step_plan][planner][layout_thread]") {
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  std::atomic<bool> finished{false};
+  StepPlanOptions options;
+  options.layout_thread = true;
+  options.layout_hook = [gate, &finished] {
+    gate.wait();
+    finished.store(true);
+  };
+  {
+    Rig rig(options);
+    for (int s = 0; s < 3; ++s) rig.owner.step(kStep);
+    rig.planner.mark_step();
+    REQUIRE(rig.planner.laying_out());
+    go.set_value();
+  }
+  CHECK(finished.load());
+}
+
 namespace {
+
+// A step of 2 x `blocks` eventsnamespace {
 
 // A step of 2 x `blocks` events: blocks of varied sizes, each freed two allocations later, the
 // last two freed in the next step (they live over its end).

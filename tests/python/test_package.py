@@ -221,8 +221,12 @@ class PackageTest(unittest.TestCase):
                 kept = [(lib.gpumem_malloc(n, 0, None), n) for n in sizes]
                 for p, m in reversed(kept):
                     lib.gpumem_free(p, m, 0, None)
-            for _ in range(8):
+            # Found after two repeats; laid out on a thread of its own, the plan serves from a step
+            # after that (on a loaded machine a few steps later): up to 200 steps.
+            for k in range(200):
                 one_step()
+                if k >= 7 and gpumem.stats(0)["gpumem.step_plan.served_allocations"] > 0:
+                    break
             s = gpumem.stats(0)   # the device's engine exists once it served a request
             assert s["gpumem.step_plan.on"] == 1, s
             assert s["gpumem.step_plan.steps_found"] >= 1, s

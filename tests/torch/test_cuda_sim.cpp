@@ -338,6 +338,9 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(keys.at("gpumem.step_plan.stopped") == 0);
   CHECK(keys.at("gpumem.step_plan.dormant") == 0);
   CHECK(keys.at("gpumem.step_plan.dormant_periods") == 0);
+  CHECK(keys.at("gpumem.step_plan.layouts") == 0);
+  CHECK(keys.at("gpumem.step_plan.last_layout_us") == 0);
+  CHECK(keys.at("gpumem.step_plan.laying_out") == 0);
   live.free_all();
   // The free took it once more.
   const auto after = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));

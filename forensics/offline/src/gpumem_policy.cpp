@@ -140,13 +140,20 @@ class CountingEvents final : public alloc::StreamEvents {
   std::unordered_map<alloc::EventToken, Pending> pending_;
 };
 
+// The engine's configuration for a replay: the step planner lays each plan out in the call that
+// finds its step (not on a thread of its own), so that a replay is the same every time.
+alloc::Config replay_config(alloc::Config config) {
+  config.step_plan_layout_thread = false;
+  return config;
+}
+
 class GpumemPolicy final : public ReplayPolicy {
  public:
   GpumemPolicy(std::string name, const alloc::Config& config, std::size_t device_total_bytes)
       : name_(std::move(name)),
         source_(make_options(device_total_bytes)),
         events_(std::make_unique<CountingEvents>(source_, lag_ns())),
-        engine_(source_, *events_, config),
+        engine_(source_, *events_, replay_config(config)),
         planning_(config.step_plan) {
     live_.reserve(4096);
   }

@@ -1077,10 +1077,13 @@ def describe_run(spec, res, native):
     if gs.get("gpumem.step_plan.on"):
         # The step planner (step_plan:True): what it found and served (docs/notes/allocation-policy.md).
         parts.append("step plan: %d step(s) found, %d plan(s), %d fallback(s), %d steps and %d allocations served, "
-                     "arena %.3f GiB" % (gs.get("gpumem.step_plan.steps_found", 0), gs.get("gpumem.step_plan.plans", 0),
-                                         gs.get("gpumem.step_plan.fallbacks", 0), gs.get("gpumem.step_plan.served_steps", 0),
-                                         gs.get("gpumem.step_plan.served_allocations", 0),
-                                         gs.get("gpumem.step_plan.arena_bytes", 0) / report.GiB))
+                     "arena %.3f GiB, last layout %.1f ms, %d rest(s)"
+                     % (gs.get("gpumem.step_plan.steps_found", 0), gs.get("gpumem.step_plan.plans", 0),
+                        gs.get("gpumem.step_plan.fallbacks", 0), gs.get("gpumem.step_plan.served_steps", 0),
+                        gs.get("gpumem.step_plan.served_allocations", 0),
+                        gs.get("gpumem.step_plan.arena_bytes", 0) / report.GiB,
+                        gs.get("gpumem.step_plan.last_layout_us", 0) / 1000.0,
+                        gs.get("gpumem.step_plan.dormant_periods", 0)))
     if res.get("pinned"):
         parts.append("pinned to CPUs %s" % res.get("cpus"))
     if res.get("cudnn_sdp") is False:

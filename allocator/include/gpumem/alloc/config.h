@@ -149,6 +149,10 @@ struct Config {
   // steps that repeat it there (no driver call); at the first request that differs the engine
   // serves as usual. Needs arenas:1.
   bool step_plan = false;
+  // step_plan's layout runs on a thread of its own (StepPlanOptions::layout_thread), so that the
+  // allocating thread never waits for it. No key: tests set it false to have each plan at the
+  // event its step is found.
+  bool step_plan_layout_thread = true;
   // va_reserve_mb: address space reserved per expandable region (0 = 1.125 x device memory).
   std::size_t va_reserve_bytes = 0;
   // check_invariants:True|False: run check_invariants() after every mutation (slow; tests).

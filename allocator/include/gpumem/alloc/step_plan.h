@@ -19,7 +19,9 @@
 //     step. With marks (the first mark_step() turns detection off for good), the events between
 //     two marks are a step.
 //   * Planning. When the last two steps (more after early fallbacks, below) are the same event for
-//     event, the step is laid out: each block gets an offset in an arena so that blocks live at
+//     event, the step is laid out (on a thread of its own with StepPlanOptions::layout_thread,
+//     while the planner goes on checking the program's events against the step; serving then
+//     starts at the first trough after the layout is done): each block gets an offset in an arena so that blocks live at
 //     the same time never share bytes. Blocks live over the step's end wrap around to its start.
 //     The layout is greedy (blocks placed largest first, or by size x lifetime, lifetime or start,
 //     each at the lowest offset or in the smallest gap that holds it; the smallest arena of the
@@ -44,11 +46,15 @@
 // its own memory (the replay's owner does: allocate_at refuses anything else), because blocks it
 // places itself may lie in the arena's range.
 //
-// Thread-safety: none; the owner serializes calls (the engine would call it under its lock).
+// Thread-safety: none; the owner serializes calls (the engine calls it under its lock). A layout
+// thread (layout_thread) reads only its own copy of the step and hands its plan over through an
+// atomic flag that the planner's calls check.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -95,6 +101,14 @@ struct StepPlanOptions {
   // Plan only steps whose allocations are all on one stream (an owner that places planned blocks
   // in memory of one stream, as the engine does).
   bool one_stream = false;
+  // Lay a step out on a thread of its own (the engine: the layout takes about 0.1 s for
+  // llama_train's step and 0.8 s for llama3b_train's, which the allocating thread would wait for).
+  // Meanwhile the planner checks the events against the step as it does while armed; the plan
+  // serves from the first trough after it is done. Off (the replay): laid out at the event the
+  // step is found, so that a replay is the same every time.
+  bool layout_thread = false;
+  // Called on the layout thread before it lays the step out (tests hold the layout back with it).
+  std::function<void()> layout_hook;
 };
 
 // One event of a recorded step.
@@ -163,11 +177,15 @@ struct StepPlanCounters {
   bool stopped = false;               // the planner stopped for good (max_fallbacks, or stop())
   std::uint64_t dormant_periods = 0;  // times detection rested (StepPlanOptions::dormant_events)
   bool dormant = false;               // ... and whether it rests now
+  std::uint64_t layouts = 0;          // steps laid out (plans and steps that could not be planned)
+  std::uint64_t last_layout_us = 0;   // how long the last layout took, in microseconds
+  bool laying_out = false;            // a layout thread is at work for the plan armed now
 };
 
 class StepPlanner {
  public:
   StepPlanner(StepArenaHost& host, StepPlanOptions options = {});
+  ~StepPlanner();  // waits for a layout thread still at work
   StepPlanner(const StepPlanner&) = delete;
   StepPlanner& operator=(const StepPlanner&) = delete;
 
@@ -203,6 +221,10 @@ class StepPlanner {
   void wake();
 
   bool serving() const noexcept { return mode_ == Mode::serving; }
+  // layout_thread: whether a layout is at work, and waiting for it (then taking its plan, as the
+  // next call would). For tests, and an owner that wants the plan at once.
+  bool laying_out() const noexcept { return layout_ != nullptr; }
+  void wait_for_layout();
   bool in_arena(std::uintptr_t addr) const noexcept {
     return arena_bytes_ != 0 && addr >= arena_base_ && addr < arena_base_ + arena_bytes_;
   }
@@ -228,9 +250,23 @@ class StepPlanner {
   void record(const StepEvent& e, std::uint64_t ordinal);
   std::uint64_t range_hash(std::uint64_t a, std::uint64_t b, std::uint64_t base_power) const noexcept;
   void plan_detected(std::uint64_t n, std::uint64_t period);
+  // A step to plan: laid out now (plan, then adopt), or on a layout thread (arm, then take_plan
+  // when it is done). `period`: the step's length if it was found without marks, else 0.
+  void lay_out(std::vector<StepEvent> step, std::uint64_t period);
   void adopt(StepPlan plan, std::vector<StepEvent> events);
-  // plan_step, and the options' own conditions (one_stream).
-  std::optional<StepPlan> plan(const std::vector<StepEvent>& step, std::string* why) const;
+  void arm(std::vector<StepEvent> events);
+  void take_plan(StepPlan plan);
+  void not_planned(const std::string& why, std::uint64_t period);
+  // layout_thread: a layout done is taken (finish_layout) at the next call.
+  void poll_layout() {
+    if (layout_ != nullptr) [[unlikely]]
+      poll_layout_slow();
+  }
+  void poll_layout_slow();
+  void finish_layout();
+  // The options' own conditions (one_stream); then plan(): those and plan_step.
+  bool plannable(const std::vector<StepEvent>& step, std::string* why) const;
+  std::optional<StepPlan> plan(const std::vector<StepEvent>& step, std::string* why);
   bool matches(const StepEvent& e) const;
   void advance();
   void end_step();
@@ -241,6 +277,7 @@ class StepPlanner {
   void rest();
   void tick();
   void start_serving_if_due();
+  struct LayoutJob;  // a layout thread and what it hands over (step_plan.cpp)
   // Equal steps in a row needed to plan: 2, and one more per plan in a row that fell back before
   // serving two whole steps.
   std::uint64_t required_repeats() const noexcept { return 2 + unproductive_fallbacks_; }
@@ -285,6 +322,10 @@ class StepPlanner {
   // The plan and its arena.
   StepPlan plan_;
   std::vector<StepEvent> plan_events_;
+  bool plan_ready_ = false;             // plan_ is plan_events_' layout (armed: it may still be at work)
+  bool wait_next_step_ = false;         // the layout was done past the trough: serve from the next step's
+  std::unique_ptr<LayoutJob> layout_;   // a layout thread at work (or done and not yet taken)
+  std::uint64_t layout_period_ = 0;     // the step it lays out was found without marks, this long (0: marked)
   std::size_t pos_ = 0;                 // events of the current step matched so far (armed/serving)
   std::uint64_t plan_served_steps_ = 0;
   unsigned unproductive_fallbacks_ = 0;
