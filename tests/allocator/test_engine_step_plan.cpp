@@ -36,6 +36,24 @@ Config plan_config() {
   return c;
 }
 
+// plan_config() without the invariant check after every call (tests of a million calls).
+Config unchecked_plan_config() {
+  Config c = plan_config();
+  c.check_invariants = false;
+  return c;
+}
+
+// 70,000 pairs whose sizes never repeat in order (140,000 calls, past the 131,072 that detection
+// stays awake for): the planner rests.
+void put_planner_to_rest(CachingAllocator& engine, unsigned seed) {
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 70000; ++i) {
+    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
+    REQUIRE(engine.free(p) == FreeStatus::ok);
+  }
+  REQUIRE(engine.step_plan_counters()->dormant);
+}
+
 std::uint64_t calls(const SimSource& s) {
   const SimSourceCounters c = s.counters();
   return c.reserves + c.releases + c.creates + c.destroys + c.maps + c.unmaps;
@@ -520,16 +538,9 @@ TEST_CASE("engine step plan: after a mark the planner sees every call, none goes
           "[step_plan][engine]") {
   SimSource source;
   ManualStreamEvents events;
-  Config config = plan_config();
-  config.check_invariants = false;
-  CachingAllocator engine(source, events, config);
-  std::mt19937 rng(11);
-  for (int i = 0; i < 70000; ++i) {
-    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
-    REQUIRE(engine.free(p) == FreeStatus::ok);
-  }
+  CachingAllocator engine(source, events, unchecked_plan_config());
+  put_planner_to_rest(engine, 11);
   // Asleep: this thread has taken a chunk of the calls the planner rests for and spent part of it.
-  REQUIRE(engine.step_plan_counters()->dormant);
   // Marked steps: the first has no gradient from a step before to free, the next two are equal,
   // and the mark after them plans, if the planner saw every call of the second and third steps.
   Loop loop{engine};
@@ -548,15 +559,8 @@ TEST_CASE("engine step plan: threads that allocate while the planner rests go by
           "[step_plan][engine][threads]") {
   SimSource source;
   ManualStreamEvents events;
-  Config config = plan_config();
-  config.check_invariants = false;
-  CachingAllocator engine(source, events, config);
-  std::mt19937 rng(5);
-  for (int i = 0; i < 70000; ++i) {
-    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
-    REQUIRE(engine.free(p) == FreeStatus::ok);
-  }
-  REQUIRE(engine.step_plan_counters()->dormant);
+  CachingAllocator engine(source, events, unchecked_plan_config());
+  put_planner_to_rest(engine, 5);
   // Four threads make 1.2 million calls together: past the 917,504 the planner rests for, so it
   // wakes while they run, finds them at once in its lock and stops.
   std::atomic<int> failures{0};
@@ -582,15 +586,8 @@ TEST_CASE("engine step plan: threads that allocate while the planner rests go by
 TEST_CASE("engine step plan: a mark wakes a dormant planner at once", "[step_plan][engine]") {
   SimSource source;
   ManualStreamEvents events;
-  Config config = plan_config();
-  config.check_invariants = false;
-  CachingAllocator engine(source, events, config);
-  std::mt19937 rng(11);
-  for (int i = 0; i < 70000; ++i) {
-    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
-    REQUIRE(engine.free(p) == FreeStatus::ok);
-  }
-  REQUIRE(engine.step_plan_counters()->dormant);
+  CachingAllocator engine(source, events, unchecked_plan_config());
+  put_planner_to_rest(engine, 11);
   Loop loop{engine};
   for (int s = 0; s < 6; ++s) {
     engine.mark_step();

@@ -1,12 +1,14 @@
 // step_plan.h: plan_step's layout of a recorded step; StepPlanner's recording, serving from the arena, falling back.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -643,14 +645,26 @@ TEST_CASE("step planner: a zero-byte request is no event and gets no address", "
   CHECK(plan->offsets[0] != plan->offsets[1]);
 }
 
+// Options with a layout thread that waits until release() (or not at all, held == false).
+struct HeldLayout {
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  StepPlanOptions options(bool held = true) {
+    StepPlanOptions o;
+    o.layout_thread = true;
+    if (held) o.layout_hook = [g = gate] { g.wait(); };
+    return o;
+  }
+  void release() { go.set_value(); }
+};
+
 TEST_CASE("step planner: a layout on a thread of its own serves from the trough of the step it is done in",
           "[step_plan][planner][layout_thread]") {
   const auto plan = plan_step(kStep, 512, nullptr);
   REQUIRE(plan);
   REQUIRE(plan->trough == 2);
-  StepPlanOptions options;
-  options.layout_thread = true;
-  Rig rig(options);
+  HeldLayout layout;
+  Rig rig(layout.options(false));
   auto& [host, planner, owner] = rig;
   for (int s = 0; s < 3; ++s) owner.step(kStep);
   CHECK_FALSE(planner.laying_out());
@@ -662,37 +676,27 @@ TEST_CASE("step planner: a layout on a thread of its own serves from the trough 
   CHECK_FALSE(planner.laying_out());
   CHECK(planner.counters().plans == 1);
   CHECK(planner.counters().layouts == 1);
-  owner.previous = std::move(owner.current);
-  owner.current.clear();
-  owner.served = 0;
-  owner.run(kStep);
-  CHECK(owner.served == 3);  // B, C, W from the trough on
+  owner.unmarked_step(kStep);  // (marked above)
+  CHECK(owner.served == 3);    // B, C, W from the trough on
   owner.step(kStep);
   CHECK(owner.served == 4);
   CHECK(planner.counters().fallbacks == 0);
   CHECK(host.maps == std::vector<std::size_t>{plan->arena_bytes});
 }
 
-TEST_CASE("step planner: a layout done past the trough serves from the next step's; one dropped meanwhile is not taken",
+TEST_CASE("step planner: a layout done past the trough serves from the next step's trough",
           "[step_plan][planner][layout_thread]") {
-  std::promise<void> go;
-  std::shared_future<void> gate = go.get_future().share();
-  StepPlanOptions options;
-  options.layout_thread = true;
-  options.layout_hook = [gate] { gate.wait(); };
-  Rig rig(options);
+  HeldLayout layout;
+  Rig rig(layout.options());
   auto& [host, planner, owner] = rig;
   for (int s = 0; s < 3; ++s) owner.step(kStep);
   planner.mark_step();
   REQUIRE(planner.laying_out());
   // The step goes on while the layout is held back: A, free W, B, free A (past the trough, 2).
-  owner.previous = std::move(owner.current);
-  owner.current.clear();
-  owner.served = 0;
   const std::vector<StepEvent> head(kStep.begin(), kStep.begin() + 4), tail(kStep.begin() + 4, kStep.end());
-  owner.run(head);
+  owner.unmarked_step(head);  // (marked above)
   CHECK(owner.served == 0);
-  go.set_value();
+  layout.release();
   planner.wait_for_layout();
   CHECK(planner.counters().plans == 1);
   CHECK_FALSE(planner.serving());
@@ -704,50 +708,52 @@ TEST_CASE("step planner: a layout done past the trough serves from the next step
   owner.step(kStep);
   CHECK(owner.served == 4);
   CHECK(planner.counters().fallbacks == 0);
+}
 
-  // A plan that falls back while its layout is at work: the layout is not taken.
-  std::promise<void> go2;
-  std::shared_future<void> gate2 = go2.get_future().share();
-  StepPlanOptions options2;
-  options2.layout_thread = true;
-  options2.layout_hook = [gate2] { gate2.wait(); };
-  Rig second(options2);
-  for (int s = 0; s < 3; ++s) second.owner.step(kStep);
-  second.planner.mark_step();
-  REQUIRE(second.planner.laying_out());
+TEST_CASE("step planner: a plan that falls back while its layout is at work does not take it",
+          "[step_plan][planner][layout_thread]") {
+  HeldLayout layout;
+  Rig rig(layout.options());
+  auto& [host, planner, owner] = rig;
+  for (int s = 0; s < 3; ++s) owner.step(kStep);
+  planner.mark_step();
+  REQUIRE(planner.laying_out());
   auto changed = kStep;
   changed[0].size_bytes += 4096;
-  second.owner.previous = std::move(second.owner.current);
-  second.owner.current.clear();
-  second.owner.run(changed);  // differs at its first event: falls back
-  CHECK(second.planner.counters().fallbacks == 1);
-  go2.set_value();
-  second.planner.wait_for_layout();
-  CHECK(second.planner.counters().plans == 0);
-  CHECK(second.planner.counters().layouts == 1);
-  CHECK_FALSE(second.planner.serving());
-  for (int s = 0; s < 3; ++s) second.owner.step(kStep);
-  CHECK(second.owner.served == 0);
+  owner.unmarked_step(changed);  // (marked above) differs at its first event: falls back
+  CHECK(planner.counters().fallbacks == 1);
+  layout.release();
+  planner.wait_for_layout();
+  CHECK(planner.counters().plans == 0);
+  CHECK(planner.counters().layouts == 1);
+  CHECK_FALSE(planner.serving());
+  for (int s = 0; s < 3; ++s) owner.step(kStep);
+  CHECK(owner.served == 0);
+  CHECK(host.maps.empty());
 }
 
 TEST_CASE("step planner: a planner destroyed while its layout is at work waits for it", "[step_plan][planner][layout_thread]") {
-  std::promise<void> go;
-  std::shared_future<void> gate = go.get_future().share();
+  HeldLayout layout;
   std::atomic<bool> finished{false};
-  StepPlanOptions options;
-  options.layout_thread = true;
-  options.layout_hook = [gate, &finished] {
-    gate.wait();
+  StepPlanOptions options = layout.options(false);
+  options.layout_hook = [g = layout.gate, &finished] {
+    g.wait();
     finished.store(true);
   };
+  std::thread releaser;
   {
     Rig rig(options);
     for (int s = 0; s < 3; ++s) rig.owner.step(kStep);
     rig.planner.mark_step();
     REQUIRE(rig.planner.laying_out());
-    go.set_value();
+    // Released 50 ms from now, while the planner is being destroyed: its destructor waits.
+    releaser = std::thread([&layout] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      layout.release();
+    });
   }
   CHECK(finished.load());
+  releaser.join();
 }
 
 namespace {
