@@ -10,6 +10,8 @@
 #include <thread>
 #include <utility>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 namespace gpumem::alloc {
@@ -284,6 +286,9 @@ StepPlanner::StepPlanner(StepArenaHost& host, StepPlanOptions options) : host_(h
 // A layout thread: it reads `step` and writes `plan`, `why` and `micros`, then sets `done`
 // (release); the planner reads them after seeing `done` (acquire), or after joining it.
 struct StepPlanner::LayoutJob {
+  // The process that started the thread: a child forked meanwhile has no such thread, so it never
+  // sees `done` and lets the thread object go instead of joining it.
+  pid_t process = ::getpid();
   std::vector<StepEvent> step;
   std::size_t round_bytes = 0;
   std::function<void()> hook;
@@ -303,7 +308,12 @@ struct StepPlanner::LayoutJob {
 };
 
 StepPlanner::~StepPlanner() {
-  if (layout_ && layout_->worker.joinable()) layout_->worker.join();
+  if (!layout_ || !layout_->worker.joinable()) return;
+  if (layout_->process == ::getpid()) {
+    layout_->worker.join();
+  } else {
+    layout_->worker.detach();
+  }
 }
 
 StepEvent StepPlanner::free_event(std::uint64_t ordinal) const noexcept {
@@ -481,6 +491,13 @@ void StepPlanner::wait_for_layout() {
 
 void StepPlanner::finish_layout() {
   const std::unique_ptr<LayoutJob> job = std::move(layout_);
+  if (job->process != ::getpid()) {
+    // A forked child: the layout thread is not in this process, and its plan never comes.
+    if (job->worker.joinable()) job->worker.detach();
+    counters_.laying_out = false;
+    if (mode_ == Mode::armed && !plan_ready_) mode_ = Mode::recording;
+    return;
+  }
   if (job->worker.joinable()) job->worker.join();
   counters_.laying_out = false;
   ++counters_.layouts;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,9 +100,13 @@ struct StepPlanning final : StepArenaHost {
   }
   // The rest of bypass(): the planner stopped, or a new chunk of calls to claim.
   [[gnu::noinline]] bool bypass_claim() {
-    if (off.load(std::memory_order_relaxed)) return true;
     // The epoch is read before the claim: a wake between the two voids the chunk claimed.
     const std::uint64_t now = epoch.load(std::memory_order_acquire);
+    if (off.load(std::memory_order_relaxed)) {
+      // Stopped for good: this thread goes by it from now on without coming here again.
+      t_bypass_credit = BypassCredit{id, now, std::numeric_limits<std::int64_t>::max()};
+      return true;
+    }
     if (bypass_left.load(std::memory_order_relaxed) <= 0) return false;
     const std::int64_t before = bypass_left.fetch_sub(kBypassChunk, std::memory_order_relaxed);
     if (before <= 0) return false;

@@ -5,12 +5,16 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "catch.h"
 #include "gpumem/alloc/step_plan.h"
@@ -756,9 +760,42 @@ TEST_CASE("step planner: a planner destroyed while its layout is at work waits f
   releaser.join();
 }
 
-namespace {
+TEST_CASE("step planner: a child forked while a layout is at work neither waits for it nor takes it",
+          "[step_plan][planner][layout_thread]") {
+  HeldLayout layout;
+  auto rig = std::make_unique<Rig>(layout.options());
+  for (int s = 0; s < 3; ++s) rig->owner.step(kStep);
+  rig->planner.mark_step();
+  REQUIRE(rig->planner.laying_out());
+  // Each child has no layout thread: a wait gives the layout up, and so does the destructor,
+  // without joining a thread that is not there (glibc's fork marks the other threads as gone, so a
+  // join would return there, but POSIX leaves it undefined; the alarm ends a child that hangs).
+  for (const bool wait_first : {true, false}) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::alarm(10);
+      bool ok = true;
+      if (wait_first) {
+        rig->planner.wait_for_layout();
+        ok = !rig->planner.laying_out() && rig->planner.counters().plans == 0 && !rig->planner.serving();
+      }
+      rig.reset();
+      ::_exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    INFO("wait first: " << wait_first << ", status " << status);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  // The parent's layout is still its own.
+  layout.release();
+  rig->planner.wait_for_layout();
+  CHECK(rig->planner.counters().plans == 1);
+}
 
-// A step of 2 x `blocks` eventsnamespace {
+namespace {
 
 // A step of 2 x `blocks` events: blocks of varied sizes, each freed two allocations later, the
 // last two freed in the next step (they live over its end).
