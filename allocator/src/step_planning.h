@@ -14,9 +14,10 @@
 // plan, never a shared block). Planning is bypassed while a CUDA graph is captured.
 //
 // The layout runs on a thread of the planner's (StepPlanOptions::layout_thread, unless
-// Config::step_plan_layout_thread is false): the lock is never held across it. While the planner
-// rests or after it stopped, calls go by it without the lock (bypass(): each thread claims the
-// calls of a rest in chunks, BypassCredit).
+// Config::step_plan_layout_thread is false): the lock is not held across it, only across the wait
+// for a layout whose plan fell back before it was done, when the next step is found. While the
+// planner rests or after it stopped, calls go by it without the lock (bypass(): each thread claims
+// the calls of a rest in chunks, BypassCredit).
 #pragma once
 
 #include <atomic>

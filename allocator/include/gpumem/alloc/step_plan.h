@@ -19,10 +19,10 @@
 //     step. With marks (the first mark_step() turns detection off for good), the events between
 //     two marks are a step.
 //   * Planning. When the last two steps (more after early fallbacks, below) are the same event for
-//     event, the step is laid out (on a thread of its own with StepPlanOptions::layout_thread,
-//     while the planner goes on checking the program's events against the step; serving then
-//     starts at the first trough after the layout is done): each block gets an offset in an arena so that blocks live at
-//     the same time never share bytes. Blocks live over the step's end wrap around to its start.
+//     event, the step is laid out: each block gets an offset in an arena so that blocks live at
+//     the same time never share bytes. (With StepPlanOptions::layout_thread this runs on a thread
+//     of its own while the planner goes on checking the program's events against the step; serving
+//     then starts at the first trough after the layout is done.) Blocks live over the step's end wrap around to its start.
 //     The layout is greedy (blocks placed largest first, or by size x lifetime, lifetime or start,
 //     each at the lowest offset or in the smallest gap that holds it; the smallest arena of the
 //     eight is kept); blocks of different streams never share bytes (no events are needed).
@@ -94,15 +94,15 @@ struct StepPlanOptions {
   // steps never repeat then pays for detection an eighth of the time by default. 0: never dormant.
   // Each rest that follows another with no plan made in between is twice as long as the one before,
   // up to 2^dormant_doublings x dormant_events (by default detection is then awake one event in
-  // 113); a plan made or a mark starts the count again.
+  // 113); a step found starts the count again (marks end detection, and with it the rests).
   std::uint64_t awake_events = std::uint64_t{1} << 17;
   std::uint64_t dormant_events = std::uint64_t{7} << 17;
   unsigned dormant_doublings = 4;
   // Plan only steps whose allocations are all on one stream (an owner that places planned blocks
   // in memory of one stream, as the engine does).
   bool one_stream = false;
-  // Lay a step out on a thread of its own (the engine: the layout takes about 0.1 s for
-  // llama_train's step and 0.8 s for llama3b_train's, which the allocating thread would wait for).
+  // Lay a step out on a thread of its own (the engine: the layout took 36-40 ms for llama_train's
+  // step live, about 0.8 s for llama3b_train's in the replay; the allocating thread would wait).
   // Meanwhile the planner checks the events against the step as it does while armed; the plan
   // serves from the first trough after it is done. Off (the replay): laid out at the event the
   // step is found, so that a replay is the same every time.
@@ -317,7 +317,7 @@ class StepPlanner {
   std::uint64_t fallback_event_ = 0;    // the event of the last fallback: repeats count from there
   std::uint64_t awake_since_ = 0;       // events_ when detection last woke, or a plan was made or dropped
   std::uint64_t dormant_left_ = 0;      // events until detection wakes (dormant)
-  unsigned quiet_rests_ = 0;            // rests since the last plan made (or mark): the next is 2^this longer
+  unsigned quiet_rests_ = 0;            // rests since the last step found: the next is 2^this longer
 
   // The plan and its arena.
   StepPlan plan_;
