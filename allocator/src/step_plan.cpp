@@ -283,6 +283,13 @@ StepPlanner::StepPlanner(StepArenaHost& host, StepPlanOptions options) : host_(h
   }
 }
 
+namespace {
+std::uint64_t micros_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+}  // namespace
+
 // A layout thread: it reads `step` and writes `plan`, `why` and `micros`, then sets `done`
 // (release); the planner reads them after seeing `done` (acquire), or after joining it.
 struct StepPlanner::LayoutJob {
@@ -301,8 +308,7 @@ struct StepPlanner::LayoutJob {
     if (hook) hook();
     const auto t0 = std::chrono::steady_clock::now();
     plan = plan_step(step, round_bytes, &why);
-    micros = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+    micros = micros_since(t0);
     done.store(true, std::memory_order_release);
   }
 };
@@ -523,8 +529,7 @@ std::optional<StepPlan> StepPlanner::plan(const std::vector<StepEvent>& step, st
   const auto t0 = std::chrono::steady_clock::now();
   auto plan = plan_step(step, options_.round_bytes, why);
   ++counters_.layouts;
-  counters_.last_layout_us = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  counters_.last_layout_us = micros_since(t0);
   return plan;
 }
 

@@ -736,7 +736,8 @@ TEST_CASE("step planner: a plan that falls back while its layout is at work does
   CHECK(host.maps.empty());
 }
 
-TEST_CASE("step planner: a planner destroyed while its layout is at work waits for it", "[step_plan][planner][layout_thread]") {
+TEST_CASE("step planner: a planner destroyed while its layout is at work waits for it",
+          "[step_plan][planner][layout_thread]") {
   HeldLayout layout;
   std::atomic<bool> finished{false};
   StepPlanOptions options = layout.options(false);

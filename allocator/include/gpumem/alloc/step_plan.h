@@ -20,12 +20,13 @@
 //     two marks are a step.
 //   * Planning. When the last two steps (more after early fallbacks, below) are the same event for
 //     event, the step is laid out: each block gets an offset in an arena so that blocks live at
-//     the same time never share bytes. (With StepPlanOptions::layout_thread this runs on a thread
-//     of its own while the planner goes on checking the program's events against the step; serving
-//     then starts at the first trough after the layout is done.) Blocks live over the step's end wrap around to its start.
+//     the same time never share bytes. Blocks live over the step's end wrap around to its start.
 //     The layout is greedy (blocks placed largest first, or by size x lifetime, lifetime or start,
 //     each at the lowest offset or in the smallest gap that holds it; the smallest arena of the
-//     eight is kept); blocks of different streams never share bytes (no events are needed).
+//     eight is kept); blocks of different streams never share bytes (no events are needed). With
+//     StepPlanOptions::layout_thread the layout runs on a thread of its own while the planner goes
+//     on checking the program's events against the step; serving then starts at the first trough
+//     after the layout is done.
 //   * Serving. In the next step, the planner checks each event against the plan. At the plan's
 //     trough (the point of the step with the fewest planned bytes live, so that the least is held
 //     twice) it asks the owner for the arena, and from then on gives every planned allocation
