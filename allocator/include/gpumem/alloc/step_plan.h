@@ -93,7 +93,7 @@ struct StepPlanOptions {
   // or dropped, the planner is dormant for dormant_events events (it records nothing; a request
   // costs a count), then starts afresh (the blocks live before are unknown to it). A program whose
   // steps never repeat then pays for detection an eighth of the time by default. 0: never dormant.
-  // Each rest that follows another with no plan made in between is twice as long as the one before,
+  // Each rest that follows another with no step found in between is twice as long as the one before,
   // up to 2^dormant_doublings x dormant_events (by default detection is then awake one event in
   // 113); a step found starts the count again (marks end detection, and with it the rests).
   std::uint64_t awake_events = std::uint64_t{1} << 17;
