@@ -36,23 +36,25 @@ Config plan_config() {
   return c;
 }
 
-// plan_config() without the invariant check after every call (tests of a million calls).
-Config unchecked_plan_config() {
-  Config c = plan_config();
-  c.check_invariants = false;
-  return c;
-}
-
-// 70,000 pairs whose sizes never repeat in order (140,000 calls, past the 131,072 that detection
-// stays awake for): the planner rests.
-void put_planner_to_rest(CachingAllocator& engine, unsigned seed) {
-  std::mt19937 rng(seed);
-  for (int i = 0; i < 70000; ++i) {
-    void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
-    REQUIRE(engine.free(p) == FreeStatus::ok);
+// An engine whose planner rests: 70,000 pairs whose sizes never repeat in order (140,000 calls,
+// past the 131,072 that detection stays awake for), no invariant check after every call.
+struct RestingEngine {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator engine{source, events, [] {
+    Config c = plan_config();
+    c.check_invariants = false;
+    return c;
+  }()};
+  explicit RestingEngine(unsigned seed) {
+    std::mt19937 rng(seed);
+    for (int i = 0; i < 70000; ++i) {
+      void* p = engine.allocate(512 * (1 + rng() % 4096), 0).ptr;
+      REQUIRE(engine.free(p) == FreeStatus::ok);
+    }
+    REQUIRE(engine.step_plan_counters()->dormant);
   }
-  REQUIRE(engine.step_plan_counters()->dormant);
-}
+};
 
 std::uint64_t calls(const SimSource& s) {
   const SimSourceCounters c = s.counters();
@@ -99,6 +101,13 @@ struct Loop {
       } else {
         REQUIRE(engine.free(grad) == FreeStatus::ok);
       }
+    }
+  }
+  // n steps, each after a mark_step().
+  void marked_steps(int n) {
+    for (int s = 0; s < n; ++s) {
+      engine.mark_step();
+      step();
     }
   }
 };
@@ -240,10 +249,7 @@ TEST_CASE("engine step plan: marks replace detection; two streams and no step_pl
   {
     CachingAllocator engine(source, events, plan_config());
     Loop loop{engine};
-    for (int s = 0; s < 5; ++s) {
-      engine.mark_step();
-      loop.step();
-    }
+    loop.marked_steps(5);
     const auto c = engine.step_plan_counters();
     CHECK(c->marks == 5);
     CHECK(c->detected_steps == 0);
@@ -536,18 +542,13 @@ TEST_CASE("engine step plan: laid out on a thread of its own, the loop is served
 
 TEST_CASE("engine step plan: after a mark the planner sees every call, none goes by on calls claimed while it rested",
           "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, unchecked_plan_config());
-  put_planner_to_rest(engine, 11);
+  RestingEngine resting(11);
+  CachingAllocator& engine = resting.engine;
   // Asleep: this thread has taken a chunk of the calls the planner rests for and spent part of it.
   // Marked steps: the first has no gradient from a step before to free, the next two are equal,
   // and the mark after them plans, if the planner saw every call of the second and third steps.
   Loop loop{engine};
-  for (int s = 0; s < 3; ++s) {
-    engine.mark_step();
-    loop.step();
-  }
+  loop.marked_steps(3);
   engine.mark_step();
   const auto c = engine.step_plan_counters();
   INFO(c->last_reason);
@@ -557,10 +558,8 @@ TEST_CASE("engine step plan: after a mark the planner sees every call, none goes
 
 TEST_CASE("engine step plan: threads that allocate while the planner rests go by it, then stop it when it wakes",
           "[step_plan][engine][threads]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, unchecked_plan_config());
-  put_planner_to_rest(engine, 5);
+  RestingEngine resting(5);
+  CachingAllocator& engine = resting.engine;
   // Four threads make 1.2 million calls together: past the 917,504 the planner rests for, so it
   // wakes while they run, finds them at once in its lock and stops.
   std::atomic<int> failures{0};
@@ -584,15 +583,10 @@ TEST_CASE("engine step plan: threads that allocate while the planner rests go by
 }
 
 TEST_CASE("engine step plan: a mark wakes a dormant planner at once", "[step_plan][engine]") {
-  SimSource source;
-  ManualStreamEvents events;
-  CachingAllocator engine(source, events, unchecked_plan_config());
-  put_planner_to_rest(engine, 11);
+  RestingEngine resting(11);
+  CachingAllocator& engine = resting.engine;
   Loop loop{engine};
-  for (int s = 0; s < 6; ++s) {
-    engine.mark_step();
-    loop.step();
-  }
+  loop.marked_steps(6);
   const auto c = engine.step_plan_counters();
   INFO(c->last_reason);
   CHECK_FALSE(c->dormant);

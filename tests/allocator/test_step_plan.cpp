@@ -662,6 +662,18 @@ struct HeldLayout {
   void release() { go.set_value(); }
 };
 
+// A rig whose planner has just found kStep (steps 2 and 3 are the same) and is laying it out on a
+// thread held back until layout.release().
+struct ArmedRig {
+  HeldLayout layout;
+  Rig rig{layout.options()};
+  ArmedRig() {
+    for (int s = 0; s < 3; ++s) rig.owner.step(kStep);
+    rig.planner.mark_step();
+    REQUIRE(rig.planner.laying_out());
+  }
+};
+
 TEST_CASE("step planner: a layout on a thread of its own serves from the trough of the step it is done in",
           "[step_plan][planner][layout_thread]") {
   const auto plan = plan_step(kStep, 512, nullptr);
@@ -690,12 +702,9 @@ TEST_CASE("step planner: a layout on a thread of its own serves from the trough 
 
 TEST_CASE("step planner: a layout done past the trough serves from the next step's trough",
           "[step_plan][planner][layout_thread]") {
-  HeldLayout layout;
-  Rig rig(layout.options());
-  auto& [host, planner, owner] = rig;
-  for (int s = 0; s < 3; ++s) owner.step(kStep);
-  planner.mark_step();
-  REQUIRE(planner.laying_out());
+  ArmedRig armed;
+  HeldLayout& layout = armed.layout;
+  auto& [host, planner, owner] = armed.rig;
   // The step goes on while the layout is held back: A, free W, B, free A (past the trough, 2).
   const std::vector<StepEvent> head(kStep.begin(), kStep.begin() + 4), tail(kStep.begin() + 4, kStep.end());
   owner.unmarked_step(head);  // (marked above)
@@ -716,12 +725,9 @@ TEST_CASE("step planner: a layout done past the trough serves from the next step
 
 TEST_CASE("step planner: a plan that falls back while its layout is at work does not take it",
           "[step_plan][planner][layout_thread]") {
-  HeldLayout layout;
-  Rig rig(layout.options());
-  auto& [host, planner, owner] = rig;
-  for (int s = 0; s < 3; ++s) owner.step(kStep);
-  planner.mark_step();
-  REQUIRE(planner.laying_out());
+  ArmedRig armed;
+  HeldLayout& layout = armed.layout;
+  auto& [host, planner, owner] = armed.rig;
   auto changed = kStep;
   changed[0].size_bytes += 4096;
   owner.unmarked_step(changed);  // (marked above) differs at its first event: falls back
@@ -763,11 +769,9 @@ TEST_CASE("step planner: a planner destroyed while its layout is at work waits f
 
 TEST_CASE("step planner: a child forked while a layout is at work neither waits for it nor takes it",
           "[step_plan][planner][layout_thread]") {
-  HeldLayout layout;
-  auto rig = std::make_unique<Rig>(layout.options());
-  for (int s = 0; s < 3; ++s) rig->owner.step(kStep);
-  rig->planner.mark_step();
-  REQUIRE(rig->planner.laying_out());
+  auto armed = std::make_unique<ArmedRig>();
+  HeldLayout& layout = armed->layout;
+  StepPlanner& planner = armed->rig.planner;
   // Each child has no layout thread: a wait gives the layout up, and so does the destructor,
   // without joining a thread that is not there (glibc's fork marks the other threads as gone, so a
   // join would return there, but POSIX leaves it undefined; the alarm ends a child that hangs).
@@ -778,10 +782,10 @@ TEST_CASE("step planner: a child forked while a layout is at work neither waits 
       ::alarm(10);
       bool ok = true;
       if (wait_first) {
-        rig->planner.wait_for_layout();
-        ok = !rig->planner.laying_out() && rig->planner.counters().plans == 0 && !rig->planner.serving();
+        planner.wait_for_layout();
+        ok = !planner.laying_out() && planner.counters().plans == 0 && !planner.serving();
       }
-      rig.reset();
+      armed.reset();
       ::_exit(ok ? 0 : 1);
     }
     int status = 0;
@@ -792,8 +796,8 @@ TEST_CASE("step planner: a child forked while a layout is at work neither waits 
   }
   // The parent's layout is still its own.
   layout.release();
-  rig->planner.wait_for_layout();
-  CHECK(rig->planner.counters().plans == 1);
+  planner.wait_for_layout();
+  CHECK(planner.counters().plans == 1);
 }
 
 namespace {

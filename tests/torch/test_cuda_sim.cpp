@@ -332,15 +332,11 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(keys.at("gpumem.engine_lock.contended") == 0);
   CHECK(keys.at("gpumem.arenas") == 1);
   // No step planner in this configuration: its keys are there, zero.
-  CHECK(keys.at("gpumem.step_plan.on") == 0);
-  CHECK(keys.at("gpumem.step_plan.plans") == 0);
-  CHECK(keys.at("gpumem.step_plan.served_allocations") == 0);
-  CHECK(keys.at("gpumem.step_plan.stopped") == 0);
-  CHECK(keys.at("gpumem.step_plan.dormant") == 0);
-  CHECK(keys.at("gpumem.step_plan.dormant_periods") == 0);
-  CHECK(keys.at("gpumem.step_plan.layouts") == 0);
-  CHECK(keys.at("gpumem.step_plan.last_layout_us") == 0);
-  CHECK(keys.at("gpumem.step_plan.laying_out") == 0);
+  for (const char* key : {"on", "plans", "served_allocations", "stopped", "dormant", "dormant_periods", "layouts",
+                          "last_layout_us", "laying_out"}) {
+    INFO(key);
+    CHECK(keys.at(std::string("gpumem.step_plan.") + key) == 0);
+  }
   live.free_all();
   // The free took it once more.
   const auto after = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
