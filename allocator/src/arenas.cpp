@@ -230,6 +230,7 @@ void Arenas::unbind_stats(CachingAllocator& first) {
     std::lock_guard lock(m.mutex);
     m.may_bind_stats.store(false, std::memory_order_relaxed);
     sink = m.stats_sink.exchange(nullptr, std::memory_order_relaxed);
+    m.sync_sink_alone_locked();
   }
   if (sink != nullptr) sink->unbind_engine();
 }

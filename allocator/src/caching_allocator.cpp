@@ -101,6 +101,7 @@ CachingAllocator::~CachingAllocator() {
   if (arenas_) return;  // the arenas release their own
   // The bound StatsObserver (Note [Stats in place]) may outlive the engine: its hot counters go
   // back to its own lock while our lock still exists.
+  impl_->sink_alone.store(nullptr, std::memory_order_relaxed);
   if (StatsObserver* sink = impl_->stats_sink.exchange(nullptr, std::memory_order_relaxed)) sink->unbind_engine();
   // After this, exiting threads no longer hand caches back to this engine.
   detail::unregister_engine(impl_->thread_caches.id);
@@ -403,15 +404,15 @@ FreeStatus free_in(CachingAllocator::Impl& m, void* ptr) {
     } else {
       m.allocated_bytes -= b->size_bytes;
       m.requested_bytes -= b->requested_bytes;
-      m.emit(batch, EventKind::free_requested, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
       if (b->uses && !b->uses->streams.empty()) {
+        m.emit(batch, EventKind::free_requested, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
         // Markers are recorded (StreamEvents::record does not block) under the lock.
         for (StreamId s : b->uses->streams) b->uses->markers.push_back(m.events.record(s));
         b->state = BlockState::pending_free;
         m.pending.push_back(b);
         m.pending_bytes += b->size_bytes;
       } else {
-        m.complete_free_locked(b, batch);
+        m.free_now_locked(b, batch);
       }
     }
     if (m.use_caches()) {
@@ -543,6 +544,7 @@ void CachingAllocator::attach_observer(std::shared_ptr<AllocObserver> observer) 
       m.stats_sink.store(sink, std::memory_order_relaxed);
       sink = nullptr;
     }
+    m.sync_sink_alone_locked();
   }
   if (sink != nullptr) sink->unbind_engine();
 }
@@ -565,6 +567,7 @@ void CachingAllocator::detach_observer(const AllocObserver* observer) {
       unbind = m.stats_sink.load(std::memory_order_relaxed);
       m.stats_sink.store(nullptr, std::memory_order_relaxed);
     }
+    m.sync_sink_alone_locked();
   }
   // No call counts in place any more; the observer lists keep the observer alive.
   if (unbind != nullptr) unbind->unbind_engine();

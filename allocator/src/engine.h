@@ -162,6 +162,16 @@ struct CachingAllocator::Impl {
   // whose hot counters emit() adds to under the engine lock; null if none. Written under mutex
   // (attach / detach); the observer is kept alive by the observer lists.
   std::atomic<StatsObserver*> stats_sink{nullptr};
+  // stats_sink when it is the only observer attached (a StatsObserver never sleeps and needs
+  // nothing filled in), else null: new_batch's answer without walking the list. Written under
+  // mutex with stats_sink and the list (sync_sink_alone_locked).
+  std::atomic<StatsObserver*> sink_alone{nullptr};
+  void sync_sink_alone_locked() noexcept {
+    StatsObserver* const sink = stats_sink.load(std::memory_order_relaxed);
+    const ObserverList* const list = observers.load(std::memory_order_relaxed);
+    const bool alone = sink != nullptr && list != nullptr && list->size() == 1 && list->front().get() == sink;
+    sink_alone.store(alone ? sink : nullptr, std::memory_order_relaxed);
+  }
   // Whether attach_observer may bind a StatsObserver to this engine: not once the device has more
   // than one arena (arenas.h), whose events would all be applied under this engine's lock.
   std::atomic<bool> may_bind_stats{true};
@@ -212,14 +222,31 @@ struct CachingAllocator::Impl {
   std::uint64_t emit(detail::EventBatch& batch, EventKind kind, PoolKind pool, std::uintptr_t addr,
                      std::size_t size, std::size_t requested, StreamId stream, std::uint16_t pieces = 0) {
     ++map.tick;
-    if (StatsObserver* sink = batch.in_place_sink(); sink != nullptr && detail::is_hot(kind)) [[likely]] {
-      if (sink == stats_sink.load(std::memory_order_relaxed)) [[likely]] {
-        if (batch.take_fold_shard_first()) [[unlikely]] sink->fold_this_threads_shard();
-        sink->count_in_place(kind, pool, size, requested);
-        return 0;
-      }
+    if (StatsObserver* sink = in_place_sink_for(batch, kind)) [[likely]] {
+      sink->count_in_place(kind, pool, size, requested);
+      return 0;
     }
     return record(batch, kind, pool, addr, size, requested, stream, pieces);
+  }
+  // A free that completes at once: free_requested and free_completed, one after the other (two
+  // ticks), counted in place together when they can be.
+  void emit_free_now(detail::EventBatch& batch, PoolKind pool, std::uintptr_t addr, std::size_t size,
+                     std::size_t requested, StreamId stream) {
+    if (StatsObserver* sink = in_place_sink_for(batch, EventKind::free_requested)) [[likely]] {
+      map.tick += 2;
+      sink->count_free_in_place(pool, size, requested);
+      return;
+    }
+    emit(batch, EventKind::free_requested, pool, addr, size, requested, stream);
+    emit(batch, EventKind::free_completed, pool, addr, size, requested, stream);
+  }
+  // The StatsObserver that counts this hot event in place (its first in the call folds this
+  // thread's shard first), or null: the event is recorded.
+  StatsObserver* in_place_sink_for(detail::EventBatch& batch, EventKind kind) {
+    StatsObserver* sink = batch.in_place_sink();
+    if (sink == nullptr || !detail::is_hot(kind) || sink != stats_sink.load(std::memory_order_relaxed)) return nullptr;
+    if (batch.take_fold_shard_first()) [[unlikely]] sink->fold_this_threads_shard();
+    return sink;
   }
 
   // Records an event without the engine lock (thread-cache fast paths).
@@ -247,6 +274,13 @@ struct CachingAllocator::Impl {
   // locked hot events in place (Note [Stats in place]).
   detail::EventBatch new_batch() const noexcept {
     if (!has_observers.load(std::memory_order_relaxed)) return detail::EventBatch(false, kNeedsNothing);
+    if (StatsObserver* const alone = sink_alone.load(std::memory_order_relaxed)) [[likely]]
+      return detail::EventBatch(alone, alone->publishers_met());
+    return new_batch_for_listed();
+  }
+  // new_batch with other observers than the bound StatsObserver: what the awake ones need. Out of
+  // line, so that the calls with no observer or the sink alone keep a small frame.
+  [[gnu::noinline]] detail::EventBatch new_batch_for_listed() const noexcept {
     StatsObserver* const sink = stats_sink.load(std::memory_order_relaxed);
     unsigned all = kSleeping;  // AND of the sleeping bits: set iff every observer sleeps
     unsigned needs = kNeedsNothing;
@@ -288,10 +322,21 @@ struct CachingAllocator::Impl {
   // b (allocated or pending_free, in the live table) becomes free memory.
   void complete_free_locked(Block* b, detail::EventBatch& batch) {
     mutex.assert_held();
+    emit(batch, EventKind::free_completed, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
+    put_freed_locked(b);
+  }
+  // b (allocated, in the live table, used by no other stream) becomes free memory now: the user's
+  // free and its completion in one.
+  void free_now_locked(Block* b, detail::EventBatch& batch) {
+    mutex.assert_held();
+    emit_free_now(batch, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
+    put_freed_locked(b);
+  }
+  // What completing a free does to the block, once its events are out.
+  void put_freed_locked(Block* b) {
     live.erase(*b, use_caches());
     b->uses.reset();
     b->state = BlockState::free;
-    emit(batch, EventKind::free_completed, b->region->pool, b->addr, b->size_bytes, b->requested_bytes, b->stream);
     b->requested_bytes = 0;
     map.insert_free_merged(b);
   }

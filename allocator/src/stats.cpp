@@ -250,6 +250,24 @@ void StatsObserver::fold_locked(detail::StatsShard& sh) const {
   sh.largest_batch_bytes = 0;
 }
 
+void StatsObserver::count_alloc_in_place(PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept {
+  detail::apply_hot(hot_, EventKind::alloc, pool, size_bytes, requested_bytes, max_split_size_bytes_);
+}
+
+void StatsObserver::count_free_requested_in_place(PoolKind pool, std::size_t size_bytes) noexcept {
+  detail::apply_hot(hot_, EventKind::free_requested, pool, size_bytes, 0, max_split_size_bytes_);
+}
+
+void StatsObserver::count_free_completed_in_place(PoolKind pool, std::size_t size_bytes,
+                                                  std::size_t requested_bytes) noexcept {
+  detail::apply_hot(hot_, EventKind::free_completed, pool, size_bytes, requested_bytes, max_split_size_bytes_);
+}
+
+void StatsObserver::count_free_in_place(PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept {
+  detail::apply_hot(hot_, EventKind::free_requested, pool, size_bytes, requested_bytes, max_split_size_bytes_);
+  detail::apply_hot(hot_, EventKind::free_completed, pool, size_bytes, requested_bytes, max_split_size_bytes_);
+}
+
 void StatsObserver::fold_this_threads_shard() noexcept {
   // Called by the bound engine under its lock, which guards hot_ while bound; the shard's own
   // lock guards the shard. The observer's lock is not needed (and may not be taken: it comes

@@ -286,8 +286,21 @@ class StatsObserver final : public AllocObserver {
   void unbind_engine();
   // A hot event of the bound engine, counted in place. Only the bound engine, under its lock.
   void count_in_place(EventKind kind, PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept {
-    detail::apply_hot(hot_, kind, pool, size_bytes, requested_bytes, max_split_size_bytes_);
+    switch (kind) {
+      case EventKind::alloc: return count_alloc_in_place(pool, size_bytes, requested_bytes);
+      case EventKind::free_requested: return count_free_requested_in_place(pool, size_bytes);
+      case EventKind::free_completed: return count_free_completed_in_place(pool, size_bytes, requested_bytes);
+      default: return;
+    }
   }
+  // The same for one kind, out of line (each a few dozen adds; the engine's hot sites name their
+  // kind, so no dispatch is left), and a free that completes at once: its free_requested and
+  // free_completed in one call.
+  [[gnu::noinline]] void count_alloc_in_place(PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept;
+  [[gnu::noinline]] void count_free_requested_in_place(PoolKind pool, std::size_t size_bytes) noexcept;
+  [[gnu::noinline]] void count_free_completed_in_place(PoolKind pool, std::size_t size_bytes,
+                                                       std::size_t requested_bytes) noexcept;
+  [[gnu::noinline]] void count_free_in_place(PoolKind pool, std::size_t size_bytes, std::size_t requested_bytes) noexcept;
   // Whether publishers have met (Note [Stats shards]): from then on a thread's published hot
   // events may wait in its shard. A thread whose shard holds changes read true before making
   // them, so its own relaxed read here sees true too.
