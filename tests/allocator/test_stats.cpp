@@ -826,6 +826,48 @@ TEST_CASE("stats: a bound observer detached, reattached, and outliving its engin
   CHECK(obs->stats().allocation[kAll] == stat(0, 1, 3, 3));
 }
 
+TEST_CASE("stats: the bound observer alone counts in place; an observer attached beside it sees every event",
+          "[stats][in_place]") {
+  // The engine answers an engine call from the bound observer when it is the only one attached
+  // (sink_alone) and walks the list otherwise: each attach and detach must move it between the two.
+  SimSource source;
+  auto events = make_immediate_events();
+  CachingAllocator engine(source, *events, Config{});
+  auto obs = std::make_shared<StatsObserver>();
+  auto counter = std::make_shared<EventCounter>();
+  // One 4 KiB pair on memory the engine holds already: alloc, free_requested, free_completed.
+  auto pair = [&engine] { REQUIRE(engine.free(engine.allocate(4096, 0).ptr) == FreeStatus::ok); };
+  engine.attach_observer(obs);
+  pair();
+  CHECK(obs->stats().allocation[kAll] == stat(0, 1, 1, 1));
+  engine.attach_observer(counter);  // beside the bound observer: every event is built and published
+  pair();
+  CHECK(counter->seen.load() == 3);
+  CHECK(obs->stats().allocation[kAll] == stat(0, 1, 2, 2));
+  engine.detach_observer(counter.get());  // alone again
+  pair();
+  CHECK(counter->seen.load() == 3);
+  CHECK(obs->stats().allocation[kAll] == stat(0, 1, 3, 3));
+  CHECK(obs->stats().active_bytes[kAll] == stat(0, 4096, 3 * 4096, 3 * 4096));
+  engine.detach_observer(obs.get());  // no StatsObserver: the counter alone gets events
+  engine.attach_observer(counter);
+  pair();
+  CHECK(counter->seen.load() == 6);
+  auto second = std::make_shared<StatsObserver>();
+  engine.attach_observer(second);  // bound, but not alone
+  pair();
+  CHECK(counter->seen.load() == 9);
+  CHECK(second->stats().allocation[kAll] == stat(0, 1, 1, 1));
+  engine.detach_observer(counter.get());  // the second one alone: counted in place
+  pair();
+  CHECK(counter->seen.load() == 9);
+  const DeviceStatsView v = second->stats();
+  CHECK(v.allocation[kAll] == stat(0, 1, 2, 2));
+  CHECK(v.requested_bytes[kAll] == stat(0, 4096, 2 * 4096, 2 * 4096));
+  CHECK(v.num_events == 6);
+  CHECK(obs->stats().allocation[kAll] == stat(0, 1, 3, 3));  // detached: saw none of the last three
+}
+
 TEST_CASE("stats: threads on a bound engine and a second engine sharing its observer stay exact",
           "[stats][in_place][threads]") {
   // Engine a binds the observer; engine b (a private pool's, say) publishes to it as events.
