@@ -4,7 +4,7 @@
 // frees a random slot and allocates a new size into it).
 //
 //   bench_alloc_pairs [--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer]
-//                     [--config TEXT] [--tsv] [--interleave] [--engine-per-thread]
+//                     [--config TEXT] [--tsv] [--interleave] [--engine-per-thread] [--driver-costs]
 //
 // Every one-thread measurement (all patterns, all rounds) runs before any T-thread one, so the
 // one-thread column times a process in which no other thread has used an engine, as in a
@@ -20,6 +20,9 @@
 // --engine-per-thread gives each of the T threads an engine (and SimSource) of its own, made before
 // the threads start: nothing is shared but the host (cores, caches, memory). What per-thread
 // arenas could at best reach with T threads on that host (docs/notes/thread-caches.md).
+// --driver-costs makes SimSource's create, map and unmap take the CUDA driver's time on the H100
+// host (spinning; TimedSource below), with the steady clock as the source's clock: the pairs then
+// include the driver time a GPU's engine spends, and time-dependent rules see it.
 // --tsv prints one tab-separated line per measurement instead of the table:
 //   pairs <TAB> pattern <TAB> threads <TAB> median_ns <TAB> min_ns <TAB> max_ns
 // The table's last column counts, for the last round, the SimSource calls and the peak physical
@@ -84,13 +87,66 @@ double run_pattern(CachingAllocator& engine, const AllocPattern& p, std::size_t 
   return ns;
 }
 
+// --driver-costs: SimSource's calls take what the CUDA driver's took on the H100 host through
+// torch_alloc_pairs (docs/measurements/h200-2026-12-05-d/torch-pairs-final, window 1,024: cuMemCreate
+// 7.4 us, cuMemMap + cuMemSetAccess 1.4 + 21.8 us, cuMemUnmap 18.8 us), spent spinning on the
+// steady clock, which is also the source's clock: decisions that depend on time (the recycle
+// budget, recycle_churn) then see driver time as a GPU's engine does.
+struct DriverCosts {
+  std::int64_t create_ns = 7'400, map_ns = 23'200, unmap_ns = 18'800;
+};
+
+class TimedSource final : public MemorySource {
+ public:
+  TimedSource(SimSource& inner, DriverCosts costs) : inner_(inner), costs_(costs) {}
+  SourceCaps caps() const noexcept override { return inner_.caps(); }
+  SourceResult<VaRange> reserve(std::size_t size, std::size_t align) override { return inner_.reserve(size, align); }
+  SourceStatus release(VaRange range) override { return inner_.release(range); }
+  SourceResult<PhysHandle> create(std::size_t size) override {
+    spin(costs_.create_ns);
+    return inner_.create(size);
+  }
+  SourceStatus destroy(PhysHandle handle) override { return inner_.destroy(handle); }
+  SourceStatus map(std::uintptr_t va, std::size_t size, PhysHandle handle) override {
+    spin(costs_.map_ns);
+    return inner_.map(va, size, handle);
+  }
+  SourceStatus unmap(std::uintptr_t va, std::size_t size) override {
+    spin(costs_.unmap_ns);
+    return inner_.unmap(va, size);
+  }
+  ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
+  std::string last_error() const override { return inner_.last_error(); }
+  std::int64_t now_ns() const override { return steady_ns(); }
+  std::int64_t spent_ns() const noexcept { return spent_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  static std::int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void spin(std::int64_t ns) {
+    const std::int64_t end = steady_ns() + ns;
+    while (steady_ns() < end) {
+    }
+    spent_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
+  SimSource& inner_;
+  DriverCosts costs_;
+  std::atomic<std::int64_t> spent_ns_{0};
+};
+
+bool g_driver_costs = false;
+
 struct Engine {
   SimSource source;
+  std::unique_ptr<TimedSource> timed;
   std::unique_ptr<StreamEvents> events = make_immediate_events();
   std::unique_ptr<CachingAllocator> engine;
   Engine(bool observer, Config cfg) : source(options()) {
     cfg.va_reserve_bytes = std::size_t{1} << 42;
-    engine = std::make_unique<CachingAllocator>(source, *events, cfg);
+    if (g_driver_costs) timed = std::make_unique<TimedSource>(source, DriverCosts{});
+    engine = std::make_unique<CachingAllocator>(timed ? static_cast<MemorySource&>(*timed) : source, *events, cfg);
     if (observer) engine->attach_observer(std::make_shared<StatsObserver>());
   }
   static SimSourceOptions options() {
@@ -163,7 +219,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> wanted;
   gpumem::bench::BenchArgs args("bench_alloc_pairs",
                                 "[--ops N] [--threads T] [--rounds R] [--pattern TEXT]... [--observer] [--config TEXT] [--tsv] "
-                                "[--interleave] [--engine-per-thread]");
+                                "[--interleave] [--engine-per-thread] [--driver-costs]");
   args.count("--ops", ops, 1)
       .number("--threads", threads, 0, 1024)
       .number("--rounds", rounds, 1, 1000)
@@ -178,7 +234,8 @@ int main(int argc, char** argv) {
               })
       .flag("--tsv", tsv)
       .flag("--interleave", interleave)
-      .flag("--engine-per-thread", own_engines);
+      .flag("--engine-per-thread", own_engines)
+      .flag("--driver-costs", g_driver_costs);
   args.parse(argc, argv);
   std::vector<AllocPattern> patterns;
   for (const AllocPattern& p : gpumem::bench::alloc_patterns()) {
