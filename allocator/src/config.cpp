@@ -223,6 +223,12 @@ void apply_recycle_ceiling(const Entry& e, const KeyInfo& k, Config& c) {
   c.recycle_ceiling = v;
 }
 
+void apply_recycle_churn(const Entry& e, const KeyInfo& k, Config& c) {
+  double v = want_number(e, k);
+  if (!(v >= 0.0 && v < 1.0)) fail_value(e, k, "is out of range");
+  c.recycle_churn = v;
+}
+
 void apply_recycle_headroom(const Entry& e, const KeyInfo& k, Config& c) {
   double v = want_number(e, k);
   if (!(v >= 0.0 && v < 1.0)) fail_value(e, k, "is out of range");
@@ -333,6 +339,11 @@ constexpr Key<Config> kKeys[] = {
       "the most memory in use (0 = no such bound)",
       "recycle_ceiling:0.015"},
      apply_recycle_ceiling},
+    {{"recycle_churn", "",
+      "a number in [0, 1): while recycling's driver calls take this share of the recent time, the memory guard may "
+      "buy 10 points more (0 = off)",
+      "recycle_churn:0.2"},
+     apply_recycle_churn},
     {{"recycle_headroom", "",
       "a number in [0, 1): create instead of recycling while the footprint stays within 1 + this x the most "
       "memory in use (0 = off)",
@@ -406,6 +417,7 @@ std::string to_string(const Config& c) {
   put("recycle_burst_ms", c.recycle_burst_ms);
   put("recycle_slack", c.recycle_slack);
   put("recycle_ceiling", c.recycle_ceiling);
+  put("recycle_churn", c.recycle_churn);
   put("recycle_headroom", c.recycle_headroom);
   put("recycle_keep_mappings", bool_text(c.recycle_keep_mappings));
   put("recycle_wait", c.recycle_wait == RecycleWait::sync ? "sync" : "fence");

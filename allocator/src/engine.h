@@ -125,6 +125,8 @@ struct CachingAllocator::Impl {
   std::size_t cap = kNoLimit;
   // Driver time recycling may still spend (recycle_budget_policy.h); charged at growth's commit.
   policy::RecycleBudget recycle_budget{rules.recycle_budget};
+  // The churn allowance's meter (recycle_budget_policy.h); under mutex.
+  policy::ChurnMeter churn;
   std::size_t recycle_budget_bought_bytes = 0;  // created by growth the budget kept from recycling
   // The most memory in use at once (allocated + pending, with the request being grown for), seen at
   // growths: what recycling alone would have reserved at least (policy::bought_estimate).

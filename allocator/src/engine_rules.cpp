@@ -14,6 +14,8 @@ EngineRules make_engine_rules(const Config& config, const SourceCaps& caps, std:
   r.recycle_budget.burst_ns = static_cast<std::int64_t>(config.recycle_burst_ms) * 1'000'000;
   r.recycle_budget.slack = config.recycle_slack;
   r.recycle_budget.ceiling = config.recycle_ceiling;
+  r.recycle_budget.churn = config.recycle_churn;
+  r.recycle_budget.churn_allowance = config.recycle_churn > 0.0 ? kChurnAllowance : 0.0;
   r.recycle_headroom = config.recycle_headroom;
   r.keep_mappings = config.recycle_keep_mappings;
   r.recycle_fence = config.recycle_wait == RecycleWait::fence;

@@ -487,9 +487,16 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // Memory comes first: past the cap, or past the memory the budget may add (its slack, against
     // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
     // not charged (the budget counts what it chose).
+    // While recycling churns (recycle_churn: ChurnMeter, recycle_budget_policy.h), the guard's
+    // bounds are wider; the clock is read only for a growth the usual bounds refuse.
+    auto guard_refuses = [&](const policy::RecycleBudgetRules& guard) {
+      return !policy::within_guard(bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
+                                   guard);
+    };
     if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
-        !policy::within_guard(bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
-                              rules.recycle_budget))) {
+        (guard_refuses(rules.recycle_budget) &&
+         (!(rules.recycle_budget.churn > 0.0 && churn.open(source.now_ns(), rules.recycle_budget)) ||
+          guard_refuses(policy::ChurnMeter::allowed_rules(rules.recycle_budget)))))) {
       recycle_now = true;
       chosen = chosen_with;
       buying_bytes = 0;
@@ -673,6 +680,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
   if (StatsObserver* sink = stats_sink.load(std::memory_order_relaxed))
     sink->count_recycle_waits(w.sync_streams.size(), w.wait_markers.size(), fence_skips);
   if (charge_budget) recycle_budget.charge(w.recycle_ns);
+  if (w.recycle_ns > 0 && rules.recycle_budget.churn > 0.0) churn.note_recycling(source.now_ns(), w.recycle_ns);
   if (w.fail.status == SourceStatus::ok) recycle_budget_bought_bytes += buying_bytes;
   for (std::size_t i = 0; i < w.ghosts.size(); ++i)
     if (w.ghosts[i].unmapped)

@@ -1,6 +1,7 @@
 #include "recycle_budget_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace gpumem::alloc::policy {
 
@@ -62,6 +63,36 @@ void RecycleBudget::charge(std::int64_t spent_ns) noexcept {
   if (rules_.unlimited() || spent_ns <= 0) return;
   spent_ns_ += spent_ns;
   tokens_ns_ -= static_cast<double>(spent_ns);
+}
+
+
+void ChurnMeter::note_recycling(std::int64_t now_ns, std::int64_t spent_ns) noexcept {
+  level_ns_ = share(now_ns) * static_cast<double>(kWindowNs) + static_cast<double>(std::max<std::int64_t>(spent_ns, 0));
+  last_ns_ = std::max(last_ns_, now_ns);
+}
+
+double ChurnMeter::share(std::int64_t now_ns) const noexcept {
+  const double dt = static_cast<double>(std::max<std::int64_t>(now_ns - last_ns_, 0));
+  return level_ns_ * std::exp(-dt / static_cast<double>(kWindowNs)) / static_cast<double>(kWindowNs);
+}
+
+bool ChurnMeter::open(std::int64_t now_ns, const RecycleBudgetRules& rules) noexcept {
+  if (!(rules.churn > 0.0) || !(rules.churn_allowance > 0.0)) return open_ = false;
+  const double s = share(now_ns);
+  if (open_) {
+    open_ = s >= rules.churn / 4;
+  } else if (s >= rules.churn) {
+    open_ = true;
+    ++openings_;
+  }
+  return open_;
+}
+
+RecycleBudgetRules ChurnMeter::allowed_rules(const RecycleBudgetRules& rules) noexcept {
+  RecycleBudgetRules r = rules;
+  r.slack = std::min(1.0, r.slack + rules.churn_allowance);
+  if (r.ceiling > 0.0) r.ceiling += rules.churn_allowance;
+  return r;
 }
 
 }  // namespace gpumem::alloc::policy

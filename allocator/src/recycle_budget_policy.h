@@ -39,6 +39,10 @@ struct RecycleBudgetRules {
   // The guard's second bound (within_guard): growth past the budget buys memory only while the
   // footprint stays within (1 + ceiling) x the most memory ever in use; 0 = no such bound.
   double ceiling = 0.0;
+  // The churn allowance (ChurnMeter): while recycling's driver calls take at least `churn` of the
+  // recent time, the guard's slack and ceiling are each `churn_allowance` higher. 0 = off.
+  double churn = 0.0;
+  double churn_allowance = 0.0;
   bool unlimited() const noexcept { return !(fraction < 1.0); }
   // No time at all for recycling (fraction 0, no burst): every growth goes to the memory guard,
   // and the clock need not be read.
@@ -98,6 +102,39 @@ bool within_headroom(std::size_t reserved_bytes, std::size_t adding_bytes, std::
 // looser bound (1.5% over in_use_high, the guard's ceiling) moved peaks up on 3 traces
 // (Note [Physical page recycling], "Fences instead of waits").
 bool fence_may_create(std::size_t reserved_bytes, std::size_t adding_bytes, std::size_t in_use_high_bytes) noexcept;
+
+// The churn meter (recycle_churn): how much of the recent time recycling's driver calls took, and
+// whether the churn allowance is open. The share is an exponentially decaying sum of the driver
+// time of the moves, with a time constant of kWindowNs, over kWindowNs: a steady rate r of driver
+// time per unit of time reads r. The allowance opens when the share reaches `rules.churn` and closes
+// when it falls below a quarter of that; while it is open the memory guard may buy
+// `rules.churn_allowance` more of both its bounds (`allowed_rules`). A program that spends a third
+// of its time moving the same pieces back and forth is better served by a few percent more memory
+// (docs/notes/allocation-policy.md, "The churn allowance"). Time comes from the caller, as for
+// RecycleBudget (the replay's is traced time plus the modelled calls, so replays stay
+// deterministic); a clock that stands still (SimSource) never opens it.
+class ChurnMeter {
+ public:
+  static constexpr std::int64_t kWindowNs = 100'000'000;
+
+  // spent_ns of recycling's driver time, ending at now_ns.
+  void note_recycling(std::int64_t now_ns, std::int64_t spent_ns) noexcept;
+  // The share of the recent time that recycling took, decayed to now_ns.
+  double share(std::int64_t now_ns) const noexcept;
+  // Updates and returns whether the allowance is open at now_ns under `rules` (churn or
+  // churn_allowance 0: never).
+  bool open(std::int64_t now_ns, const RecycleBudgetRules& rules) noexcept;
+  // `rules` with the allowance added to the guard's slack (at most 1) and ceiling (a ceiling of 0
+  // stays 0: no bound).
+  static RecycleBudgetRules allowed_rules(const RecycleBudgetRules& rules) noexcept;
+  std::uint64_t openings() const noexcept { return openings_; }
+
+ private:
+  double level_ns_ = 0;         // decayed sum of recycling's driver time, as of last_ns_
+  std::int64_t last_ns_ = 0;
+  bool open_ = false;
+  std::uint64_t openings_ = 0;  // times the allowance opened
+};
 
 class RecycleBudget {
  public:

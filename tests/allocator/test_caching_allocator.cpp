@@ -631,6 +631,41 @@ TEST_CASE("the memory guard's ceiling: growth past the budget buys only while th
   }
 }
 
+TEST_CASE("recycle_churn: while moves take a large share of the recent time, the memory guard may buy more",
+          "[engine][recycle][recycle_budget][churn]") {
+  // The default budget (none: the guard decides every growth that could move pieces). A 1 GiB block
+  // stays; round 1 builds the rest and recycles (two 1 ms unmaps and maps: 4 ms of moves). Round 2,
+  // from an emptied cache, can either move two free pieces again or create 40 MiB: about 3.5% of the
+  // footprint, past the guard's slack (0.008) and ceiling (0.015), within them plus the allowance.
+  for (const bool churn : {false, true})
+    for (const bool idle : {false, true})
+      DYNAMIC_SECTION("recycle_churn " << churn << ", idle for 10 s " << idle) {
+        Config c = test_config();
+        c.recycle_keep_mappings = false;  // a move unmaps: the counts below count moves
+        c.recycle_churn = churn ? 0.02 : 0.0;
+        ClockedFixture f(c);
+        void* kept = f.alloc(1024 * MiB);
+        const std::size_t base = f.engine.totals().reserved_bytes;  // the block's pieces (1,040 MiB)
+        f.fragment_and_grow();
+        CHECK(f.source.inner.counters().unmaps == 2);
+        f.engine.empty_cache();
+        if (idle) f.source.advance(std::int64_t{10} * 1'000'000'000);  // the moves long forgotten
+        const auto before = f.source.inner.counters();
+        f.fragment_and_grow();
+        if (churn && !idle) {
+          CHECK(f.source.inner.counters().unmaps == before.unmaps);
+          CHECK(f.source.inner.counters().creates == before.creates + 7);
+          CHECK(f.engine.totals().reserved_bytes == base + 140 * MiB);
+        } else {
+          CHECK(f.source.inner.counters().unmaps == before.unmaps + 2);
+          CHECK(f.source.inner.counters().creates == before.creates + 5);
+          CHECK(f.engine.totals().reserved_bytes == base + 100 * MiB);
+        }
+        f.engine.check_invariants();
+        REQUIRE(f.engine.free(kept) == FreeStatus::ok);
+      }
+}
+
 TEST_CASE("frontier_piece_size_mb: a growth at a region's end that moves nothing creates longer pieces",
           "[engine][pieces][frontier]") {
   // 64 MiB in an empty engine: the inside of the request in pieces of at most 8 MiB (8 creates), or

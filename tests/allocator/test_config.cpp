@@ -40,6 +40,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle_burst_ms == 0);
     CHECK(c.recycle_slack == 0.008);
     CHECK(c.recycle_ceiling == 0.015);
+    CHECK(c.recycle_churn == 0.0);
     CHECK(c.recycle_keep_mappings);
     CHECK(c.recycle_wait == RecycleWait::fence);
     CHECK(c.max_piece_bytes == 8 * kMiB);
@@ -251,6 +252,11 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   CHECK(parse_ok("recycle_ceiling:0").recycle_ceiling == 0.0);
   check_error("recycle_ceiling:1", {"recycle_ceiling:1", "out of range", "[0, 1)"});
   check_error("recycle_ceiling:-0.1", {"recycle_ceiling:-0.1", "out of range"});
+  CHECK(parse_ok("recycle_churn:0.3").recycle_churn == 0.3);
+  CHECK(parse_ok("recycle_churn:0").recycle_churn == 0.0);
+  check_error("recycle_churn:1", {"recycle_churn:1", "out of range", "[0, 1)"});
+  check_error("recycle_churn:-0.2", {"recycle_churn:-0.2", "out of range"});
+  check_error("recycle_churn:lots", {"recycle_churn:lots", "[0, 1)"});
   CHECK(parse_ok("recycle_headroom:0.01").recycle_headroom == 0.01);
   CHECK(parse_ok("recycle_headroom:0").recycle_headroom == 0.0);
   check_error("recycle_headroom:1", {"recycle_headroom:1", "out of range", "[0, 1)"});
@@ -391,7 +397,7 @@ TEST_CASE("config: to_string is canonical and round-trips", "[config]") {
 
 TEST_CASE("config: config_keys names every engine key, and each is known", "[config]") {
   auto keys = config_keys();
-  CHECK(keys.size() == 28);  // 7 PyTorch 2.11 keys + 21 of gpumem's engine
+  CHECK(keys.size() == 29);  // 7 PyTorch 2.11 keys + 22 of gpumem's engine
   for (auto k : keys) {
     // Every key is known: a nonsense value is refused for the value, never as an unknown key.
     auto r = parse_config(std::string(k) + ":@");

@@ -167,3 +167,83 @@ TEST_CASE("headroom rule: create instead of recycling while the footprint stays 
   // Nothing in use yet: nothing is within any headroom.
   CHECK_FALSE(within_headroom(0, 2 * kMiB, 0, 0.5));
 }
+
+TEST_CASE("churn meter: a steady rate of driver time reads as that share of the time", "[policy][recycle_budget][churn]") {
+  ChurnMeter m;
+  CHECK(m.share(0) == 0.0);
+  // 0.3 ms of moves every ms for a second (ten time constants): the decaying sum settles at 0.3.
+  for (std::int64_t t = 1; t <= 1000; ++t) m.note_recycling(t * kMs, 3 * kMs / 10);
+  CHECK(m.share(1000 * kMs) == Approx(0.3).margin(0.01));
+  // Idle for one time constant: e^-1 of it; for ten: nothing left to speak of.
+  CHECK(m.share(1000 * kMs + ChurnMeter::kWindowNs) == Approx(0.3 / 2.718281828).margin(0.01));
+  CHECK(m.share(1000 * kMs + 10 * ChurnMeter::kWindowNs) < 0.0001);
+  // A clock that goes backwards decays nothing.
+  CHECK(m.share(500 * kMs) == m.share(1000 * kMs));
+}
+
+TEST_CASE("churn meter: the allowance opens at the share, closes below a quarter of it", "[policy][recycle_budget][churn]") {
+  RecycleBudgetRules rules;
+  rules.slack = 0.008;
+  rules.ceiling = 0.015;
+  rules.churn = 0.2;
+  rules.churn_allowance = 0.1;
+  ChurnMeter m;
+  m.note_recycling(10 * kMs, 10 * kMs);  // 10 ms of moves: a share of 0.1
+  CHECK_FALSE(m.open(10 * kMs, rules));
+  m.note_recycling(20 * kMs, 15 * kMs);  // 0.1 e^-0.1 + 0.15: 0.24
+  CHECK(m.open(20 * kMs, rules));
+  CHECK(m.openings() == 1);
+  // Between a quarter of the share and the share it stays open; below a quarter it closes.
+  const std::int64_t mid = 20 * kMs + ChurnMeter::kWindowNs / 2;  // 0.24 e^-0.5: 0.146
+  CHECK(m.share(mid) < rules.churn);
+  CHECK(m.open(mid, rules));
+  const std::int64_t late = 20 * kMs + 2 * ChurnMeter::kWindowNs;  // 0.24 e^-2: 0.032
+  CHECK_FALSE(m.open(late, rules));
+  // Closed, the same middling share does not open it again.
+  m.note_recycling(late + kMs, 12 * kMs);  // 0.032 e^-0.01 + 0.12: 0.152
+  CHECK_FALSE(m.open(late + kMs, rules));
+  CHECK(m.openings() == 1);
+  // Off: no churn share, or no allowance, never opens.
+  RecycleBudgetRules off = rules;
+  off.churn = 0.0;
+  ChurnMeter busy;
+  busy.note_recycling(kMs, 90 * kMs);
+  CHECK_FALSE(busy.open(kMs, off));
+  off = rules;
+  off.churn_allowance = 0.0;
+  CHECK_FALSE(busy.open(kMs, off));
+  CHECK(busy.open(kMs, rules));
+}
+
+TEST_CASE("churn meter: a clock that stands still never opens the allowance", "[policy][recycle_budget][churn]") {
+  // SimSource's clock reads 0 and its calls take no time: nothing is ever noted as spent.
+  RecycleBudgetRules rules;
+  rules.churn = 0.01;
+  rules.churn_allowance = 0.1;
+  ChurnMeter m;
+  for (int i = 0; i < 1000; ++i) m.note_recycling(0, 0);
+  CHECK(m.share(0) == 0.0);
+  CHECK_FALSE(m.open(0, rules));
+}
+
+TEST_CASE("churn meter: the allowance widens both bounds of the memory guard", "[policy][recycle_budget][churn]") {
+  RecycleBudgetRules rules;
+  rules.slack = 0.008;
+  rules.ceiling = 0.015;
+  rules.churn = 0.3;
+  rules.churn_allowance = 0.1;
+  const RecycleBudgetRules wide = ChurnMeter::allowed_rules(rules);
+  CHECK(wide.slack == Approx(0.108));
+  CHECK(wide.ceiling == Approx(0.115));
+  CHECK(wide.fraction == rules.fraction);
+  // 40 MiB on a 1,124 MiB footprint that is all in use: refused by the usual bounds, bought with
+  // the allowance.
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  CHECK_FALSE(within_guard(0, 40 * MiB, 40 * MiB, 1124 * MiB, 1124 * MiB, rules));
+  CHECK(within_guard(0, 40 * MiB, 40 * MiB, 1124 * MiB, 1124 * MiB, wide));
+  // No ceiling stays no ceiling; the slack stops at 1.
+  rules.ceiling = 0.0;
+  rules.slack = 0.95;
+  CHECK(ChurnMeter::allowed_rules(rules).ceiling == 0.0);
+  CHECK(ChurnMeter::allowed_rules(rules).slack == 1.0);
+}

@@ -373,7 +373,7 @@ TEST_CASE("config: to_string(SourceKind) and config_keys", "[config]") {
   CHECK(std::string(to_string(SourceKind::host_vmm)) == "host_vmm");
   CHECK(std::string(to_string(SourceKind::sim)) == "sim");
   auto keys = config_keys();
-  CHECK(keys.size() == 45);  // the engine's 28 (gpumem::alloc::config_keys()) + the adapter's and forensics' 17
+  CHECK(keys.size() == 46);  // the engine's 29 (gpumem::alloc::config_keys()) + the adapter's and forensics' 17
   CHECK(std::string(to_string(PinnedAllocatorKind::native)) == "native");
   CHECK(std::string(to_string(PinnedAllocatorKind::gpumem)) == "gpumem");
   for (auto k : keys) {

@@ -28,6 +28,8 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
 // The most engines a device may have (Config::arenas).
 inline constexpr unsigned kMaxArenas = 64;
+// What recycle_churn adds to the memory guard's slack and ceiling while recycling churns.
+inline constexpr double kChurnAllowance = 0.1;
 
 // How the physical pieces of expandable regions are sized (the `pieces` key).
 enum class PieceSizing : std::uint8_t {
@@ -113,6 +115,11 @@ struct Config {
   // while the footprint stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = no
   // such bound (docs/notes/allocation-policy.md, "The guard's ceiling").
   double recycle_ceiling = 0.015;
+  // recycle_churn: while recycling's driver calls take at least this share of the recent time (a
+  // sum decaying over 0.1 s), the memory guard may buy kChurnAllowance more of both its bounds
+  // (slack and ceiling), in [0, 1); 0 = off (docs/notes/allocation-policy.md, "The churn
+  // allowance").
+  double recycle_churn = 0.0;
   // recycle_headroom: growth creates new memory instead of moving free pieces while the footprint
   // stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = always recycle first
   // (docs/notes/allocation-policy.md, "Recycling only above the headroom").
