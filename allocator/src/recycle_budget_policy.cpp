@@ -65,7 +65,6 @@ void RecycleBudget::charge(std::int64_t spent_ns) noexcept {
   tokens_ns_ -= static_cast<double>(spent_ns);
 }
 
-
 void ChurnMeter::note_recycling(std::int64_t now_ns, std::int64_t spent_ns) noexcept {
   level_ns_ = share(now_ns) * static_cast<double>(kWindowNs) + static_cast<double>(std::max<std::int64_t>(spent_ns, 0));
   last_ns_ = std::max(last_ns_, now_ns);
