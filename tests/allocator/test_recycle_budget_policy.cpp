@@ -168,6 +168,18 @@ TEST_CASE("headroom rule: create instead of recycling while the footprint stays 
   CHECK_FALSE(within_headroom(0, 2 * kMiB, 0, 0.5));
 }
 
+namespace {
+// The default guard's bounds (recycle_slack, recycle_ceiling) with the churn allowance on at `churn`.
+RecycleBudgetRules churn_rules(double churn) {
+  RecycleBudgetRules rules;
+  rules.slack = 0.008;
+  rules.ceiling = 0.015;
+  rules.churn = churn;
+  rules.churn_allowance = 0.1;
+  return rules;
+}
+}  // namespace
+
 TEST_CASE("churn meter: a steady rate of driver time reads as that share of the time", "[policy][recycle_budget][churn]") {
   ChurnMeter m;
   CHECK(m.share(0) == 0.0);
@@ -182,11 +194,7 @@ TEST_CASE("churn meter: a steady rate of driver time reads as that share of the 
 }
 
 TEST_CASE("churn meter: the allowance opens at the share, closes below a quarter of it", "[policy][recycle_budget][churn]") {
-  RecycleBudgetRules rules;
-  rules.slack = 0.008;
-  rules.ceiling = 0.015;
-  rules.churn = 0.2;
-  rules.churn_allowance = 0.1;
+  const RecycleBudgetRules rules = churn_rules(0.2);
   ChurnMeter m;
   m.note_recycling(10 * kMs, 10 * kMs);  // 10 ms of moves: a share of 0.1
   CHECK_FALSE(m.open(10 * kMs, rules));
@@ -217,9 +225,7 @@ TEST_CASE("churn meter: the allowance opens at the share, closes below a quarter
 
 TEST_CASE("churn meter: a clock that stands still never opens the allowance", "[policy][recycle_budget][churn]") {
   // SimSource's clock reads 0 and its calls take no time: nothing is ever noted as spent.
-  RecycleBudgetRules rules;
-  rules.churn = 0.01;
-  rules.churn_allowance = 0.1;
+  const RecycleBudgetRules rules = churn_rules(0.01);
   ChurnMeter m;
   for (int i = 0; i < 1000; ++i) m.note_recycling(0, 0);
   CHECK(m.share(0) == 0.0);
@@ -227,11 +233,7 @@ TEST_CASE("churn meter: a clock that stands still never opens the allowance", "[
 }
 
 TEST_CASE("churn meter: the allowance widens both bounds of the memory guard", "[policy][recycle_budget][churn]") {
-  RecycleBudgetRules rules;
-  rules.slack = 0.008;
-  rules.ceiling = 0.015;
-  rules.churn = 0.3;
-  rules.churn_allowance = 0.1;
+  RecycleBudgetRules rules = churn_rules(0.3);
   const RecycleBudgetRules wide = ChurnMeter::allowed_rules(rules);
   CHECK(wide.slack == Approx(0.108));
   CHECK(wide.ceiling == Approx(0.115));
