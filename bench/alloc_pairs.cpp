@@ -118,7 +118,6 @@ class TimedSource final : public MemorySource {
   ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
   std::string last_error() const override { return inner_.last_error(); }
   std::int64_t now_ns() const override { return steady_ns(); }
-  std::int64_t spent_ns() const noexcept { return spent_ns_.load(std::memory_order_relaxed); }
 
  private:
   static std::int64_t steady_ns() {
@@ -129,11 +128,9 @@ class TimedSource final : public MemorySource {
     const std::int64_t end = steady_ns() + ns;
     while (steady_ns() < end) {
     }
-    spent_ns_.fetch_add(ns, std::memory_order_relaxed);
   }
   SimSource& inner_;
   DriverCosts costs_;
-  std::atomic<std::int64_t> spent_ns_{0};
 };
 
 bool g_driver_costs = false;
