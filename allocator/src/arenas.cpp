@@ -518,6 +518,12 @@ EngineLockCounts Arenas::lock_counts() const noexcept {
   return c;
 }
 
+std::uint64_t Arenas::churn_openings() const noexcept {
+  std::uint64_t n = 0;
+  for (unsigned i = 0, count_now = count(); i < count_now; ++i) n += engine(i).churn_openings();
+  return n;
+}
+
 std::vector<ExpandableRegionSize> Arenas::expandable_region_sizes() const {
   std::vector<ExpandableRegionSize> out;
   for (unsigned i = 0, n = count(); i < n; ++i)

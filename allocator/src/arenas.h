@@ -147,6 +147,7 @@ struct Arenas {
   EngineSnapshot snapshot();
   EngineTotals totals() const;
   EngineLockCounts lock_counts() const noexcept;
+  std::uint64_t churn_openings() const noexcept;
   std::vector<ExpandableRegionSize> expandable_region_sizes() const;
   std::size_t largest_free_block_bytes() const;
   void check_invariants() const;

@@ -612,6 +612,11 @@ bool CachingAllocator::thread_caches_on() const noexcept { return arenas_ ? fals
 
 unsigned CachingAllocator::arenas() const noexcept { return arenas_ ? arenas_->count() : 1; }
 
+std::uint64_t CachingAllocator::churn_openings() const noexcept {
+  if (arenas_) return arenas_->churn_openings();
+  return impl_->churn_openings.load(std::memory_order_relaxed);
+}
+
 EngineLockCounts CachingAllocator::lock_counts() const noexcept {
   if (arenas_) return arenas_->lock_counts();
   return {impl_->lock_acquisitions.load(std::memory_order_relaxed), impl_->lock_contended.load(std::memory_order_relaxed)};

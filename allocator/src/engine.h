@@ -127,6 +127,15 @@ struct CachingAllocator::Impl {
   policy::RecycleBudget recycle_budget{rules.recycle_budget};
   // The churn allowance's meter (recycle_budget_policy.h); under mutex.
   policy::ChurnMeter churn;
+  // churn.openings() as of the last time the guard asked the meter: written under the engine lock,
+  // read without it (CachingAllocator::churn_openings(), for memory_stats).
+  std::atomic<std::uint64_t> churn_openings{0};
+  // Whether the churn allowance is open at now_ns (ChurnMeter::open), publishing its openings.
+  bool churn_open_locked(std::int64_t now_ns) noexcept {
+    const bool open = churn.open(now_ns, rules.recycle_budget);
+    churn_openings.store(churn.openings(), std::memory_order_relaxed);
+    return open;
+  }
   std::size_t recycle_budget_bought_bytes = 0;  // created by growth the budget kept from recycling
   // The most memory in use at once (allocated + pending, with the request being grown for), seen at
   // growths: what recycling alone would have reserved at least (policy::bought_estimate).

@@ -495,7 +495,7 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     };
     if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
         (guard_refuses(rules.recycle_budget) &&
-         (!(rules.recycle_budget.churn > 0.0 && churn.open(source.now_ns(), rules.recycle_budget)) ||
+         (!(rules.recycle_budget.churn > 0.0 && churn_open_locked(source.now_ns())) ||
           guard_refuses(policy::ChurnMeter::allowed_rules(rules.recycle_budget)))))) {
       recycle_now = true;
       chosen = chosen_with;

@@ -134,6 +134,8 @@ std::map<std::string, std::int64_t> memory_stats(c10::Device device) {
   out["gpumem.engine_lock.contended"] = static_cast<std::int64_t>(locks.contended);
   // Engines serving the device (arenas:N; 1 until a thread moved to an arena of its own).
   out["gpumem.arenas"] = de != nullptr ? static_cast<std::int64_t>(de->engine->arenas()) : 1;
+  // recycle_churn: times the churn allowance opened (0 while the key is off). A load, no lock.
+  out["gpumem.recycle_churn.openings"] = de != nullptr ? static_cast<std::int64_t>(de->engine->churn_openings()) : 0;
   // The step planner (step_plan:True): whether it is on, and what it did (counts since the engine
   // was made; arena_bytes is the arena in use now, 0 when none).
   const std::optional<alloc::StepPlanCounters> plan =

@@ -166,11 +166,16 @@ class GpumemPolicy final : public ReplayPolicy {
   }
 
   std::string notes() const override {
+    // recycle_churn: how often the allowance opened (the calls it saved show in the VMM columns).
+    std::string churn;
+    if (engine_.config().recycle_churn > 0.0)
+      churn = fmt::format("churn allowance: opened {} time(s)", engine_.churn_openings());
     const std::optional<alloc::StepPlanCounters> counters = engine_.step_plan_counters();
-    if (!counters) return {};
+    if (!counters) return churn;
     const alloc::StepPlanCounters& c = *counters;
-    std::string s = c.marks > 0 ? fmt::format("step plan: {} step mark(s)", c.marks)
-                                : fmt::format("step plan: {} step(s) found", c.detected_steps);
+    std::string s = churn.empty() ? std::string{} : churn + "; ";
+    s += c.marks > 0 ? fmt::format("step plan: {} step mark(s)", c.marks)
+                     : fmt::format("step plan: {} step(s) found", c.detected_steps);
     if (c.marks == 0 && c.detected_steps > 0) s += fmt::format(" (the last of {} events)", c.step_events);
     s += fmt::format(", {} plan(s), {} arena(s) mapped, {} fallback(s); {} allocations and {} whole steps served "
                      "from the arena",

@@ -211,6 +211,9 @@ class CachingAllocator {
   // The engines serving the device now: 1, or with Config::arenas > 1 the arenas made so far. A
   // load, no lock.
   unsigned arenas() const noexcept;
+  // Times the churn allowance opened (Config::recycle_churn; 0 while it is off). With arenas, their
+  // sum. A load, no lock.
+  std::uint64_t churn_openings() const noexcept;
   std::optional<BlockLookup> lookup(const void* ptr) const;
   std::vector<ExpandableRegionSize> expandable_region_sizes() const;
   std::size_t largest_free_block_bytes() const;
