@@ -46,6 +46,7 @@
 #include "bench_args.h"
 #include "spread.h"
 #include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/forwarding_source.h"
 #include "gpumem/alloc/sim_source.h"
 #include "gpumem/alloc/stats.h"
 
@@ -96,27 +97,21 @@ struct DriverCosts {
   std::int64_t create_ns = 7'400, map_ns = 23'200, unmap_ns = 18'800;
 };
 
-class TimedSource final : public MemorySource {
+class TimedSource final : public ForwardingSource {
  public:
-  TimedSource(SimSource& inner, DriverCosts costs) : inner_(inner), costs_(costs) {}
-  SourceCaps caps() const noexcept override { return inner_.caps(); }
-  SourceResult<VaRange> reserve(std::size_t size, std::size_t align) override { return inner_.reserve(size, align); }
-  SourceStatus release(VaRange range) override { return inner_.release(range); }
+  TimedSource(SimSource& inner, DriverCosts costs) : ForwardingSource(inner), costs_(costs) {}
   SourceResult<PhysHandle> create(std::size_t size) override {
     spin(costs_.create_ns);
-    return inner_.create(size);
+    return ForwardingSource::create(size);
   }
-  SourceStatus destroy(PhysHandle handle) override { return inner_.destroy(handle); }
   SourceStatus map(std::uintptr_t va, std::size_t size, PhysHandle handle) override {
     spin(costs_.map_ns);
-    return inner_.map(va, size, handle);
+    return ForwardingSource::map(va, size, handle);
   }
   SourceStatus unmap(std::uintptr_t va, std::size_t size) override {
     spin(costs_.unmap_ns);
-    return inner_.unmap(va, size);
+    return ForwardingSource::unmap(va, size);
   }
-  ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
-  std::string last_error() const override { return inner_.last_error(); }
   std::int64_t now_ns() const override { return steady_ns(); }
 
  private:
@@ -129,7 +124,6 @@ class TimedSource final : public MemorySource {
     while (steady_ns() < end) {
     }
   }
-  SimSource& inner_;
   DriverCosts costs_;
 };
 

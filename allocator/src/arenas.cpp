@@ -33,13 +33,13 @@ SourceResult<VaRange> ArenaSource::reserve(std::size_t size_bytes, std::size_t a
     std::lock_guard lock(mutex_);
     refusal_.clear();
   }
-  SourceResult<VaRange> r = inner_.reserve(size_bytes, alignment_bytes);
+  SourceResult<VaRange> r = ForwardingSource::reserve(size_bytes, alignment_bytes);
   if (!virtual_ && !r.ok()) ledger_.sub(size_bytes);
   return r;
 }
 
 SourceStatus ArenaSource::release(VaRange range) {
-  const SourceStatus s = inner_.release(range);
+  const SourceStatus s = ForwardingSource::release(range);
   if (!virtual_ && s == SourceStatus::ok) ledger_.sub(range.size_bytes);
   return s;
 }
@@ -50,7 +50,7 @@ SourceResult<PhysHandle> ArenaSource::create(std::size_t size_bytes) {
     std::lock_guard lock(mutex_);
     refusal_.clear();
   }
-  SourceResult<PhysHandle> r = inner_.create(size_bytes);
+  SourceResult<PhysHandle> r = ForwardingSource::create(size_bytes);
   if (!r.ok()) {
     ledger_.sub(size_bytes);
     return r;
@@ -60,7 +60,7 @@ SourceResult<PhysHandle> ArenaSource::create(std::size_t size_bytes) {
     piece_bytes_.emplace(r.value, size_bytes);
   } catch (const std::bad_alloc&) {
     // The host cannot remember the piece: give it back rather than lose count of it.
-    inner_.destroy(r.value);
+    ForwardingSource::destroy(r.value);
     ledger_.sub(size_bytes);
     return {SourceStatus::out_of_memory, {}};
   }
@@ -68,7 +68,7 @@ SourceResult<PhysHandle> ArenaSource::create(std::size_t size_bytes) {
 }
 
 SourceStatus ArenaSource::destroy(PhysHandle handle) {
-  const SourceStatus s = inner_.destroy(handle);
+  const SourceStatus s = ForwardingSource::destroy(handle);
   if (s != SourceStatus::ok) return s;
   std::size_t n = 0;
   {
@@ -87,7 +87,7 @@ std::string ArenaSource::last_error() const {
     std::lock_guard lock(mutex_);
     if (!refusal_.empty()) return refusal_;
   }
-  return inner_.last_error();
+  return ForwardingSource::last_error();
 }
 
 // ==================================================================== Arenas

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/forwarding_source.h"
 
 namespace gpumem::alloc::detail {
 
@@ -79,29 +80,21 @@ struct ArenaLedger {
 // One arena's view of the device's source: every call goes to the source; the physical memory it
 // backs (created pieces on a virtual-memory source, reserved ranges on one without) is counted in
 // the ledger, and a call that would pass the ledger's cap is refused with out_of_memory.
-class ArenaSource final : public MemorySource {
+class ArenaSource final : public ForwardingSource {
  public:
   ArenaSource(MemorySource& inner, ArenaLedger& ledger) noexcept
-      : inner_(inner), ledger_(ledger), virtual_(inner.caps().virtual_memory) {}
+      : ForwardingSource(inner), ledger_(ledger), virtual_(inner.caps().virtual_memory) {}
 
-  SourceCaps caps() const noexcept override { return inner_.caps(); }
   SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override;
   SourceStatus release(VaRange range) override;
   SourceResult<PhysHandle> create(std::size_t size_bytes) override;
   SourceStatus destroy(PhysHandle handle) override;
-  SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override {
-    return inner_.map(va, size_bytes, handle);
-  }
-  SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override { return inner_.unmap(va, size_bytes); }
-  ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
   std::string last_error() const override;
-  std::int64_t now_ns() const override { return inner_.now_ns(); }
 
  private:
   // Counts n bytes in, or records why not (the cap) and returns false.
   bool admit(std::size_t n);
 
-  MemorySource& inner_;
   ArenaLedger& ledger_;
   const bool virtual_;
   mutable std::mutex mutex_;                                 // guards the two below

@@ -18,7 +18,7 @@
 #include <random>
 #include <thread>
 
-#include "gpumem/alloc/memory_source.h"
+#include "gpumem/alloc/forwarding_source.h"
 #include "gpumem/alloc/stream_events.h"
 
 namespace gpumem::alloc::test {
@@ -57,12 +57,12 @@ class Gate {
   int waiting_ = 0;
 };
 
-class SlowSource final : public MemorySource {
+class SlowSource final : public ForwardingSource {
  public:
   enum class Op : std::uint8_t { reserve, create, map, unmap };
 
   SlowSource(MemorySource& inner, std::chrono::microseconds max_sleep, std::uint64_t seed = 1)
-      : inner_(inner), max_sleep_(max_sleep), rng_(seed) {}
+      : ForwardingSource(inner), max_sleep_(max_sleep), rng_(seed) {}
 
   Gate& gate(Op op) { return gates_[static_cast<int>(op)]; }
   // The next call of op fails when fail_next(op) was called (one-shot).
@@ -75,35 +75,34 @@ class SlowSource final : public MemorySource {
   // Pretend the provider's total is unknown (0), as a source that cannot tell reports it.
   void report_unknown_total(bool v) { unknown_total_ = v; }
 
-  SourceCaps caps() const noexcept override { return inner_.caps(); }
   SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
     Call c(*this, Op::reserve);
     if (c.injected) return {SourceStatus::fault_injected, {}};
-    return inner_.reserve(size_bytes, alignment_bytes);
+    return ForwardingSource::reserve(size_bytes, alignment_bytes);
   }
-  SourceStatus release(VaRange range) override { return inner_.release(range); }
   SourceResult<PhysHandle> create(std::size_t size_bytes) override {
     Call c(*this, Op::create);
     if (c.injected) return {SourceStatus::fault_injected, 0};
-    return inner_.create(size_bytes);
+    return ForwardingSource::create(size_bytes);
   }
-  SourceStatus destroy(PhysHandle handle) override { return inner_.destroy(handle); }
   SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override {
     Call c(*this, Op::map);
     if (c.injected) return SourceStatus::fault_injected;
-    return inner_.map(va, size_bytes, handle);
+    return ForwardingSource::map(va, size_bytes, handle);
   }
   SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override {
     Call c(*this, Op::unmap);
     if (c.injected) return SourceStatus::fault_injected;
-    return inner_.unmap(va, size_bytes);
+    return ForwardingSource::unmap(va, size_bytes);
   }
   ProviderMemInfo mem_info() const override {
-    ProviderMemInfo m = inner_.mem_info();
+    ProviderMemInfo m = ForwardingSource::mem_info();
     if (unknown_total_) m = {};
     return m;
   }
-  std::string last_error() const override { return inner_.last_error(); }
+  // The steady clock (MemorySource's), not the inner source's: these calls take real time (sleeps,
+  // gates), and a SimSource's clock stands still.
+  std::int64_t now_ns() const override { return MemorySource::now_ns(); }
 
  private:
   // One call: counted in flight, held at the op's gate, slept, maybe failed.
@@ -127,7 +126,6 @@ class SlowSource final : public MemorySource {
     return std::chrono::microseconds(rng_() % (max_sleep_.count() + 1));
   }
 
-  MemorySource& inner_;
   const std::chrono::microseconds max_sleep_;
   std::mutex rng_mutex_;
   std::mt19937_64 rng_;

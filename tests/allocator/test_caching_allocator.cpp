@@ -8,6 +8,7 @@
 
 #include "catch.h"
 #include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/forwarding_source.h"
 #include "gpumem/alloc/manual_stream_events.h"
 #include "gpumem/alloc/sim_source.h"
 #include "slow_source.h"
@@ -499,15 +500,10 @@ namespace {
 
 // SimSource with a clock: every map and unmap takes call_ns of simulated time; advance() moves the
 // clock on (time spent computing). The recycle budget reads it through now_ns().
-class ClockedSource final : public MemorySource {
+class ClockedSource final : public ForwardingSource {
  public:
-  SourceCaps caps() const noexcept override { return inner.caps(); }
-  SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
-    return inner.reserve(size_bytes, alignment_bytes);
-  }
-  SourceStatus release(VaRange range) override { return inner.release(range); }
-  SourceResult<PhysHandle> create(std::size_t size_bytes) override { return inner.create(size_bytes); }
-  SourceStatus destroy(PhysHandle handle) override { return inner.destroy(handle); }
+  // The base only binds inner, built after it.
+  ClockedSource() : ForwardingSource(inner) {}
   SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override {
     now += call_ns;
     return inner.map(va, size_bytes, handle);
@@ -516,8 +512,6 @@ class ClockedSource final : public MemorySource {
     now += call_ns;
     return inner.unmap(va, size_bytes);
   }
-  ProviderMemInfo mem_info() const override { return inner.mem_info(); }
-  std::string last_error() const override { return inner.last_error(); }
   std::int64_t now_ns() const override { return now; }
 
   void advance(std::int64_t ns) { now += ns; }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "gpumem/alloc/forwarding_source.h"
 #include "gpumem/alloc/host_vmm_source.h"
 #include "gpumem/alloc/memory_source.h"
 #include "gpumem/alloc/sim_source.h"
@@ -97,37 +98,35 @@ std::size_t round_up(std::size_t x, std::size_t g) { return (x + g - 1) / g * g;
 
 // Passes every call through and attaches each failure's last_error() to the next assertion, so a
 // failed check shows what the source said (only printed when that assertion fails).
-class TracedSource final : public MemorySource {
+class TracedSource final : public ForwardingSource {
  public:
-  explicit TracedSource(MemorySource& inner) : inner_(inner) {}
-  SourceCaps caps() const noexcept override { return inner_.caps(); }
+  explicit TracedSource(MemorySource& inner) : ForwardingSource(inner) {}
   SourceResult<VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
-    auto r = inner_.reserve(size_bytes, alignment_bytes);
+    auto r = ForwardingSource::reserve(size_bytes, alignment_bytes);
     note("reserve", r.status);
     return r;
   }
-  SourceStatus release(VaRange range) override { return note("release", inner_.release(range)); }
+  SourceStatus release(VaRange range) override { return note("release", ForwardingSource::release(range)); }
   SourceResult<PhysHandle> create(std::size_t size_bytes) override {
-    auto r = inner_.create(size_bytes);
+    auto r = ForwardingSource::create(size_bytes);
     note("create", r.status);
     return r;
   }
-  SourceStatus destroy(PhysHandle handle) override { return note("destroy", inner_.destroy(handle)); }
+  SourceStatus destroy(PhysHandle handle) override { return note("destroy", ForwardingSource::destroy(handle)); }
   SourceStatus map(std::uintptr_t va, std::size_t size_bytes, PhysHandle handle) override {
-    return note("map", inner_.map(va, size_bytes, handle));
+    return note("map", ForwardingSource::map(va, size_bytes, handle));
   }
   SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override {
-    return note("unmap", inner_.unmap(va, size_bytes));
+    return note("unmap", ForwardingSource::unmap(va, size_bytes));
   }
-  ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
-  std::string last_error() const override { return inner_.last_error(); }
 
  private:
   SourceStatus note(const char* op, SourceStatus status) {
-    if (status != SourceStatus::ok) UNSCOPED_INFO(op << " -> " << to_string(status) << ": " << inner_.last_error());
+    if (status != SourceStatus::ok) {
+      UNSCOPED_INFO(op << " -> " << to_string(status) << ": " << ForwardingSource::last_error());
+    }
     return status;
   }
-  MemorySource& inner_;
 };
 
 // ---- The conformance checks ----

@@ -11,25 +11,9 @@ namespace {
 
 // A MemorySource that forwards to the device's source without owning it: every pool of a device
 // takes its pieces from the same provider (and, on a simulated device, the same capacity).
-class SourceView final : public alloc::MemorySource {
+class SourceView final : public alloc::ForwardingSource {
  public:
-  explicit SourceView(alloc::MemorySource& inner) : inner_(inner) {}
-  alloc::SourceCaps caps() const noexcept override { return inner_.caps(); }
-  alloc::SourceResult<alloc::VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
-    return inner_.reserve(size_bytes, alignment_bytes);
-  }
-  alloc::SourceStatus release(alloc::VaRange range) override { return inner_.release(range); }
-  alloc::SourceResult<alloc::PhysHandle> create(std::size_t size_bytes) override { return inner_.create(size_bytes); }
-  alloc::SourceStatus destroy(alloc::PhysHandle handle) override { return inner_.destroy(handle); }
-  alloc::SourceStatus map(std::uintptr_t va, std::size_t size_bytes, alloc::PhysHandle handle) override {
-    return inner_.map(va, size_bytes, handle);
-  }
-  alloc::SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override { return inner_.unmap(va, size_bytes); }
-  alloc::ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
-  std::string last_error() const override { return inner_.last_error(); }
-
- private:
-  alloc::MemorySource& inner_;
+  using ForwardingSource::ForwardingSource;
 };
 
 // Pools by pointer-registry owner id, for frees that arrive with a bare pointer.

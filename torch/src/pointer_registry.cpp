@@ -29,40 +29,21 @@ std::size_t PointerRegistry::ranges() const {
   return ranges_.size();
 }
 
+// The base binds *inner before inner_ takes it over: the source itself stays where it is.
 RegisteringSource::RegisteringSource(std::unique_ptr<alloc::MemorySource> inner, PointerRegistry& registry,
                                      int owner)
-    : inner_(std::move(inner)), registry_(registry), owner_(owner) {}
-
-alloc::SourceCaps RegisteringSource::caps() const noexcept { return inner_->caps(); }
+    : ForwardingSource(*inner), inner_(std::move(inner)), registry_(registry), owner_(owner) {}
 
 alloc::SourceResult<alloc::VaRange> RegisteringSource::reserve(std::size_t size_bytes, std::size_t alignment_bytes) {
-  auto result = inner_->reserve(size_bytes, alignment_bytes);
+  auto result = ForwardingSource::reserve(size_bytes, alignment_bytes);
   if (result.ok()) registry_.add(result.value, owner_);
   return result;
 }
 
 alloc::SourceStatus RegisteringSource::release(alloc::VaRange range) {
-  const auto status = inner_->release(range);
+  const auto status = ForwardingSource::release(range);
   if (status == alloc::SourceStatus::ok) registry_.remove(range);
   return status;
 }
-
-alloc::SourceResult<alloc::PhysHandle> RegisteringSource::create(std::size_t size_bytes) {
-  return inner_->create(size_bytes);
-}
-
-alloc::SourceStatus RegisteringSource::destroy(alloc::PhysHandle handle) { return inner_->destroy(handle); }
-
-alloc::SourceStatus RegisteringSource::map(std::uintptr_t va, std::size_t size_bytes, alloc::PhysHandle handle) {
-  return inner_->map(va, size_bytes, handle);
-}
-
-alloc::SourceStatus RegisteringSource::unmap(std::uintptr_t va, std::size_t size_bytes) {
-  return inner_->unmap(va, size_bytes);
-}
-
-alloc::ProviderMemInfo RegisteringSource::mem_info() const { return inner_->mem_info(); }
-
-std::string RegisteringSource::last_error() const { return inner_->last_error(); }
 
 }  // namespace gpumem::torch::detail

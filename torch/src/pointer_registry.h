@@ -17,6 +17,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "gpumem/alloc/forwarding_source.h"
 #include "gpumem/alloc/memory_source.h"
 
 namespace gpumem::torch::detail {
@@ -40,19 +41,15 @@ class PointerRegistry {
 
 // A MemorySource that forwards every call to inner and records its reserved ranges in registry
 // under owner. inner and registry must outlive it.
-class RegisteringSource final : public alloc::MemorySource {
+class RegisteringSource final : public alloc::ForwardingSource {
  public:
   RegisteringSource(std::unique_ptr<alloc::MemorySource> inner, PointerRegistry& registry, int owner);
 
-  alloc::SourceCaps caps() const noexcept override;
   alloc::SourceResult<alloc::VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override;
   alloc::SourceStatus release(alloc::VaRange range) override;
-  alloc::SourceResult<alloc::PhysHandle> create(std::size_t size_bytes) override;
-  alloc::SourceStatus destroy(alloc::PhysHandle handle) override;
-  alloc::SourceStatus map(std::uintptr_t va, std::size_t size_bytes, alloc::PhysHandle handle) override;
-  alloc::SourceStatus unmap(std::uintptr_t va, std::size_t size_bytes) override;
-  alloc::ProviderMemInfo mem_info() const override;
-  std::string last_error() const override;
+  // The steady clock (MemorySource's), not the inner source's: the engines of the adapter run on
+  // it whatever the device, a simulated one's SimSource (whose clock stands still) included.
+  std::int64_t now_ns() const override { return MemorySource::now_ns(); }
 
   alloc::MemorySource& inner() noexcept { return *inner_; }
 

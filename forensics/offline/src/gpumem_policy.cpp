@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "gpumem/alloc/caching_allocator.h"
+#include "gpumem/alloc/forwarding_source.h"
 #include "gpumem/alloc/sim_source.h"
 #include "gpumem/alloc/stream_events.h"
 #include "gpumem/forensics/call_costs.h"
@@ -16,11 +17,11 @@ namespace {
 
 // Forwards to a SimSource and counts what the replay reports: calls that succeeded and the
 // physical bytes held. Only the replay's thread calls it (the engine serializes source calls).
-class CountingSource final : public alloc::MemorySource {
+class CountingSource final : public alloc::ForwardingSource {
  public:
-  explicit CountingSource(alloc::SimSourceOptions options) : inner_(options) {}
+  // The base only binds inner_, built after it.
+  explicit CountingSource(alloc::SimSourceOptions options) : ForwardingSource(inner_), inner_(options) {}
 
-  alloc::SourceCaps caps() const noexcept override { return inner_.caps(); }
   alloc::SourceResult<alloc::VaRange> reserve(std::size_t size_bytes, std::size_t alignment_bytes) override {
     dirty_ = true;
     return inner_.reserve(size_bytes, alignment_bytes);
@@ -51,8 +52,6 @@ class CountingSource final : public alloc::MemorySource {
     if (s == alloc::SourceStatus::ok) ++counters_.unmaps;
     return s;
   }
-  alloc::ProviderMemInfo mem_info() const override { return inner_.mem_info(); }
-  std::string last_error() const override { return inner_.last_error(); }
   // Simulated time: the traced time of the entry being replayed plus what the calls made so far
   // cost on an H200 (call_costs.h). Deterministic, so the engine's time-based decisions (the
   // recycle budget) replay the same everywhere.
