@@ -40,7 +40,7 @@ TEST_CASE("config: empty and blank strings give the defaults", "[config]") {
     CHECK(c.recycle_burst_ms == 0);
     CHECK(c.recycle_slack == 0.008);
     CHECK(c.recycle_ceiling == 0.015);
-    CHECK(c.recycle_churn == 0.0);
+    CHECK(c.recycle_churn == 0.3);
     CHECK(c.recycle_keep_mappings);
     CHECK(c.recycle_wait == RecycleWait::fence);
     CHECK(c.max_piece_bytes == 8 * kMiB);

@@ -21,7 +21,7 @@ inline constexpr const char* kEngineKeysAwayFromDefault =
     "max_non_split_rounding_mb:48,roundup_power2_divisions:[2:4,128:2,>:16],"
     "garbage_collection_threshold:0.7,per_process_memory_fraction:0.3,"
     "memory_limit_mb:1000,small_piece_size_mb:4,max_piece_size_mb:16,frontier_piece_size_mb:32,short_pieces_below_mb:2048,footprint_pieces:256,recycle:False,recycle_budget:0.05,"
-    "recycle_burst_ms:25,recycle_slack:0.5,recycle_ceiling:0.05,recycle_churn:0.3,recycle_keep_mappings:False,recycle_wait:sync,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,arenas:4,va_reserve_mb:4096,check_invariants:True";
+    "recycle_burst_ms:25,recycle_slack:0.5,recycle_ceiling:0.05,recycle_churn:0,recycle_keep_mappings:False,recycle_wait:sync,recycle_overhang:False,recycle_headroom:0.01,thread_cache:False,arenas:4,va_reserve_mb:4096,check_invariants:True";
 
 // Checks that every field of c differs from the default's (c parsed from kEngineKeysAwayFromDefault).
 inline void check_engine_fields_away_from_default(const alloc::Config& c) {

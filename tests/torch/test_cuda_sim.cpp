@@ -331,7 +331,7 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(keys.at("gpumem.engine_lock.acquisitions") >= 1);  // live.alloc's, at least
   CHECK(keys.at("gpumem.engine_lock.contended") == 0);
   CHECK(keys.at("gpumem.arenas") == 1);
-  CHECK(keys.at("gpumem.recycle_churn.openings") == 0);  // recycle_churn is off
+  CHECK(keys.at("gpumem.recycle_churn.openings") == 0);  // on by default; one allocation never churns
   // No step planner in this configuration: its keys are there, zero.
   for (const char* key : {"on", "plans", "served_allocations", "stopped", "dormant", "dormant_periods", "layouts",
                           "last_layout_us", "laying_out"}) {

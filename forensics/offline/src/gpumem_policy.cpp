@@ -165,10 +165,11 @@ class GpumemPolicy final : public ReplayPolicy {
   }
 
   std::string notes() const override {
-    // recycle_churn: how often the allowance opened (the calls it saved show in the VMM columns).
+    // recycle_churn: how often the allowance opened, when it did (the calls it saved show in the
+    // VMM columns). Most replays never open it, and say nothing.
     std::string churn;
-    if (engine_.config().recycle_churn > 0.0)
-      churn = fmt::format("churn allowance: opened {} time(s)", engine_.churn_openings());
+    if (const std::uint64_t openings = engine_.churn_openings(); openings > 0)
+      churn = fmt::format("churn allowance: opened {} time(s)", openings);
     const std::optional<alloc::StepPlanCounters> counters = engine_.step_plan_counters();
     if (!counters) return churn;
     const alloc::StepPlanCounters& c = *counters;

@@ -117,9 +117,9 @@ struct Config {
   double recycle_ceiling = 0.015;
   // recycle_churn: while recycling's driver calls take at least this share of the recent time (a
   // sum decaying over 0.1 s), the memory guard may buy kChurnAllowance more of both its bounds
-  // (slack and ceiling), in [0, 1); 0 = off (docs/notes/allocation-policy.md, "The churn
-  // allowance").
-  double recycle_churn = 0.0;
+  // (slack and ceiling), in [0, 1); 0 = off. 0.3 by default: a program that spends under 30% of
+  // its time moving pieces never sees it (docs/notes/allocation-policy.md, "The churn allowance").
+  double recycle_churn = 0.3;
   // recycle_headroom: growth creates new memory instead of moving free pieces while the footprint
   // stays within (1 + this) x the most memory ever in use, in [0, 1); 0 = always recycle first
   // (docs/notes/allocation-policy.md, "Recycling only above the headroom").
