@@ -39,8 +39,8 @@ class PointerRegistry {
   std::map<std::uintptr_t, Entry> ranges_;  // base -> (size, owner)
 };
 
-// A MemorySource that forwards every call to inner and records its reserved ranges in registry
-// under owner. inner and registry must outlive it.
+// A MemorySource that forwards every call to inner, which it owns, and records its reserved ranges
+// in registry under owner. registry must outlive it.
 class RegisteringSource final : public alloc::ForwardingSource {
  public:
   RegisteringSource(std::unique_ptr<alloc::MemorySource> inner, PointerRegistry& registry, int owner);
