@@ -184,16 +184,18 @@ long long driver_ns() {
 
 // One line of gpumem's statistics after the run: classic segments (the stats observer keeps its
 // lock for every event while one exists), driver calls, retries, the engines serving the device
-// (arenas:N), and the most memory reserved at once over the whole run (all patterns: the arenas'
-// memory price shows here).
+// (arenas:N), the times the churn allowance opened (recycle_churn: the moves it saved cost memory),
+// and the most memory reserved at once over the whole run (all patterns: the arenas' and the
+// allowance's memory price shows here).
 void print_gpumem_stats(Allocator& a) {
   const auto s = a.getDeviceStats(0);
   const auto m = gpumem::torch::memory_stats(c10::Device(c10::DeviceType::CUDA, 0));
   std::printf("gpumem after the run: classic segments peak %lld, device allocs %lld, device frees %lld, alloc retries "
-              "%lld, OOMs %lld, engines %lld, peak reserved %.0f MiB\n",
+              "%lld, OOMs %lld, engines %lld, churn allowance openings %lld, peak reserved %.0f MiB\n",
               static_cast<long long>(s.segment[0].peak), static_cast<long long>(s.num_device_alloc),
               static_cast<long long>(s.num_device_free), static_cast<long long>(s.num_alloc_retries),
               static_cast<long long>(s.num_ooms), static_cast<long long>(m.at("gpumem.arenas")),
+              static_cast<long long>(m.at("gpumem.recycle_churn.openings")),
               static_cast<double>(s.reserved_bytes[0].peak) / 1048576.0);
 }
 
