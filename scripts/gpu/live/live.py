@@ -1074,6 +1074,11 @@ def describe_run(spec, res, native):
         # With arenas:N, how many engines the run's threads ended up in (1: no thread moved).
         parts.append("engines %d" % engines)
     gs = res.get("gpumem_stats", {})
+    openings = gs.get("gpumem.recycle_churn.openings")
+    if openings:
+        # The churn allowance (recycle_churn, on by default) opened: growth bought memory instead of
+        # moving the same pieces again, so this run's peak may be above one without it.
+        parts.append("churn allowance opened %d time(s)" % openings)
     if gs.get("gpumem.step_plan.on"):
         # The step planner (step_plan:True): what it found and served (docs/notes/allocation-policy.md).
         parts.append("step plan: %d step(s) found, %d plan(s), %d fallback(s), %d steps and %d allocations served, "

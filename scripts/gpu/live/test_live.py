@@ -196,6 +196,16 @@ class ReportTest(unittest.TestCase):
         self.assertIn("; engines 1", live.describe_run(spec, dict(base, gpumem_stats={"gpumem.arenas": 1}), None))
         self.assertNotIn("engines", live.describe_run(spec, base, None))
 
+    def test_run_line_says_when_the_churn_allowance_opened(self):
+        spec = {"index": 0, "rep": 0, "workload": "w", "mode": "gpumem"}
+        base = run_result("w", "gpumem", 0, 0.2, steps=5, warmup=1)
+        opened = dict(base, gpumem_stats={"gpumem.recycle_churn.openings": 2})
+        self.assertIn("; churn allowance opened 2 time(s)", live.describe_run(spec, opened, None))
+        # Never opened (most runs), or a library without the key: nothing said.
+        closed = dict(base, gpumem_stats={"gpumem.recycle_churn.openings": 0})
+        self.assertNotIn("churn", live.describe_run(spec, closed, None))
+        self.assertNotIn("churn", live.describe_run(spec, base, None))
+
 
 def args_for(argv):
     return live.parse_args(argv)
