@@ -108,30 +108,12 @@ TEST_CASE("replay of the shipped trace with a step planner: every step after the
   CHECK(r.out.find("\ngpumem: step plan") == std::string::npos);
 }
 
-TEST_CASE("replay of the shipped oom trace: the churn allowance (on by default) opens, and saves moves", "[cli][churn]") {
-  // A program that runs out of memory moves the same pieces over and over near its end (22% of its
-  // time in driver calls without the allowance): the default opens the allowance once there and
-  // buys memory instead (docs/notes/allocation-policy.md, "The churn allowance").
-  const std::string trace = shipped_trace("oom");
-  const Run r = run_cli("replay " + trace + " --policy gpumem --policy gpumem:recycle_churn:0 --top 0");
+TEST_CASE("replay prints under the table when the churn allowance opened", "[cli][churn]") {
+  // The allowance's counts are test_replay's; here, that the command says it, for the policy whose
+  // allowance opened and for no other.
+  const Run r = run_cli("replay " + shipped_trace("oom") + " --policy gpumem --policy gpumem:recycle_churn:0 --top 0");
   REQUIRE(r.status == 0);
   INFO(r.out);
   CHECK(r.out.find("\ngpumem: churn allowance: opened 1 time(s)") != std::string::npos);
   CHECK(r.out.find("gpumem:recycle_churn:0: churn allowance") == std::string::npos);
-  const Run j = run_cli("replay " + trace + " --policy gpumem --policy gpumem:recycle_churn:0 --top 0 --json");
-  REQUIRE(j.status == 0);
-  const auto on = j.out.find("\"policy\": \"gpumem\"");
-  const auto off = j.out.find("\"policy\": \"gpumem:recycle_churn:0\"");
-  REQUIRE(on != std::string::npos);
-  REQUIRE(off != std::string::npos);
-  auto number_after = [&](std::size_t from, const std::string& key) {
-    const auto k = j.out.find("\"" + key + "\": ", from);
-    REQUIRE(k != std::string::npos);
-    return std::stoull(j.out.substr(k + key.size() + 4));
-  };
-  // Fewer moves (maps and unmaps) for more memory: at most the allowance's 10 points on top.
-  CHECK(number_after(on, "maps") < number_after(off, "maps"));
-  CHECK(number_after(on, "unmaps") < number_after(off, "unmaps"));
-  CHECK(number_after(on, "peak_reserved_bytes") >= number_after(off, "peak_reserved_bytes"));
-  CHECK(number_after(on, "peak_reserved_bytes") <= number_after(off, "peak_reserved_bytes") * 11 / 10);
 }
