@@ -487,16 +487,11 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // Memory comes first: past the cap, or past the memory the budget may add (its slack, against
     // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
     // not charged (the budget counts what it chose).
-    // While recycling churns (recycle_churn: ChurnMeter, recycle_budget_policy.h), the guard's
-    // bounds are wider; the clock is read only for a growth the usual bounds refuse.
-    auto guard_refuses = [&](const policy::RecycleBudgetRules& guard) {
-      return !policy::within_guard(bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
-                                   guard);
-    };
-    if (buying_bytes > 0 && (policy::exceeds_cap(map.reserved_bytes, without * slot, cap) ||
-        (guard_refuses(rules.recycle_budget) &&
-         (!(rules.recycle_budget.churn > 0.0 && churn_open_locked(source.now_ns())) ||
-          guard_refuses(policy::ChurnMeter::allowed_rules(rules.recycle_budget)))))) {
+    // The churn allowance's clock is read only for a growth the usual bounds refuse.
+    const policy::GuardInputs guard{bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
+                                    cap};
+    if (policy::guard_forces_recycling(guard, rules.recycle_budget,
+                                       [&] { return churn_open_locked(source.now_ns()); })) {
       recycle_now = true;
       chosen = chosen_with;
       buying_bytes = 0;

@@ -24,6 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cap_policy.h"
+
 namespace gpumem::alloc::policy {
 
 struct RecycleBudgetRules {
@@ -135,6 +137,35 @@ class ChurnMeter {
   bool open_ = false;
   std::uint64_t openings_ = 0;  // times the allowance opened
 };
+
+// The memory guard's whole decision for a growth the budget keeps from recycling, which would
+// create `buying_bytes` more than the same growth with recycling (`created_bytes` in all without
+// recycling; `bought_bytes` bought so far, policy::bought_estimate): whether it must recycle
+// anyway. It must when creating would pass the cap (`cap_bytes`, cap_policy.h), and when the guard
+// refuses (within_guard) unless the churn allowance is open and the guard's wider bounds
+// (ChurnMeter::allowed_rules) accept. A growth that buys nothing never must. `churn_open` is asked
+// (it reads the clock and updates the meter) only when the usual bounds refuse and `rules.churn`
+// is on, so the common growth reads no clock. Note [Allocation policy], "The churn allowance".
+struct GuardInputs {
+  std::size_t bought_bytes = 0;       // bought so far (bought_estimate)
+  std::size_t buying_bytes = 0;       // this growth's purchase: created without recycling - with it
+  std::size_t created_bytes = 0;      // what this growth creates without recycling
+  std::size_t reserved_bytes = 0;     // reserved now
+  std::size_t in_use_high_bytes = 0;  // the most memory ever in use, the request included
+  std::size_t cap_bytes = kNoLimit;   // the cap (kNoLimit: none)
+};
+template <class ChurnOpen>
+bool guard_forces_recycling(const GuardInputs& in, const RecycleBudgetRules& rules, ChurnOpen&& churn_open) {
+  if (in.buying_bytes == 0) return false;
+  if (exceeds_cap(in.reserved_bytes, in.created_bytes, in.cap_bytes)) return true;
+  const auto refuses = [&](const RecycleBudgetRules& guard) {
+    return !within_guard(in.bought_bytes, in.buying_bytes, in.created_bytes, in.reserved_bytes, in.in_use_high_bytes,
+                         guard);
+  };
+  if (!refuses(rules)) return false;
+  if (!(rules.churn > 0.0) || !churn_open()) return true;
+  return refuses(ChurnMeter::allowed_rules(rules));
+}
 
 class RecycleBudget {
  public:

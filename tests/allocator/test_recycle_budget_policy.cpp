@@ -7,6 +7,7 @@
 #include "recycle_budget_policy.h"
 
 using namespace gpumem::alloc::policy;
+using gpumem::alloc::kNoLimit;
 
 namespace {
 constexpr std::int64_t kMs = 1'000'000;  // ns
@@ -248,4 +249,42 @@ TEST_CASE("churn meter: the allowance widens both bounds of the memory guard", "
   rules.slack = 0.95;
   CHECK(ChurnMeter::allowed_rules(rules).ceiling == 0.0);
   CHECK(ChurnMeter::allowed_rules(rules).slack == 1.0);
+}
+
+TEST_CASE("memory guard's decision: cap first, then the guard, the churn allowance asked only when it refuses",
+          "[policy][recycle_budget][churn]") {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  const RecycleBudgetRules rules = churn_rules(0.3);  // slack 0.008, ceiling 0.015, allowance 0.1
+  int asked = 0;
+  auto open = [&] { ++asked; return true; };
+  auto closed = [&] { ++asked; return false; };
+  // 4 MiB bought on a 1,000 MiB footprint, 995 MiB ever in use: within the usual bounds, so the
+  // growth creates and the allowance's clock is not read.
+  GuardInputs in{0, 4 * MiB, 4 * MiB, 1000 * MiB, 995 * MiB, kNoLimit};
+  CHECK_FALSE(guard_forces_recycling(in, rules, open));
+  CHECK(asked == 0);
+  // A growth that buys nothing never must recycle, whatever the bounds say.
+  GuardInputs nothing{0, 0, 400 * MiB, 1000 * MiB, 10 * MiB, kNoLimit};
+  CHECK_FALSE(guard_forces_recycling(nothing, rules, open));
+  CHECK(asked == 0);
+  // Past the cap: recycle, allowance or not.
+  in.cap_bytes = 1002 * MiB;
+  CHECK(guard_forces_recycling(in, rules, open));
+  CHECK(asked == 0);
+  // 40 MiB on a 1,124 MiB footprint all in use: the usual bounds refuse. Closed allowance: recycle;
+  // open: the wider bounds accept, so create.
+  GuardInputs churning{0, 40 * MiB, 40 * MiB, 1124 * MiB, 1124 * MiB, kNoLimit};
+  CHECK(guard_forces_recycling(churning, rules, closed));
+  CHECK(asked == 1);
+  CHECK_FALSE(guard_forces_recycling(churning, rules, open));
+  CHECK(asked == 2);
+  // Even the wider bounds refuse 200 MiB (slack 0.108 x 1,124 = 121 MiB): recycle.
+  GuardInputs too_much{0, 200 * MiB, 200 * MiB, 1124 * MiB, 1124 * MiB, kNoLimit};
+  CHECK(guard_forces_recycling(too_much, rules, open));
+  CHECK(asked == 3);
+  // recycle_churn off: the allowance is never asked.
+  RecycleBudgetRules off = rules;
+  off.churn = 0.0;
+  CHECK(guard_forces_recycling(churning, off, open));
+  CHECK(asked == 3);
 }
