@@ -488,8 +488,12 @@ CachingAllocator::Impl::Block* CachingAllocator::Impl::grow_expandable_dropping_
     // the estimate of what it bought so far), growth recycles whatever it costs; that recycling is
     // not charged (the budget counts what it chose).
     // The churn allowance's clock is read only for a growth the usual bounds refuse.
-    const policy::GuardInputs guard{bought_bytes, buying_bytes, without * slot, map.reserved_bytes, in_use_high_bytes,
-                                    cap};
+    const policy::GuardInputs guard{.bought_bytes = bought_bytes,
+                                    .buying_bytes = buying_bytes,
+                                    .created_bytes = without * slot,
+                                    .reserved_bytes = map.reserved_bytes,
+                                    .in_use_high_bytes = in_use_high_bytes,
+                                    .cap_bytes = cap};
     if (policy::guard_forces_recycling(guard, rules.recycle_budget,
                                        [&] { return churn_open_locked(source.now_ns()); })) {
       recycle_now = true;
