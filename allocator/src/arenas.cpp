@@ -295,8 +295,9 @@ bool Arenas::move(Place& place) {
   std::lock_guard lock(mutex_);
   const unsigned from = place.arena, n = count();
   // Where to: an arena no thread uses now (its threads exited: its memory is there to reuse), else
-  // a new one while fewer than config.arenas exist, else the arena with the fewest threads if that
-  // evens the load (a thread that exits leaves its arena to the next one that needs it).
+  // a new one while fewer than engines_per_device(config) exist, else the arena with the fewest
+  // threads if that evens the load (a thread that exits leaves its arena to the next one that
+  // needs it).
   unsigned to = kMaxArenas, fewest = from;
   for (unsigned i = 0; i < n; ++i) {
     if (i == from) continue;
@@ -304,7 +305,7 @@ bool Arenas::move(Place& place) {
     if (u == 0 && to == kMaxArenas) to = i;
     if (u < users_[fewest].load(std::memory_order_relaxed)) fewest = i;
   }
-  if (to == kMaxArenas && n < config.arenas && make_arena_locked() != nullptr) to = n;
+  if (to == kMaxArenas && n < engines_per_device(config) && make_arena_locked() != nullptr) to = n;
   if (to == kMaxArenas && fewest != from &&
       users_[fewest].load(std::memory_order_relaxed) + 1 < users_[from].load(std::memory_order_relaxed))
     to = fewest;

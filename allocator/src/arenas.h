@@ -1,10 +1,10 @@
-// Arenas: several engines for one device (Config::arenas > 1; docs/notes/thread-caches.md,
-// "Arenas").
+// Arenas: several engines for one device (engines_per_device(config) > 1: the default, arenas:auto,
+// and arenas:N for N > 1; docs/notes/thread-caches.md, "Arenas").
 //
 // One engine serves every thread until threads keep finding its lock taken. A thread whose
 // allocations waited for its engine's lock kMoveAfterContended times, while it shares its engine
 // with another thread, moves: to an arena no thread uses now (its threads exited), else to
-// an engine of its own (an arena) made then while fewer than Config::arenas exist, else to the
+// an engine of its own (an arena) made then while fewer than engines_per_device(config) exist, else to the
 // arena with the fewest threads if that evens the load. An arena is a whole engine
 // (CachingAllocator with arenas:1 and thread caches off) over the device's one source and stream
 // events, so it has its own regions, free blocks and lock: a thread allocating in its arena meets
@@ -168,10 +168,10 @@ struct Arenas {
   // Moves the calling thread now, as contention would (to an unused arena, a new one, or a less
   // used one); false if it stays. For tests.
   bool move_this_thread();
-  // engine's arenas, or null when it has one engine (arenas:1). For tests.
+  // engine's arenas, or null when it has one engine (engines_per_device(config) == 1). For tests.
   static Arenas* of(CachingAllocator& engine) noexcept { return engine.arenas_.get(); }
 
-  const Config config;  // as the user gave it (arenas:N)
+  const Config config;  // as the user gave it (arenas:N, or arenas:auto)
   MemorySource& source;
   const int device;
 
@@ -211,7 +211,8 @@ struct Arenas {
   // The calling thread's arena, or the first if it has no place.
   unsigned arena_if_placed() const noexcept;
   // Moves the thread of `place` to an arena no thread uses, else to a new one while fewer than
-  // config.arenas exist, else to the least used if that evens the load; false if it stays.
+  // engines_per_device(config) exist, else to the least used if that evens the load; false if it
+  // stays.
   bool move(Place& place);
   // Makes arena count() with the current settings (mutex held); null if the host has no memory.
   Arena* make_arena_locked();

@@ -83,7 +83,7 @@ std::string describe(const OomInfo& oom) {
 // ==================================================================== public interface
 
 CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device) {
-  if (config.arenas > 1) {
+  if (engines_per_device(config) > 1) {
     arenas_ = std::make_unique<detail::Arenas>(source, events, config, device);
     first_ = &arenas_->first_engine();
     return;

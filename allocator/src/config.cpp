@@ -255,8 +255,12 @@ void apply_recycle_overhang(const Entry& e, const KeyInfo& k, Config& c) { c.rec
 void apply_thread_cache(const Entry& e, const KeyInfo& k, Config& c) { c.thread_cache = want_bool(e, k); }
 
 void apply_arenas(const Entry& e, const KeyInfo& k, Config& c) {
+  if (want_scalar(e, k) == "auto") {
+    c.arenas = kArenasAuto;
+    return;
+  }
   const std::uint64_t n = want_uint(e, k);
-  if (n < 1 || n > kMaxArenas) fail_value(e, k, "is not a whole number from 1 to 64");
+  if (n < 1 || n > kMaxArenas) fail_value(e, k, "is not auto or a whole number from 1 to 64");
   c.arenas = static_cast<unsigned>(n);
 }
 
@@ -357,7 +361,8 @@ constexpr Key<Config> kKeys[] = {
      apply_recycle_wait},
     {{"recycle_overhang", "", "True or False", "recycle_overhang:True"}, apply_recycle_overhang},
     {{"thread_cache", "", "True or False", "thread_cache:True"}, apply_thread_cache},
-    {{"arenas", "", "a whole number from 1 to 64: engines per device (1 = one engine for every thread)", "arenas:4"},
+    {{"arenas", "", "auto or a whole number from 1 to 64: engines per device (1 = one engine for every thread)",
+      "arenas:4"},
      apply_arenas},
     {{"step_plan", "", "True or False", "step_plan:True"}, apply_step_plan},
     {{"va_reserve_mb", "",
@@ -423,7 +428,10 @@ std::string to_string(const Config& c) {
   put("recycle_wait", c.recycle_wait == RecycleWait::sync ? "sync" : "fence");
   put("recycle_overhang", bool_text(c.recycle_overhang));
   put("thread_cache", bool_text(c.thread_cache));
-  put("arenas", c.arenas);
+  if (c.arenas == kArenasAuto)
+    put("arenas", "auto");
+  else
+    put("arenas", c.arenas);
   put("step_plan", bool_text(c.step_plan));
   put("va_reserve_mb", mib(c.va_reserve_bytes));
   put("check_invariants", bool_text(c.check_invariants));

@@ -453,12 +453,41 @@ TEST_CASE("arenas: the stats observer stays exact when a second arena is made", 
   CHECK(stats->stats().allocated_bytes[0].peak == peak);
 }
 
+// The default, arenas:auto: arenas (up to kAutoArenas), no thread caches; with step_plan:True one
+// engine and its planner.
+TEST_CASE("arenas: arenas:auto is arenas by default and one engine with step_plan", "[arenas]") {
+  SimSource source;
+  ManualStreamEvents events;
+  CachingAllocator fresh(source, events, Config{});
+  REQUIRE(Arenas::of(fresh) != nullptr);
+  CHECK(fresh.config().arenas == kArenasAuto);
+  CHECK(fresh.arenas() == 1);  // a thread moves only once it waits for the lock
+  CHECK_FALSE(fresh.thread_caches_on());
+  CHECK_FALSE(fresh.step_plan_counters().has_value());
+
+  Config plan;
+  plan.step_plan = true;
+  plan.step_plan_layout_thread = false;
+  CachingAllocator planned(source, events, plan);
+  CHECK(Arenas::of(planned) == nullptr);
+  CHECK(planned.config().arenas == kArenasAuto);
+  CHECK(planned.step_plan_counters().has_value());
+
+  Config one;
+  one.arenas = 1;
+  CachingAllocator single(source, events, one);
+  CHECK(Arenas::of(single) == nullptr);
+  CHECK_FALSE(single.step_plan_counters().has_value());
+}
+
 // Threads that allocate at once: with the lock fought over, threads move to arenas of their own;
-// every pointer is freed by the thread that allocated it or by another, and nothing is lost.
+// every pointer is freed by the thread that allocated it or by another, and nothing is lost. With
+// arenas:4 and with the default, arenas:auto, which allows as many.
 TEST_CASE("arenas: threads that fight over the lock get arenas of their own", "[arenas]") {
   SimSource source;
   ManualStreamEvents events;
-  Config c = arena_config(4);
+  Config c = arena_config(GENERATE(4u, kArenasAuto));
+  INFO("arenas " << c.arenas << " (0: auto)");
   c.check_invariants = false;  // checked at the end; every call would serialize the threads
   CachingAllocator engine(source, events, c);
   const Arenas& set = *Arenas::of(engine);

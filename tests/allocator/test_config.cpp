@@ -270,10 +270,21 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
 
   CHECK(parse_ok("arenas:1").arenas == 1);
   CHECK(parse_ok("arenas:64").arenas == 64);
-  check_error("arenas:0", {"arenas:0", "from 1 to 64"});
+  CHECK(parse_ok("arenas:auto").arenas == kArenasAuto);
+  check_error("arenas:0", {"arenas:0", "auto or a whole number from 1 to 64"});
   check_error("arenas:65", {"arenas:65", "from 1 to 64"});
-  check_error("arenas:auto", {"arenas:auto"});
+  check_error("arenas:Auto", {"arenas:Auto", "auto or a whole number"});
+  // arenas:auto, the default: kAutoArenas engines per device, one with step_plan:True.
+  CHECK(Config{}.arenas == kArenasAuto);
+  CHECK(engines_per_device(Config{}) == kAutoArenas);
+  CHECK(kAutoArenas == 4);
+  CHECK(engines_per_device(parse_ok("arenas:1")) == 1);
+  CHECK(engines_per_device(parse_ok("arenas:7")) == 7);
+  CHECK(to_string(Config{}).find(",arenas:auto,") != std::string::npos);
   CHECK(parse_ok("step_plan:True").step_plan);
+  CHECK(parse_ok("step_plan:True").arenas == kArenasAuto);
+  CHECK(engines_per_device(parse_ok("step_plan:True")) == 1);
+  CHECK(engines_per_device(parse_ok("step_plan:True,arenas:auto")) == 1);
   CHECK_FALSE(parse_ok("step_plan:False").step_plan);
   CHECK(parse_ok("step_plan:True,arenas:1").step_plan);
   check_error("step_plan:True,arenas:4", {"arenas:4", "use arenas:1 with step_plan:True"});

@@ -32,6 +32,7 @@ Config locking_config() {
   Config c;
   c.check_invariants = true;   // every engine call checks, also while another has claims
   c.thread_cache = false;      // every call goes through the engine's lock
+  c.arenas = 1;                // one engine, whatever the threads do (arenas:auto would move them)
   c.va_reserve_bytes = 1024 * MiB;
   c.pieces = PieceSizing::fixed;  // the cases count PyTorch's 20 MiB pages
   return c;

@@ -121,6 +121,10 @@ TEST_CASE("4 threads, random operations on host memory: no overlap, no corruptio
   auto events = make_immediate_events();
   Config config;
   config.va_reserve_bytes = std::size_t{8} << 30;
+  // The default (arenas:auto: threads that contend get engines of their own) and one engine that
+  // every thread shares, with its thread caches.
+  config.arenas = GENERATE(kArenasAuto, 1u);
+  INFO("arenas " << config.arenas << " (0: auto)");
   CachingAllocator engine(source, *events, config);
 
   std::mutex handoff_mutex;

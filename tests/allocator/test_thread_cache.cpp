@@ -20,6 +20,14 @@ using gpumem::alloc::detail::ThreadCache;
 
 namespace {
 
+// Thread caches live in an engine that every thread shares: arenas:1 (the default, arenas:auto,
+// gives contending threads engines of their own instead, with no thread caches).
+Config one_engine() {
+  Config c;
+  c.arenas = 1;
+  return c;
+}
+
 constexpr std::size_t KiB = 1024;
 
 // Hammers the engine from 4 threads until it has seen contention (bounded). Returns whether the
@@ -84,7 +92,7 @@ LeaseThenRequest free_here_then_request_there(CachingAllocator& engine, std::siz
 TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   for (int i = 0; i < 1000; ++i) REQUIRE(engine.free(engine.allocate(8 * KiB, 0).ptr) == FreeStatus::ok);
   CHECK(engine.totals().thread_caches == 0);
   CHECK_FALSE(engine.totals().thread_caches_on);
@@ -98,7 +106,7 @@ TEST_CASE("thread caches stay off without contention", "[engine][thread_cache]")
 TEST_CASE("totals say that thread caches came on, after their threads are gone too", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   const EngineTotals t = engine.totals();  // contend()'s threads have exited: their caches went back
   CHECK(t.thread_caches_on);
@@ -119,7 +127,7 @@ TEST_CASE("totals say that thread caches came on, after their threads are gone t
 TEST_CASE("thread caches serve repeats and keep every number exact", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   const bool caches_on = contend(engine);
   engine.check_invariants();
   if (!caches_on) GPUMEM_SKIP("the engine's lock was never contended on this machine");
@@ -156,7 +164,7 @@ TEST_CASE("thread caches serve repeats and keep every number exact", "[engine][t
 TEST_CASE("a thread's cache goes back to the engine when the thread exits", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   std::thread worker([&] {
     for (int i = 0; i < 4; ++i) engine.free(engine.allocate(64 * KiB, 0).ptr);
@@ -184,7 +192,7 @@ thread_local LateUser t_late_user;
 TEST_CASE("a thread-local destructor that runs after the thread's caches are gone makes no cache", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   std::thread worker([&] {
     t_late_user.engine = &engine;  // constructed first, destroyed last
@@ -201,7 +209,7 @@ TEST_CASE("a thread-local destructor that runs after the thread's caches are gon
 TEST_CASE("leases serve mixed sizes, take frees from other threads and are used before growing", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   engine.check_invariants();
 
@@ -267,7 +275,7 @@ TEST_CASE("leases serve mixed sizes, take frees from other threads and are used 
 TEST_CASE("leases come from free memory: a thread's large lease serves large requests by best fit", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   const std::size_t leased = engine.totals().thread_cached_bytes;
   REQUIRE(leased > 0);
@@ -349,7 +357,7 @@ TEST_CASE("leases come from free memory: a thread's large lease serves large req
 TEST_CASE("large leases are not taken when max_split_size_mb limits splitting", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  auto parsed = parse_config("max_split_size_mb:64");
+  auto parsed = parse_config("max_split_size_mb:64,arenas:1");
   REQUIRE(std::holds_alternative<Config>(parsed));
   CachingAllocator engine(source, *events, std::get<Config>(parsed));
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
@@ -370,7 +378,7 @@ TEST_CASE("large leases are not taken when max_split_size_mb limits splitting", 
 TEST_CASE("blocks of no lease a thread frees go back to the engine at its next engine lock", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   const std::size_t leased = engine.totals().thread_cached_bytes;
   constexpr std::size_t kMaxReturning = 4;  // ThreadCache::kMaxReturning
@@ -428,7 +436,7 @@ TEST_CASE("blocks of no lease a thread frees go back to the engine at its next e
 TEST_CASE("a growth takes other threads' leased memory back first only when there is enough of it", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   constexpr std::size_t kGrowPastLeased = 64 * kMiB;  // ThreadCache::kGrowPastLeasedBytes
@@ -458,7 +466,7 @@ TEST_CASE("garbage collection sees the segments in threads' leases", "[engine][t
   // rule alone would leave it leased; the collector must still see it.
   SimSource source;
   auto events = make_immediate_events();
-  Config config;
+  Config config = one_engine();
   config.expandable_segments = false;
   config.garbage_collection_threshold = 0.4;
   CachingAllocator engine(source, *events, config);
@@ -506,7 +514,7 @@ TEST_CASE("the allowance of leased memory a growth passes is 64 MiB per cache wi
 TEST_CASE("with a large footprint growth passes more leased memory before taking it back", "[engine][thread_cache]") {
   SimSource source;
   auto events = make_immediate_events();
-  CachingAllocator engine(source, *events, Config{});
+  CachingAllocator engine(source, *events, one_engine());
   if (!contend_and_lease(engine)) GPUMEM_SKIP("the engine's lock was never contended on this machine");
   constexpr std::size_t kMiB = std::size_t{1} << 20, kGiB = kMiB << 10;
   const std::size_t leased = engine.totals().thread_cached_bytes;  // this thread's small leases

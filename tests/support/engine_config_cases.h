@@ -85,7 +85,7 @@ inline const std::vector<KeyChoices>& engine_key_choices() {
       {"recycle_churn", {"0", "0.3", "0.5"}},
       {"recycle_headroom", {"0", "0.01", "0.5"}},
       {"thread_cache", {"True", "False"}},
-      {"arenas", {"1", "2", "64"}},
+      {"arenas", {"auto", "1", "2", "64"}},
       {"step_plan", {"True", "False"}},
       {"check_invariants", {"True", "False"}},
   };

@@ -14,8 +14,9 @@
 // memory it holds. allocate_at() re-creates an allocation at a recorded address (PyTorch's
 // cudagraph trees restore a pool's state that way).
 //
-// Arenas (Config::arenas > 1; docs/notes/thread-caches.md, "Arenas"): threads that keep finding
-// the engine's lock taken get engines of their own, behind this same interface.
+// Arenas (the default, arenas:auto, and arenas:N for N > 1; docs/notes/thread-caches.md,
+// "Arenas"): threads that keep finding the engine's lock taken get engines of their own, behind
+// this same interface.
 //
 // Thread-safety: every member function may be called from any thread. One spin lock per engine
 // guards the block structures and is held only briefly: observers run after it is released, and
@@ -208,8 +209,8 @@ class CachingAllocator {
   bool thread_caches_on() const noexcept;
   // EngineLockCounts since the engine was made: two loads, no lock. With arenas, their sums.
   EngineLockCounts lock_counts() const noexcept;
-  // The engines serving the device now: 1, or with Config::arenas > 1 the arenas made so far. A
-  // load, no lock.
+  // The engines serving the device now: 1, or with arenas (engines_per_device(config()) > 1) the
+  // arenas made so far. A load, no lock.
   unsigned arenas() const noexcept;
   // Times the churn allowance opened (Config::recycle_churn; 0 while it is off). With arenas, their
   // sum. A load, no lock.
@@ -232,8 +233,9 @@ class CachingAllocator {
 
  private:
   friend struct detail::Arenas;
-  // One engine (arenas:1, the default), or null and the device's arenas (Config::arenas > 1;
-  // allocator/src/arenas.h), to which every call then goes.
+  // One engine (engines_per_device(config) == 1: arenas:1, or arenas:auto with step_plan), or null
+  // and the device's arenas (allocator/src/arenas.h; the default, arenas:auto), to which every call
+  // then goes.
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<detail::Arenas> arenas_;
   // Config::step_plan: the planner and its lock (allocator/src/step_planning.cpp); null without.

@@ -28,6 +28,10 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
 // The most engines a device may have (Config::arenas).
 inline constexpr unsigned kMaxArenas = 64;
+// Config::arenas's value for arenas:auto (the default), and the engines per device it allows
+// without step_plan (docs/notes/thread-caches.md, "Arenas by default").
+inline constexpr unsigned kArenasAuto = 0;
+inline constexpr unsigned kAutoArenas = 4;
 // What recycle_churn adds to the memory guard's slack and ceiling while recycling churns.
 inline constexpr double kChurnAllowance = 0.1;
 
@@ -144,17 +148,18 @@ struct Config {
   // thread_cache:True|False: per-thread caches (leases of free small-pool memory each thread
   // allocates in once threads contend for the engine).
   bool thread_cache = true;
-  // arenas:N (1..64): up to N engines per device (docs/notes/thread-caches.md, "Arenas"). With 1
-  // (the default) one engine serves every thread. With more, a thread that keeps finding its
+  // arenas:N (1..64) or arenas:auto: up to N engines per device (docs/notes/thread-caches.md,
+  // "Arenas"). With 1 one engine serves every thread. With more, a thread that keeps finding its
   // engine's lock taken gets an engine of its own (an arena: its own regions and free blocks,
   // nothing shared with the others but the memory source, the stream events and one cap), up to
   // N; thread caches are off in every arena. Single-threaded programs never leave the first.
-  unsigned arenas = 1;
+  // auto (kArenasAuto, the default): kAutoArenas, or 1 with step_plan:True (engines_per_device).
+  unsigned arenas = kArenasAuto;
   // step_plan:True|False: a step planner in front of the engine (gpumem/alloc/step_plan.h;
   // docs/notes/allocation-policy.md, "A step plan, replayed"). It finds a training step that
   // repeats on one stream, lays it out once in a range of the engine's memory, and places the
   // steps that repeat it there (no driver call); at the first request that differs the engine
-  // serves as usual. Needs arenas:1.
+  // serves as usual. Needs one engine: arenas:1, or arenas:auto, which then gives one.
   bool step_plan = false;
   // step_plan's layout runs on a thread of its own (StepPlanOptions::layout_thread), so that the
   // allocating thread never waits for it. No key: tests set it false to have each plan at the
@@ -169,6 +174,13 @@ struct Config {
   // produces.
   friend bool operator==(const Config& a, const Config& b) noexcept = default;
 };
+
+// The engines a device may have under c: Config::arenas, or for arenas:auto kAutoArenas, and 1
+// with step_plan:True (the planner lays out one engine's steps).
+constexpr unsigned engines_per_device(const Config& c) noexcept {
+  if (c.arenas != kArenasAuto) return c.arenas;
+  return c.step_plan ? 1u : kAutoArenas;
+}
 
 // Parses a string of engine keys. Never throws; messages start with "gpumem config: ".
 std::variant<Config, ConfigError> parse_config(std::string_view text);
