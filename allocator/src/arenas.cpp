@@ -108,8 +108,7 @@ std::unordered_map<std::uint64_t, Arenas*>& live_arenas() {
 
 Config arena_config(const Config& c) {
   Config a = c;
-  a.arenas = 1;
-  a.thread_cache = false;  // arenas take the place of thread caches
+  a.arenas = 1;  // thread_cache as given: threads that share an arena share its caches
   return a;
 }
 
@@ -292,6 +291,16 @@ void Arenas::note_wait() noexcept {
 }
 
 bool Arenas::move(Place& place) {
+  const unsigned from = place.arena;
+  if (!move_place(place)) return false;
+  // The thread's cache in the arena it left (thread caches come on in an arena whose lock is
+  // contended) goes back now: its leases would otherwise hold free memory that no allocation of
+  // the thread uses until it exits. Without the arenas' mutex: this takes the engine's lock.
+  engine(from).impl_->retire_this_threads_cache();
+  return true;
+}
+
+bool Arenas::move_place(Place& place) {
   std::lock_guard lock(mutex_);
   const unsigned from = place.arena, n = count();
   // Where to: an arena no thread uses now (its threads exited: its memory is there to reuse), else
@@ -317,6 +326,13 @@ bool Arenas::move(Place& place) {
 }
 
 bool Arenas::move_this_thread() { return move(place_for_this_thread()); }
+
+bool Arenas::thread_caches_on() const noexcept {
+  const unsigned n = count();
+  for (unsigned i = 0; i < n; ++i)
+    if (engine(i).impl_->use_caches()) return true;
+  return false;
+}
 
 unsigned Arenas::arena_if_placed() const noexcept {
   // Looks only: a thread that frees or looks up, and never allocates, takes no place (it would

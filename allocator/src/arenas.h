@@ -161,6 +161,9 @@ struct Arenas {
   // that lock held: counts only, never moves). While the thread shares its arena, the wait counts
   // against it, and the kMoveAfterContended-th makes it due to move at its next allocation.
   void note_wait() noexcept;
+  // Whether thread caches came on in any arena (its lock was contended while threads shared it).
+  // Loads, no lock.
+  bool thread_caches_on() const noexcept;
   // Waits counted against threads that shared their arena (note_wait), since the Arenas was made.
   std::uint64_t waits_counted() const noexcept { return waits_.load(std::memory_order_relaxed); }
   // The arena the calling thread allocates in (0 until it moves).
@@ -214,6 +217,8 @@ struct Arenas {
   // engines_per_device(config) exist, else to the least used if that evens the load; false if it
   // stays.
   bool move(Place& place);
+  // move()'s choice and the counts, under the arenas' mutex; true if the thread moved.
+  bool move_place(Place& place);
   // Makes arena count() with the current settings (mutex held); null if the host has no memory.
   Arena* make_arena_locked();
   // The cap the ledger enforces, from the settings (mutex held).

@@ -608,7 +608,9 @@ EngineTotals totals_locked(const CachingAllocator::Impl& m) {
 
 }  // namespace
 
-bool CachingAllocator::thread_caches_on() const noexcept { return arenas_ ? false : impl_->use_caches(); }
+bool CachingAllocator::thread_caches_on() const noexcept {
+  return arenas_ ? arenas_->thread_caches_on() : impl_->use_caches();
+}
 
 unsigned CachingAllocator::arenas() const noexcept { return arenas_ ? arenas_->count() : 1; }
 

@@ -456,6 +456,10 @@ struct CachingAllocator::Impl {
   // A thread that owned `cache` exited: drain it and keep it for another thread (takes the engine
   // lock).
   void retire_cache(detail::ThreadCache* cache);
+  // The calling thread leaves this engine (an arena it moved from, arenas.h): its cache here, if
+  // it has one, goes back as at its exit, so that no lease waits for allocations that now go
+  // elsewhere (takes the engine lock).
+  void retire_this_threads_cache();
   std::vector<Block*> splice_scratch;  // splice_lease_locked's list of free sub-blocks
 
   // ---------------------------------------------------------------- invariants (invariants.cpp)

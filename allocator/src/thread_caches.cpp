@@ -209,6 +209,17 @@ std::size_t CachingAllocator::Impl::cached_free_bytes_locked() const {
   return n;
 }
 
+void CachingAllocator::Impl::retire_this_threads_cache() {
+  if (detail::t_thread_cache_slots_gone) return;
+  for (auto& slot : detail::t_thread_cache_slots.slots) {
+    if (slot.engine_id != thread_caches.id) continue;
+    ThreadCache* cache = slot.cache;
+    slot = {};  // first: this thread's fast path no longer finds the cache
+    retire_cache(cache);
+    return;
+  }
+}
+
 void CachingAllocator::Impl::retire_cache(ThreadCache* cache) {
   std::lock_guard lock(mutex);
   {

@@ -16,6 +16,7 @@
 
 #include "arenas.h"
 #include "catch.h"
+#include "engine.h"
 #include "event_recorder.h"
 #include "gpumem/alloc/caching_allocator.h"
 #include "gpumem/alloc/manual_stream_events.h"
@@ -478,6 +479,49 @@ TEST_CASE("arenas: arenas:auto is arenas by default and one engine with step_pla
   CachingAllocator single(source, events, one);
   CHECK(Arenas::of(single) == nullptr);
   CHECK_FALSE(single.step_plan_counters().has_value());
+}
+
+// Threads that share an arena share its thread caches (they come on when its lock is contended, as
+// in one engine); a thread that moves hands its cache in the arena it left back at once.
+TEST_CASE("arenas: an arena's thread caches; a thread that moves hands its cache back", "[arenas][thread_cache]") {
+  ArenaEngine e(arena_config(4));
+  CachingAllocator::Impl& first = e.set.first_engine();
+  CHECK_FALSE(e.engine.thread_caches_on());
+  first.thread_caches.active.store(true);  // what the first contended acquisition of its lock does
+  CHECK(e.engine.thread_caches_on());
+  std::vector<void*> kept;
+  for (int i = 0; i < 64; ++i) {
+    AllocResult r = e.engine.allocate(4096 + 512 * static_cast<std::size_t>(i % 5), 0);
+    REQUIRE(r.ok());
+    if (i % 8 == 0)
+      kept.push_back(r.ptr);
+    else
+      CHECK(e.engine.free(r.ptr) == FreeStatus::ok);
+  }
+  REQUIRE(first.thread_caches.find_for_this_thread() != nullptr);
+  const EngineTotals before = e.engine.totals();
+  CHECK(before.thread_caches == 1);
+  CHECK(before.thread_cached_bytes > 0);  // the lease's free rest
+
+  REQUIRE(e.set.move_this_thread());
+  CHECK(e.set.arena_of_this_thread() == 1);
+  CHECK(first.thread_caches.find_for_this_thread() == nullptr);
+  const EngineTotals moved = e.engine.totals();
+  CHECK(moved.thread_caches == 0);
+  CHECK(moved.thread_cached_bytes == 0);
+  CHECK(moved.allocated_bytes == before.allocated_bytes);  // the blocks kept live stay allocated
+
+  // The new arena's caches are off until its own lock is contended: this thread takes its lock.
+  AllocResult r = e.engine.allocate(4096, 0);
+  REQUIRE(r.ok());
+  CHECK(e.engine.lookup(r.ptr).has_value());
+  CHECK(e.engine.totals().thread_caches == 0);
+  kept.push_back(r.ptr);
+  for (void* p : kept) CHECK(e.engine.free(p) == FreeStatus::ok);  // from either arena
+  e.engine.check_invariants();
+  CHECK(e.engine.totals().allocated_bytes == 0);
+  e.engine.empty_cache();
+  CHECK(e.engine.totals().reserved_bytes == 0);
 }
 
 // Threads that allocate at once: with the lock fought over, threads move to arenas of their own;
