@@ -307,9 +307,9 @@ def stats(device: DeviceLike = "cuda") -> Dict[str, int]:
     the engine was made (take differences). ``gpumem.driver.timed`` / ``gpumem.wait.timed`` are 0,
     and those keys 0, when the source is not the CUDA VMM one (docs/torch_adapter.md).
     ``gpumem.thread_caches.on`` is 1 once two threads met in the engine and its thread caches came
-    on (with ``arenas:1``; it never goes back to 0). ``gpumem.arenas`` is the number of engines
-    serving the device: with arenas (``arenas:auto``, the default) threads that keep meeting in an
-    engine's lock get engines of their own, up to four. ``gpumem.engine_lock.acquisitions`` /
+    on (it never goes back to 0). ``gpumem.arenas`` is the number of engines serving the device:
+    with arenas (``arenas:auto``, the default) threads that keep meeting in an engine's lock get
+    engines of their own, up to four, and threads that share one share its caches. ``gpumem.engine_lock.acquisitions`` /
     ``.contended`` count the allocations and frees that took an engine's lock, and those that found
     another thread holding it (summed over the engines). ``gpumem.step_plan.on`` is 1 with ``step_plan:True``, and ``gpumem.step_plan.*`` say what
     the step planner did: steps found, plans, fallbacks, allocations and steps served from its

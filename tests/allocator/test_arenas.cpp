@@ -454,8 +454,8 @@ TEST_CASE("arenas: the stats observer stays exact when a second arena is made", 
   CHECK(stats->stats().allocated_bytes[0].peak == peak);
 }
 
-// The default, arenas:auto: arenas (up to kAutoArenas), no thread caches; with step_plan:True one
-// engine and its planner.
+// The default, arenas:auto: arenas (up to kAutoArenas), caches off until a lock is contended; with
+// step_plan:True one engine and its planner.
 TEST_CASE("arenas: arenas:auto is arenas by default and one engine with step_plan", "[arenas]") {
   SimSource source;
   ManualStreamEvents events;

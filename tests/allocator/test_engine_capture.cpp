@@ -241,7 +241,7 @@ TEST_CASE("allocate_at re-creates an allocation at a recorded address", "[engine
 
 TEST_CASE("allocate_at finds memory a thread cache holds", "[engine][restore]") {
   Config c;
-  c.arenas = 1;  // thread caches are one shared engine's (arenas:auto gives threads engines instead)
+  c.arenas = 1;  // one engine whose threads share its caches (arenas:auto could move them apart)
   c.va_reserve_bytes = 1024 * MiB;
   Fixture f(c);
   // Thread caches turn on once the engine's lock is contended (bounded tries).

@@ -20,8 +20,8 @@ using gpumem::alloc::detail::ThreadCache;
 
 namespace {
 
-// Thread caches live in an engine that every thread shares: arenas:1 (the default, arenas:auto,
-// gives contending threads engines of their own instead, with no thread caches).
+// The thread caches of one engine that every thread shares: arenas:1 (the default, arenas:auto,
+// would move contending threads to engines of their own; test_arenas covers caches there).
 Config one_engine() {
   Config c;
   c.arenas = 1;

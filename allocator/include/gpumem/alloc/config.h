@@ -152,7 +152,8 @@ struct Config {
   // "Arenas"). With 1 one engine serves every thread. With more, a thread that keeps finding its
   // engine's lock taken gets an engine of its own (an arena: its own regions and free blocks,
   // nothing shared with the others but the memory source, the stream events and one cap), up to
-  // N; thread caches are off in every arena. Single-threaded programs never leave the first.
+  // N; threads that share an arena share its thread caches. Single-threaded programs never leave
+  // the first.
   // auto (kArenasAuto, the default): kAutoArenas, or 1 with step_plan:True (engines_per_device).
   unsigned arenas = kArenasAuto;
   // step_plan:True|False: a step planner in front of the engine (gpumem/alloc/step_plan.h;
