@@ -3,17 +3,17 @@
 //
 // One engine serves every thread until threads keep finding its lock taken. A thread whose
 // allocations waited for its engine's lock kMoveAfterContended times, while it shares its engine
-// with another thread, moves: to an arena no thread uses now (its threads exited), else to
-// an engine of its own (an arena) made then while fewer than engines_per_device(config) exist, else to the
-// arena with the fewest threads if that evens the load. An arena is a whole engine
+// with another thread, moves: to an arena no thread uses now (its threads exited), else to an
+// engine of its own (an arena) made then while fewer than engines_per_device(config) exist, else
+// to the arena with the fewest threads if that evens the load. An arena is a whole engine
 // (CachingAllocator with arenas:1, thread caches as configured) over the device's one source and
 // stream events, so it has its own regions, free blocks and lock: a thread allocating in its arena
 // meets no other thread's allocations, and its pair costs what one thread's costs (thread-caches.md,
-// "Nothing shared"). Threads that share an arena (more threads than arenas) share its thread caches,
-// which come on when its lock is contended, as in one engine; a thread that moves hands its cache
-// in the arena it left back. A StatsObserver counts in place only while there is one arena (Note [Stats in
-// place]): when the second is made it is unbound from the first, which would otherwise apply every
-// arena's events under its own lock.
+// "Nothing shared"). Threads that share an arena (more threads than arenas) share its thread
+// caches, which come on when its lock is contended, as in one engine; a thread that moves hands its
+// cache in the arena it left back. A StatsObserver counts in place only while there is one arena
+// (Note [Stats in place]): when the second is made it is unbound from the first, which would
+// otherwise apply every arena's events under its own lock.
 //
 // What the arenas share, and how:
 //   - memory ownership: every arena knows its own memory exactly (its regions), so a pointer is
