@@ -54,8 +54,13 @@ bool holds(const Block* b, std::uintptr_t addr, std::size_t size) {
 FreeStatus CachingAllocator::allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
                                               std::optional<StreamId> stream, StepPlacementHint hint) {
   if (arenas_) {
-    // Planned placements (a stream given) are for one engine only (step_plan needs arenas:1).
-    if (stream) return FreeStatus::foreign_pointer;
+    // A step plan's placement (a stream given) goes to the first arena, where its arena range was
+    // taken (take_arena_range), while no thread has moved; after that the planner stops at its next
+    // call, and this one falls back (nothing changes).
+    if (stream) {
+      if (arenas_->routing()) return FreeStatus::foreign_pointer;
+      return arenas_->first_arena().allocate_at_impl(ptr, size_bytes, requested_bytes, stream, hint);
+    }
     return arenas_->allocate_at(ptr, size_bytes, requested_bytes);
   }
   Impl& m = *impl_;

@@ -109,6 +109,8 @@ std::unordered_map<std::uint64_t, Arenas*>& live_arenas() {
 Config arena_config(const Config& c) {
   Config a = c;
   a.arenas = 1;  // thread_cache as given: threads that share an arena share its caches
+  // The step planner sits in front of the arenas (CachingAllocator::planning_), not in each.
+  a.step_plan = false;
   return a;
 }
 

@@ -151,6 +151,9 @@ struct Arenas {
   // The first arena's engine: CachingAllocator calls it inline (no place, no routing) while it is
   // the only arena and no thread is due to move.
   CachingAllocator::Impl& first_engine() const noexcept { return *engine(0).impl_; }
+  // The first arena (Config::step_plan: the planner lays its steps out there while no thread has
+  // moved; docs/notes/thread-caches.md, "The step planner with arenas").
+  CachingAllocator& first_arena() const noexcept { return engine(0); }
   // Whether allocations must ask engine_for_allocation(): more than one arena, or a thread due to
   // move.
   // One load: routing_ is set when the second arena is made or a move falls due, and never cleared

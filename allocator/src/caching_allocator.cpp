@@ -83,13 +83,14 @@ std::string describe(const OomInfo& oom) {
 // ==================================================================== public interface
 
 CachingAllocator::CachingAllocator(MemorySource& source, StreamEvents& events, Config config, int device) {
+  const bool plan = config.step_plan;
+  const bool layout_thread = config.step_plan_layout_thread;
   if (engines_per_device(config) > 1) {
     arenas_ = std::make_unique<detail::Arenas>(source, events, config, device);
     first_ = &arenas_->first_engine();
+    if (plan) planning_ = detail::make_step_planning(*this, layout_thread);
     return;
   }
-  const bool plan = config.step_plan;
-  const bool layout_thread = config.step_plan_layout_thread;
   impl_ = std::make_unique<Impl>(source, events, std::move(config), device);
   first_ = impl_.get();
   detail::register_engine(impl_->thread_caches.id, impl_.get());

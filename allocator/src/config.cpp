@@ -274,10 +274,6 @@ void apply_check_invariants(const Entry& e, const KeyInfo& k, Config& c) { c.che
 
 // Checks that involve several keys, once every key is applied.
 void check_config(const Config& c) {
-  if (c.step_plan && c.arenas > 1)
-    fail(fmt::format("step_plan:True plans one engine's steps, and arenas:{} gives each thread that contends an "
-                     "engine of its own; use arenas:1 with step_plan:True",
-                     c.arenas));
   if (c.va_reserve_bytes != 0) {
     std::size_t piece = std::max(c.large_segment_size_bytes, c.small_piece_bytes);
     if (c.va_reserve_bytes < piece)

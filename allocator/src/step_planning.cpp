@@ -1,5 +1,6 @@
 #include "step_planning.h"
 
+#include "arenas.h"
 #include "engine.h"
 #include "size_policy.h"
 
@@ -57,7 +58,13 @@ std::unique_ptr<StepPlanning> make_step_planning(CachingAllocator& engine, bool 
 }  // namespace detail
 
 void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream) {
-  if (arenas_ || size_bytes == 0 || size_bytes >= policy::kMaxRequestBytes) return nullptr;
+  if (arenas_) {
+    // The plan is laid out in the first arena while every thread allocates there (no thread has
+    // moved): its steps are that engine's.
+    if (arenas_->routing()) return nullptr;
+    return arenas_->first_arena().take_arena_range(size_bytes, stream);
+  }
+  if (size_bytes == 0 || size_bytes >= policy::kMaxRequestBytes) return nullptr;
   Impl& m = *impl_;
   EventBatch batch = m.new_batch();
   const Impl::ObserverList* obs = nullptr;
@@ -91,13 +98,22 @@ void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream
 // A call that bypasses the planner (it rests or stopped) pays for this test and a jump: the
 // planner's own path, with its lock and its stack, is a function of its own.
 AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
-  if (planning_->bypass() || capturing()) return allocate_engine(size_bytes, stream);
+  // The first engine's capture flag (set on every arena alike): a load, where capturing() would
+  // take the arenas' mutex.
+  if (planning_->bypass() || first_->capturing.load(std::memory_order_relaxed))
+    return allocate_engine(size_bytes, stream);
   return allocate_through_planner(size_bytes, stream);
 }
 
 AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, StreamId stream) {
   detail::StepPlanning& p = *planning_;
   std::lock_guard lock(p);
+  // With arenas, once a thread has moved to an arena of its own the threads allocate at the same
+  // time in engines of their own: no step of one engine repeats, and the plan's engine (the first
+  // arena) no longer sees every call. The planner stops for good (routing is never cleared).
+  if (arenas_ && arenas_->routing() && !p.planner.stopped()) [[unlikely]]
+    p.planner.stop("a thread moved to an arena of its own: threads that allocate at the same time give the "
+                   "steps no order to repeat");
   if (const auto at = p.planner.allocate(size_bytes, stream)) {
     const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
     void* ptr = reinterpret_cast<void*>(*at);

@@ -455,8 +455,8 @@ TEST_CASE("arenas: the stats observer stays exact when a second arena is made", 
 }
 
 // The default, arenas:auto: arenas (up to kAutoArenas), caches off until a lock is contended; with
-// step_plan:True one engine and its planner.
-TEST_CASE("arenas: arenas:auto is arenas by default and one engine with step_plan", "[arenas]") {
+// step_plan:True the same arenas, and the planner in front of them.
+TEST_CASE("arenas: arenas:auto is arenas by default, with step_plan too", "[arenas]") {
   SimSource source;
   ManualStreamEvents events;
   CachingAllocator fresh(source, events, Config{});
@@ -470,15 +470,92 @@ TEST_CASE("arenas: arenas:auto is arenas by default and one engine with step_pla
   plan.step_plan = true;
   plan.step_plan_layout_thread = false;
   CachingAllocator planned(source, events, plan);
-  CHECK(Arenas::of(planned) == nullptr);
+  REQUIRE(Arenas::of(planned) != nullptr);
   CHECK(planned.config().arenas == kArenasAuto);
+  CHECK(planned.arenas() == 1);
   CHECK(planned.step_plan_counters().has_value());
+  // The planner is the arenas' one, not each arena's.
+  CHECK_FALSE(Arenas::of(planned)->first_arena().step_plan_counters().has_value());
 
   Config one;
   one.arenas = 1;
   CachingAllocator single(source, events, one);
   CHECK(Arenas::of(single) == nullptr);
   CHECK_FALSE(single.step_plan_counters().has_value());
+}
+
+// step_plan with arenas: while every thread allocates in the first arena, the planner lays the
+// steps out there and places them with no source call, as with one engine; once a thread moves to
+// an arena of its own, the planner stops at its next call, and every block stays where it was.
+TEST_CASE("arenas: the step planner plans the first arena, and stops when a thread moves", "[arenas][step_plan]") {
+  Config c = arena_config(4);
+  c.step_plan = true;
+  c.step_plan_layout_thread = false;
+  c.thread_cache = false;
+  ArenaEngine e(c);
+  void* carried = nullptr;
+  // One step (81 events): layers kept and freed in reverse, a temporary per layer, one block kept
+  // into the next step (freed at its start: the step's trough).
+  auto step = [&] {
+    std::vector<void*> addrs;
+    auto alloc = [&](std::size_t bytes) {
+      AllocResult r = e.engine.allocate(bytes, 0);
+      REQUIRE(r.ok());
+      addrs.push_back(r.ptr);
+      return r.ptr;
+    };
+    if (carried != nullptr) REQUIRE(e.engine.free(carried) == FreeStatus::ok);
+    std::vector<void*> kept;
+    for (int layer = 0; layer < 20; ++layer) {
+      kept.push_back(alloc(static_cast<std::size_t>(layer % 5 + 1) * 3 * MiB));
+      REQUIRE(e.engine.free(alloc(static_cast<std::size_t>(layer % 3 + 1) * 700 * 1024)) == FreeStatus::ok);
+    }
+    for (int layer = 19; layer >= 0; --layer) REQUIRE(e.engine.free(kept[static_cast<std::size_t>(layer)]) == FreeStatus::ok);
+    carried = alloc(3 * MiB);
+    return addrs;
+  };
+  for (int s = 0; s < 6; ++s) step();
+  auto c1 = e.engine.step_plan_counters();
+  REQUIRE(c1);
+  INFO(c1->last_fallback << " / " << c1->last_reason);
+  CHECK(c1->plans == 1);
+  CHECK(c1->served_allocations > 0);
+  CHECK_FALSE(c1->stopped);
+  const auto sim_calls = [&] {
+    const SimSourceCounters k = e.source.counters();
+    return k.reserves + k.creates + k.maps + k.unmaps + k.destroys + k.releases;
+  };
+  std::vector<void*> before = step();
+  const auto calls_before = sim_calls();
+  for (int s = 0; s < 3; ++s) {
+    std::vector<void*> now = step();
+    CHECK(now == before);
+    before = now;
+  }
+  CHECK(sim_calls() == calls_before);
+  CHECK(e.engine.step_plan_counters()->served_steps >= 3);
+  CHECK(e.engine.arenas() == 1);
+
+  // A thread moves to an arena of its own and allocates there.
+  void* elsewhere = nullptr;
+  on_other_thread([&] {
+    REQUIRE(e.set.move_this_thread());
+    AllocResult r = e.engine.allocate(5 * MiB, 0);
+    REQUIRE(r.ok());
+    elsewhere = r.ptr;
+  });
+  CHECK(e.engine.arenas() == 2);
+  step();
+  const auto c2 = e.engine.step_plan_counters();
+  INFO(c2->last_reason);
+  CHECK(c2->stopped);
+  CHECK_THAT(c2->last_reason, Catch::Matchers::Contains("moved to an arena of its own"));
+  // The engine serves on: the blocks of planned steps and of the other arena free from any thread.
+  for (int s = 0; s < 3; ++s) step();
+  CHECK(e.engine.free(elsewhere) == FreeStatus::ok);
+  CHECK(e.engine.free(carried) == FreeStatus::ok);
+  CHECK(e.engine.totals().allocated_bytes == 0);
+  e.engine.check_invariants();
 }
 
 // Threads that share an arena share its thread caches (they come on when its lock is contended, as

@@ -283,11 +283,13 @@ TEST_CASE("config: gpumem's engine keys", "[config]") {
   CHECK(to_string(Config{}).find(",arenas:auto,") != std::string::npos);
   CHECK(parse_ok("step_plan:True").step_plan);
   CHECK(parse_ok("step_plan:True").arenas == kArenasAuto);
-  CHECK(engines_per_device(parse_ok("step_plan:True")) == 1);
-  CHECK(engines_per_device(parse_ok("step_plan:True,arenas:auto")) == 1);
+  // The planner sits in front of the arenas: step_plan leaves the engines per device as they are.
+  CHECK(engines_per_device(parse_ok("step_plan:True")) == kAutoArenas);
+  CHECK(engines_per_device(parse_ok("step_plan:True,arenas:auto")) == kAutoArenas);
   CHECK_FALSE(parse_ok("step_plan:False").step_plan);
   CHECK(parse_ok("step_plan:True,arenas:1").step_plan);
-  check_error("step_plan:True,arenas:4", {"arenas:4", "use arenas:1 with step_plan:True"});
+  CHECK(engines_per_device(parse_ok("step_plan:True,arenas:4")) == 4);
+  CHECK(parse_ok("step_plan:True,arenas:4").step_plan);
   check_error("step_plan:sometimes", {"step_plan:sometimes", "True or False"});
 
   CHECK(parse_ok("va_reserve_mb:0").va_reserve_bytes == 0);

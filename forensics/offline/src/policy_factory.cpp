@@ -154,8 +154,7 @@ PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env
     return spec;
   }
   if (family == "gpumem" || family == "gpumem+plan") {
-    // gpumem+plan is gpumem with step_plan:True (checked with the rest: it needs one engine, which
-    // arenas:auto then gives, or arenas:1).
+    // gpumem+plan is gpumem with step_plan:True (checked with the rest).
     const std::string engine_conf = family == "gpumem+plan"
                                         ? (conf.empty() ? std::string("step_plan:True") : std::string(conf) + ",step_plan:True")
                                         : std::string(conf);

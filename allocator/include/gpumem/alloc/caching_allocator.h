@@ -233,8 +233,7 @@ class CachingAllocator {
 
  private:
   friend struct detail::Arenas;
-  // One engine (engines_per_device(config) == 1: arenas:1, or arenas:auto with step_plan), or null
-  // and the device's arenas (allocator/src/arenas.h; the default, arenas:auto), to which every call
+  // One engine (engines_per_device(config) == 1: arenas:1), or null and the device's arenas (allocator/src/arenas.h; the default, arenas:auto), to which every call
   // then goes.
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<detail::Arenas> arenas_;
@@ -248,7 +247,8 @@ class CachingAllocator {
   FreeStatus allocate_at_impl(void* ptr, std::size_t size_bytes, std::size_t requested_bytes,
                               std::optional<StreamId> stream, StepPlacementHint hint = {});
   FreeStatus free_engine(void* ptr);
-  // A step plan's arena (one engine): a free range of size_bytes on `stream`, found or grown as an
+  // A step plan's arena (one engine; with arenas, the first arena's while no thread has moved,
+  // else none): a free range of size_bytes on `stream`, found or grown as an
   // allocation's would be, and left free; no alloc or free event, no counter, no OOM event (the
   // program made no request). Null if there is none.
   void* take_arena_range(std::size_t size_bytes, StreamId stream);

@@ -29,7 +29,7 @@ inline constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
 // The most engines a device may have (Config::arenas).
 inline constexpr unsigned kMaxArenas = 64;
 // Config::arenas's value for arenas:auto (the default), and the engines per device it allows
-// without step_plan (docs/notes/thread-caches.md, "Arenas by default").
+// (docs/notes/thread-caches.md, "Arenas by default").
 inline constexpr unsigned kArenasAuto = 0;
 inline constexpr unsigned kAutoArenas = 4;
 // What recycle_churn adds to the memory guard's slack and ceiling while recycling churns.
@@ -154,13 +154,14 @@ struct Config {
   // nothing shared with the others but the memory source, the stream events and one cap), up to
   // N; threads that share an arena share its thread caches. Single-threaded programs never leave
   // the first.
-  // auto (kArenasAuto, the default): kAutoArenas, or 1 with step_plan:True (engines_per_device).
+  // auto (kArenasAuto, the default): kAutoArenas (engines_per_device).
   unsigned arenas = kArenasAuto;
   // step_plan:True|False: a step planner in front of the engine (gpumem/alloc/step_plan.h;
   // docs/notes/allocation-policy.md, "A step plan, replayed"). It finds a training step that
   // repeats on one stream, lays it out once in a range of the engine's memory, and places the
   // steps that repeat it there (no driver call); at the first request that differs the engine
-  // serves as usual. Needs one engine: arenas:1, or arenas:auto, which then gives one.
+  // serves as usual. With arenas it plans the first arena's steps, and stops for good once a thread
+  // moves to an arena of its own (docs/notes/thread-caches.md, "The step planner with arenas").
   bool step_plan = false;
   // step_plan's layout runs on a thread of its own (StepPlanOptions::layout_thread), so that the
   // allocating thread never waits for it. No key: tests set it false to have each plan at the
@@ -176,11 +177,9 @@ struct Config {
   friend bool operator==(const Config& a, const Config& b) noexcept = default;
 };
 
-// The engines a device may have under c: Config::arenas, or for arenas:auto kAutoArenas, and 1
-// with step_plan:True (the planner lays out one engine's steps).
+// The engines a device may have under c: Config::arenas, or for arenas:auto kAutoArenas.
 constexpr unsigned engines_per_device(const Config& c) noexcept {
-  if (c.arenas != kArenasAuto) return c.arenas;
-  return c.step_plan ? 1u : kAutoArenas;
+  return c.arenas != kArenasAuto ? c.arenas : kAutoArenas;
 }
 
 // Parses a string of engine keys. Never throws; messages start with "gpumem config: ".
