@@ -494,8 +494,8 @@ TEST_CASE("arenas: the step planner plans the first arena, and stops when a thre
   c.thread_cache = false;
   ArenaEngine e(c);
   void* carried = nullptr;
-  // One step (81 events): layers kept and freed in reverse, a temporary per layer, one block kept
-  // into the next step (freed at its start: the step's trough).
+  // One step (82 events; the first 81): layers kept and freed in reverse, a temporary per layer,
+  // one block kept into the next step (freed at its start: the step's trough).
   auto step = [&] {
     std::vector<void*> addrs;
     auto alloc = [&](std::size_t bytes) {
@@ -510,7 +510,7 @@ TEST_CASE("arenas: the step planner plans the first arena, and stops when a thre
       kept.push_back(alloc(static_cast<std::size_t>(layer % 5 + 1) * 3 * MiB));
       REQUIRE(e.engine.free(alloc(static_cast<std::size_t>(layer % 3 + 1) * 700 * 1024)) == FreeStatus::ok);
     }
-    for (int layer = 19; layer >= 0; --layer) REQUIRE(e.engine.free(kept[static_cast<std::size_t>(layer)]) == FreeStatus::ok);
+    for (auto it = kept.rbegin(); it != kept.rend(); ++it) REQUIRE(e.engine.free(*it) == FreeStatus::ok);
     carried = alloc(3 * MiB);
     return addrs;
   };

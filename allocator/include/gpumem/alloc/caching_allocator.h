@@ -233,8 +233,8 @@ class CachingAllocator {
 
  private:
   friend struct detail::Arenas;
-  // One engine (engines_per_device(config) == 1: arenas:1), or null and the device's arenas (allocator/src/arenas.h; the default, arenas:auto), to which every call
-  // then goes.
+  // One engine (engines_per_device(config) == 1: arenas:1), or null and the device's arenas
+  // (allocator/src/arenas.h; the default, arenas:auto), to which every call then goes.
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<detail::Arenas> arenas_;
   // Config::step_plan: the planner and its lock (allocator/src/step_planning.cpp); null without.
@@ -248,9 +248,9 @@ class CachingAllocator {
                               std::optional<StreamId> stream, StepPlacementHint hint = {});
   FreeStatus free_engine(void* ptr);
   // A step plan's arena (one engine; with arenas, the first arena's while no thread has moved,
-  // else none): a free range of size_bytes on `stream`, found or grown as an
-  // allocation's would be, and left free; no alloc or free event, no counter, no OOM event (the
-  // program made no request). Null if there is none.
+  // else none): a free range of size_bytes on `stream`, found or grown as an allocation's would
+  // be, and left free; no alloc or free event, no counter, no OOM event (the program made no
+  // request). Null if there is none.
   void* take_arena_range(std::size_t size_bytes, StreamId stream);
   AllocResult allocate_planned(std::size_t size_bytes, StreamId stream);
   void free_planned(void* ptr);
