@@ -279,17 +279,36 @@ Arenas::Place& Arenas::place_for_this_thread() noexcept {
   return *remember(set.last = &p);
 }
 
-void Arenas::note_wait() noexcept {
+bool Arenas::note_wait() noexcept {
   Place& place = place_for_this_thread();
   if (users_[place.arena].load(std::memory_order_relaxed) <= 1) {
     place.contended = 0;  // alone in its arena: nothing to move away from
-    return;
+    return false;
   }
   waits_.fetch_add(1, std::memory_order_relaxed);
-  if (++place.contended < kMoveAfterContended) return;
-  place.contended = 0;
-  place.move_due = true;
-  routing_.store(true, std::memory_order_relaxed);
+  if (place.move_due || could_move(place.arena)) {
+    if (++place.contended < kMoveAfterContended) return false;
+    place.contended = 0;
+    place.move_due = true;
+    routing_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  // Shared, and no arena to move to: the threads stay together, and caches serve them.
+  return true;
+}
+
+bool Arenas::could_move(unsigned from) const noexcept {
+  // move_place's choices, read without the mutex (a hint: a thread that finds no move after all
+  // stays, and its next waits say so).
+  const unsigned n = count();
+  if (n < engines_per_device(config)) return true;  // a new arena
+  const unsigned here = users_[from].load(std::memory_order_relaxed);
+  for (unsigned i = 0; i < n; ++i) {
+    if (i == from) continue;
+    const unsigned u = users_[i].load(std::memory_order_relaxed);
+    if (u == 0 || u + 1 < here) return true;  // an unused arena, or one that evens the load
+  }
+  return false;
 }
 
 bool Arenas::move(Place& place) {
@@ -562,4 +581,6 @@ void Arenas::check_invariants() const {
 
 }  // namespace gpumem::alloc::detail
 
-void gpumem::alloc::CachingAllocator::Impl::note_wait_in_arenas() noexcept { arenas->note_wait(); }
+void gpumem::alloc::CachingAllocator::Impl::note_wait_in_arenas() noexcept {
+  if (arenas->note_wait() && thread_caches.enabled) thread_caches.active.store(true, std::memory_order_relaxed);
+}

@@ -9,9 +9,10 @@
 // (CachingAllocator with arenas:1, thread caches as configured) over the device's one source and
 // stream events, so it has its own regions, free blocks and lock: a thread allocating in its arena
 // meets no other thread's allocations, and its pair costs what one thread's costs (thread-caches.md,
-// "Nothing shared"). Threads that share an arena (more threads than arenas) share its thread
-// caches, which come on when its lock is contended, as in one engine; a thread that moves hands its
-// cache in the arena it left back. A StatsObserver counts in place only while there is one arena
+// "Nothing shared"). Threads that share an arena with nowhere to move (more threads than arenas)
+// share its thread caches, which come on when an allocation of theirs waits for its lock (not, as
+// in one engine, at any contended acquisition: see note_wait); a thread that moves hands its cache
+// in the arena it left back. A StatsObserver counts in place only while there is one arena
 // (Note [Stats in place]): when the second is made it is unbound from the first, which would
 // otherwise apply every arena's events under its own lock.
 //
@@ -165,7 +166,12 @@ struct Arenas {
   // The calling thread's allocation waited for an arena's lock (the engine's contended path, with
   // that lock held: counts only, never moves). While the thread shares its arena, the wait counts
   // against it, and the kMoveAfterContended-th makes it due to move at its next allocation.
-  void note_wait() noexcept;
+  // Returns whether the arena's thread caches should come on: the thread shares its arena and no
+  // move is open to it (every arena made, none unused, none whose load a move would even), so
+  // threads that stay together meet in its lock. A thread alone in its arena, or one that will
+  // move, says no: its waits end by themselves (Note [Thread caches], "Caches in an arena only
+  // where they help").
+  bool note_wait() noexcept;
   // Whether thread caches came on in any arena (its lock was contended while threads shared it).
   // Loads, no lock.
   bool thread_caches_on() const noexcept;
@@ -218,6 +224,10 @@ struct Arenas {
   static Place* remember(Place* place) noexcept;
   // The calling thread's arena, or the first if it has no place.
   unsigned arena_if_placed() const noexcept;
+  // Whether a thread of arena `from` has a move open (what move_place would find, read without the
+  // mutex): fewer arenas than engines_per_device(config), an unused one, or one at least two threads
+  // less used.
+  bool could_move(unsigned from) const noexcept;
   // Moves the thread of `place` to an arena no thread uses, else to a new one while fewer than
   // engines_per_device(config) exist, else to the least used if that evens the load; false if it
   // stays.

@@ -192,26 +192,33 @@ struct CachingAllocator::Impl {
 
   // ---------------------------------------------------------------- locking
 
-  // Takes the engine lock, noting contention: the first contended acquisition turns thread caches
-  // on (set under the lock, so every later holder sees it and locks live-table shards, and no fast
-  // path can run before that).
+  // Takes the engine lock, noting contention: in an engine alone, the first contended acquisition
+  // turns thread caches on (set under the lock, so every later holder sees it and locks live-table
+  // shards, and no fast path can run before that).
   // Counts the acquisitions and the contended ones (lock_counts()).
-  // An allocation that waits for the lock of an arena counts against the calling thread
-  // (arenas.h): the one branch the arenas add to the engine, on the path that waited anyway.
+  // An arena's caches come on only when an allocation waits while its thread shares the arena and
+  // has nowhere to move (Arenas::note_wait): a wait that moving will end, a free's wait (often a
+  // thread handing back memory it allocated before it moved) and a wait of a thread alone in its
+  // arena leave them off (docs/notes/thread-caches.md, "Caches in an arena only where they help").
+  // The one branch the arenas add to the engine, on the path that waited anyway.
   [[gnu::always_inline]] Lock lock_noting_contention(bool allocating = false) {
     Lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) {
       lock.lock();
-      if (thread_caches.enabled) thread_caches.active.store(true, std::memory_order_relaxed);
       bump(lock_contended);
-      if (allocating && arenas != nullptr) note_wait_in_arenas();
+      if (arenas == nullptr) {
+        if (thread_caches.enabled) thread_caches.active.store(true, std::memory_order_relaxed);
+      } else if (allocating) {
+        note_wait_in_arenas();
+      }
     }
     bump(lock_acquisitions);
     return lock;
   }
   // With arenas, the device's arenas (set when the arena is made); null for an engine alone.
   detail::Arenas* arenas = nullptr;
-  // Arenas::note_wait for this engine's arenas (arenas.cpp). Under the engine lock: counts only.
+  // Arenas::note_wait for this engine's arenas (arenas.cpp), and thread caches on when it says
+  // they help. Under the engine lock: counts and sets a flag only.
   void note_wait_in_arenas() noexcept;
   // Written under the engine lock only, read without it (lock_counts()): a load and a store, not
   // an atomic add, as FreeIndex's byte count. (A shared wrapper type for the two was tried: the

@@ -5,8 +5,10 @@
 // its caches back to the engines that still exist, found in a registry of live engines by id
 // (never destroyed: threads may exit after static destructors ran).
 //
-// Caches turn on (`active`) the first time a thread finds the engine's lock taken: a program that
-// never allocates from two threads at once keeps the engine's exact best-fit choices.
+// Caches turn on (`active`) the first time a thread finds the engine's lock taken (an arena's: the
+// first time an allocation waits there while its thread shares the arena with nowhere to move,
+// arenas.h): a program that never allocates from two threads at once keeps the engine's exact
+// best-fit choices.
 //
 // Invariants: every cache in `caches` belongs to exactly one thread's slot for this engine's id,
 // until that thread exits (its slot is cleared, the cache drained and moved to `spare`, under the
@@ -49,7 +51,7 @@ struct ThreadCacheSet {
 
   const std::uint64_t id;  // tells this engine apart in threads' slots (never reused)
   const bool enabled;      // Config::thread_cache
-  std::atomic<bool> active{false};  // set (never cleared) once the engine lock is contended, only if enabled
+  std::atomic<bool> active{false};  // set (never cleared) by lock_noting_contention, only if enabled
   std::vector<std::unique_ptr<ThreadCache>> caches;  // owned by live threads
   std::vector<std::unique_ptr<ThreadCache>> spare;   // drained, of threads that exited; reused
 

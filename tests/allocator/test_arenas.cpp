@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -599,6 +600,146 @@ TEST_CASE("arenas: an arena's thread caches; a thread that moves hands its cache
   CHECK(e.engine.totals().allocated_bytes == 0);
   e.engine.empty_cache();
   CHECK(e.engine.totals().reserved_bytes == 0);
+}
+
+// Holds `m`'s engine lock on a thread of its own for as long as fn() runs on the calling thread, so
+// that every call fn makes to that engine finds its lock taken. How often it was found taken.
+template <class Fn>
+std::uint64_t with_engine_lock_held(CachingAllocator::Impl& m, Fn&& fn) {
+  const std::uint64_t before = m.lock_contended.load();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, release = false;
+  std::thread holder([&] {
+    std::lock_guard engine_lock(m.mutex);
+    std::unique_lock lock(mu);
+    held = true;
+    cv.notify_all();
+    // Released once fn has had time to reach the lock (it waits there until then).
+    cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return release; });
+  });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return held; });
+  }
+  fn();
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  holder.join();
+  return m.lock_contended.load() - before;
+}
+
+// Caches in an arena only where they help (docs/notes/thread-caches.md): an allocation that waits
+// for its arena's lock turns that arena's thread caches on only while its thread shares the arena
+// and no move is open to it. A thread alone in its arena (its waits are other threads' frees of
+// memory they allocated before they moved), a thread that can still move, and any free that waits
+// leave them off: a thread that ends alone in its arena allocates there as one thread does.
+TEST_CASE("arenas: thread caches come on only for threads that share an arena with nowhere to move",
+          "[arenas][thread_cache]") {
+  ArenaEngine a(arena_config(2));
+  auto& [source, events, engine, set] = a;
+  CachingAllocator::Impl& first = set.first_engine();
+  CHECK_FALSE(set.note_wait());  // alone in the first arena (placed there now)
+
+  // A second thread placed in the first arena stays there until told to exit; so does a third,
+  // later. Each runs `work` when asked.
+  struct Helper {
+    std::mutex m;
+    std::condition_variable cv;
+    std::function<void()> work;
+    bool stop = false;
+    std::thread t;
+    void start() {
+      t = std::thread([this] {
+        std::unique_lock lock(m);
+        for (;;) {
+          cv.wait(lock, [&] { return stop || work != nullptr; });
+          if (work) {
+            work();
+            work = nullptr;
+            cv.notify_all();
+          }
+          if (stop) return;
+        }
+      });
+    }
+    void run(std::function<void()> fn) {
+      std::unique_lock lock(m);
+      work = std::move(fn);
+      cv.notify_all();
+      cv.wait(lock, [&] { return work == nullptr; });
+    }
+    ~Helper() {
+      {
+        std::lock_guard lock(m);
+        stop = true;
+      }
+      cv.notify_all();
+      if (t.joinable()) t.join();
+    }
+  };
+  Helper second, third;
+  second.start();
+  third.start();
+  bool caches_wanted = true;
+  second.run([&] { caches_wanted = set.note_wait(); });
+  CHECK_FALSE(caches_wanted);  // shares the first arena, but a second arena can still be made
+  CHECK_FALSE(set.note_wait());  // the same for this thread
+  CHECK_FALSE(first.use_caches());
+
+  // A free that waits never turns caches on in an arena.
+  AllocResult kept = engine.allocate(MiB, 0);
+  REQUIRE(kept.ok());
+  const std::uint64_t free_waits = with_engine_lock_held(first, [&] { CHECK(engine.free(kept.ptr) == FreeStatus::ok); });
+  CHECK_FALSE(first.use_caches());
+
+  // An allocation that waits while a move is open to its thread: no caches (it will move).
+  const std::uint64_t alloc_waits = with_engine_lock_held(first, [&] {
+    AllocResult r = engine.allocate(MiB, 0);
+    REQUIRE(r.ok());
+    CHECK(engine.free(r.ptr) == FreeStatus::ok);
+  });
+  CHECK_FALSE(first.use_caches());
+
+  // This thread moves to the second (and last) arena; the second thread is alone in the first.
+  REQUIRE(set.move_this_thread());
+  REQUIRE(set.arena_of_this_thread() == 1);
+  CachingAllocator::Impl& own = set.engine_for_allocation();
+  REQUIRE(&own != &first);
+  // Alone in its arena, its waits leave caches off.
+  const std::uint64_t alone_waits = with_engine_lock_held(own, [&] {
+    AllocResult r = engine.allocate(MiB, 0);
+    REQUIRE(r.ok());
+    CHECK(engine.free(r.ptr) == FreeStatus::ok);
+  });
+  CHECK_FALSE(own.use_caches());
+
+  // A third thread joins the second in the first arena: both arenas made, neither unused, and a
+  // move would not even the load (one thread there, two here). Its waits turn the caches on.
+  third.run([&] { caches_wanted = set.note_wait(); });
+  CHECK(caches_wanted);
+  std::uint64_t shared_waits = 0;
+  third.run([&] {
+    shared_waits = with_engine_lock_held(first, [&] {
+      AllocResult r = engine.allocate(MiB, 0);
+      REQUIRE(r.ok());
+      CHECK(engine.free(r.ptr) == FreeStatus::ok);
+    });
+  });
+  INFO("contended acquisitions: free " << free_waits << ", allocation " << alloc_waits << ", alone " << alone_waits
+                                        << ", shared " << shared_waits);
+  REQUIRE(free_waits >= 1);
+  REQUIRE(alloc_waits >= 1);
+  REQUIRE(alone_waits >= 1);
+  REQUIRE(shared_waits >= 1);
+  CHECK(first.use_caches());
+  CHECK_FALSE(own.use_caches());
+  CHECK(engine.thread_caches_on());
+  engine.check_invariants();
+  CHECK(engine.totals().allocated_bytes == 0);
 }
 
 // Threads that allocate at once: with the lock fought over, threads move to arenas of their own;
