@@ -693,7 +693,8 @@ TEST_CASE("arenas: thread caches come on only for threads that share an arena wi
   // A free that waits never turns caches on in an arena.
   AllocResult kept = engine.allocate(MiB, 0);
   REQUIRE(kept.ok());
-  const std::uint64_t free_waits = with_engine_lock_held(first, [&] { CHECK(engine.free(kept.ptr) == FreeStatus::ok); });
+  const std::uint64_t free_waits =
+      with_engine_lock_held(first, [&] { CHECK(engine.free(kept.ptr) == FreeStatus::ok); });
   CHECK_FALSE(first.use_caches());
 
   // An allocation that waits while a move is open to its thread: no caches (it will move).
