@@ -129,7 +129,8 @@ struct BlockLookup {
 };
 
 // How often allocate() and free() took the engine's lock, and how often they found it taken
-// (another thread held it). Thread caches come on at the first contended acquisition; with them on,
+// (another thread held it). Thread caches come on at the first contended acquisition (in an arena,
+// at the first wait of an allocation whose thread shares it with nowhere to move); with them on,
 // calls served by a thread's cache take no engine lock and are not counted.
 struct EngineLockCounts {
   std::uint64_t acquisitions = 0;
