@@ -100,8 +100,11 @@ struct SizeClasses {
 
 class FreeIndex {
  public:
-  using ClassSet = bi::set<Block, bi::member_hook<Block, SetHook, &Block::set_hook>, bi::compare<ClassOrder>,
-                           bi::constant_time_size<false>>;
+  // A multiset, though no two blocks share (size, address): its insert descends once and links,
+  // where a set's also compares the new block with its neighbour to refuse a duplicate. The tree
+  // it builds is the same (docs/notes/fast-path.md, "The class trees as multisets").
+  using ClassSet = bi::multiset<Block, bi::member_hook<Block, SetHook, &Block::set_hook>, bi::compare<ClassOrder>,
+                                bi::constant_time_size<false>>;
 
  private:
   // One stream's classes.
