@@ -41,10 +41,11 @@ struct AllocSequence {
   std::vector<std::uint32_t> slots;  // ops slots, each < window
 };
 
-// n sizes, log-uniform in [512 B, 32 MiB).
-inline std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed) {
+// n sizes, log-uniform in [lo, hi) bytes (the windows': 512 B..32 MiB).
+inline std::vector<std::size_t> log_uniform_sizes(std::size_t n, std::uint64_t seed, double lo = 512.0,
+                                                  double hi = 32.0 * 1024 * 1024) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(std::log(512.0), std::log(32.0 * 1024 * 1024));
+  std::uniform_real_distribution<double> u(std::log(lo), std::log(hi));
   std::vector<std::size_t> out(n);
   for (auto& s : out) s = static_cast<std::size_t>(std::exp(u(rng)));
   return out;

@@ -16,15 +16,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
+#include "alloc_pattern.h"
 #include "bench_args.h"
 #include "spread.h"
 #include "gpumem/alloc/caching_allocator.h"
@@ -106,13 +105,7 @@ int main(int argc, char** argv) {
     if (auto* error = std::get_if<gpumem::alloc::ConfigError>(&parsed)) args.fail("--config: " + error->message);
     configs.push_back(std::get<Config>(parsed));
   }
-  const std::vector<std::size_t> sizes = [&] {
-    std::mt19937_64 rng(42);
-    std::uniform_real_distribution<double> u(std::log(512.0), std::log(1024.0 * 1024));
-    std::vector<std::size_t> v(pairs);
-    for (auto& s : v) s = static_cast<std::size_t>(std::exp(u(rng)));
-    return v;
-  }();
+  const std::vector<std::size_t> sizes = gpumem::bench::log_uniform_sizes(pairs, 42, 512.0, 1024.0 * 1024);
   std::vector<std::vector<double>> times(configs.size());
   std::vector<Round> last(configs.size());
   for (int r = 0; r < rounds; ++r)

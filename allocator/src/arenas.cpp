@@ -286,7 +286,7 @@ bool Arenas::note_wait() noexcept {
     return false;
   }
   waits_.fetch_add(1, std::memory_order_relaxed);
-  if (place.move_due || could_move(place.arena)) {
+  if (place.move_due || move_options(place.arena).any()) {
     if (++place.contended < kMoveAfterContended) return false;
     place.contended = 0;
     place.move_due = true;
@@ -297,18 +297,25 @@ bool Arenas::note_wait() noexcept {
   return true;
 }
 
-bool Arenas::could_move(unsigned from) const noexcept {
-  // move_place's choices, read without the mutex (a hint: a thread that finds no move after all
-  // stays, and its next waits say so).
+Arenas::MoveOptions Arenas::move_options(unsigned from) const noexcept {
+  // Where to: an arena no thread uses now (its threads exited: its memory is there to reuse), else
+  // a new one while fewer than engines_per_device(config) exist, else the arena with the fewest
+  // threads if that evens the load (a thread that exits leaves its arena to the next one that
+  // needs it).
+  MoveOptions o;
   const unsigned n = count();
-  if (n < engines_per_device(config)) return true;  // a new arena
-  const unsigned here = users_[from].load(std::memory_order_relaxed);
+  unsigned fewest = from;
   for (unsigned i = 0; i < n; ++i) {
     if (i == from) continue;
     const unsigned u = users_[i].load(std::memory_order_relaxed);
-    if (u == 0 || u + 1 < here) return true;  // an unused arena, or one that evens the load
+    if (u == 0 && o.unused == kMaxArenas) o.unused = i;
+    if (u < users_[fewest].load(std::memory_order_relaxed)) fewest = i;
   }
-  return false;
+  o.may_make = n < engines_per_device(config);
+  if (fewest != from &&
+      users_[fewest].load(std::memory_order_relaxed) + 1 < users_[from].load(std::memory_order_relaxed))
+    o.evener = fewest;
+  return o;
 }
 
 bool Arenas::move(Place& place) {
@@ -324,21 +331,10 @@ bool Arenas::move(Place& place) {
 bool Arenas::move_place(Place& place) {
   std::lock_guard lock(mutex_);
   const unsigned from = place.arena, n = count();
-  // Where to: an arena no thread uses now (its threads exited: its memory is there to reuse), else
-  // a new one while fewer than engines_per_device(config) exist, else the arena with the fewest
-  // threads if that evens the load (a thread that exits leaves its arena to the next one that
-  // needs it).
-  unsigned to = kMaxArenas, fewest = from;
-  for (unsigned i = 0; i < n; ++i) {
-    if (i == from) continue;
-    const unsigned u = users_[i].load(std::memory_order_relaxed);
-    if (u == 0 && to == kMaxArenas) to = i;
-    if (u < users_[fewest].load(std::memory_order_relaxed)) fewest = i;
-  }
-  if (to == kMaxArenas && n < engines_per_device(config) && make_arena_locked() != nullptr) to = n;
-  if (to == kMaxArenas && fewest != from &&
-      users_[fewest].load(std::memory_order_relaxed) + 1 < users_[from].load(std::memory_order_relaxed))
-    to = fewest;
+  const MoveOptions o = move_options(from);
+  unsigned to = o.unused;
+  if (to == kMaxArenas && o.may_make && make_arena_locked() != nullptr) to = n;
+  if (to == kMaxArenas) to = o.evener;
   if (to == kMaxArenas) return false;
   users_[from].fetch_sub(1, std::memory_order_relaxed);
   users_[to].fetch_add(1, std::memory_order_relaxed);

@@ -224,13 +224,19 @@ struct Arenas {
   static Place* remember(Place* place) noexcept;
   // The calling thread's arena, or the first if it has no place.
   unsigned arena_if_placed() const noexcept;
-  // Whether a thread of arena `from` has a move open (what move_place would find, read without the
-  // mutex): fewer arenas than engines_per_device(config), an unused one, or one at least two threads
-  // less used.
-  bool could_move(unsigned from) const noexcept;
-  // Moves the thread of `place` to an arena no thread uses, else to a new one while fewer than
-  // engines_per_device(config) exist, else to the least used if that evens the load; false if it
-  // stays.
+  // Where a thread of arena `from` could move (kMaxArenas: nowhere of that kind), in move_place's
+  // order of preference: an unused arena, a new one, one at least two threads less used. move_place
+  // reads it under the mutex; note_wait without it, as a hint (a thread that finds no move after
+  // all stays, and its next waits say so).
+  struct MoveOptions {
+    unsigned unused = kMaxArenas;
+    bool may_make = false;  // fewer arenas than engines_per_device(config)
+    unsigned evener = kMaxArenas;
+    bool any() const noexcept { return unused != kMaxArenas || may_make || evener != kMaxArenas; }
+  };
+  MoveOptions move_options(unsigned from) const noexcept;
+  // Moves the thread of `place` to the first of its move_options (a new arena is made then); false
+  // if it stays.
   bool move(Place& place);
   // move()'s choice and the counts, under the arenas' mutex; true if the thread moved.
   bool move_place(Place& place);
