@@ -602,32 +602,33 @@ TEST_CASE("arenas: an arena's thread caches; a thread that moves hands its cache
   CHECK(e.engine.totals().reserved_bytes == 0);
 }
 
-// Holds `m`'s engine lock on a thread of its own for as long as fn() runs on the calling thread, so
-// that every call fn makes to that engine finds its lock taken. How often it was found taken.
+// Holds `m`'s engine lock on a thread of its own while fn() runs on the calling thread, so that
+// fn's first call to that engine finds the lock taken: the holder takes the lock, the caller says
+// it is about to call fn, and the holder lets go 200 ms later (fn goes straight to the lock and
+// waits there). How often the lock was found taken.
 template <class Fn>
 std::uint64_t with_engine_lock_held(CachingAllocator::Impl& m, Fn&& fn) {
   const std::uint64_t before = m.lock_contended.load();
   std::mutex mu;
   std::condition_variable cv;
-  bool held = false, release = false;
+  bool held = false, calling = false;
   std::thread holder([&] {
     std::lock_guard engine_lock(m.mutex);
-    std::unique_lock lock(mu);
-    held = true;
-    cv.notify_all();
-    // Released once fn has had time to reach the lock (it waits there until then).
-    cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return release; });
+    {
+      std::unique_lock lock(mu);
+      held = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return calling; });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   });
   {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return held; });
-  }
-  fn();
-  {
-    std::lock_guard lock(mu);
-    release = true;
+    calling = true;
   }
   cv.notify_all();
+  fn();
   holder.join();
   return m.lock_contended.load() - before;
 }
