@@ -67,7 +67,8 @@ def find_step(rows, marker, per_step, path):
     return lo, hi
 
 
-def main(argv=None):
+def main(argv=None, quiet=False):
+    """The command; quiet: no line on success (scripts/long_runs.py calls it per trace)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace", help="CSV trace (.csv or .csv.gz): action,addr,size,stream,time_us,where")
     ap.add_argument("out", help="where to write the longer trace (.csv or .csv.gz)")
@@ -99,8 +100,9 @@ def main(argv=None):
                 shifted = list(r)
                 shifted[4] = str(int(r[4]) + shift)
                 w.writerow(shifted)
-    print(f"{args.out}: {hi} entries of {args.trace}, then its last whole step ({len(step)} entries, "
-          f"{period_us / 1e3:.1f} ms) {args.repeat} more times")
+    if not quiet:
+        print(f"{args.out}: {hi} entries of {args.trace}, then its last whole step ({len(step)} entries, "
+              f"{period_us / 1e3:.1f} ms) {args.repeat} more times")
     return 0
 
 
