@@ -107,7 +107,7 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
 
 AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, StreamId stream) {
   detail::StepPlanning& p = *planning_;
-  std::unique_lock lock(p);
+  std::lock_guard lock(p);
   // With arenas, once a thread has moved to an arena of its own the threads allocate at the same
   // time in engines of their own: no step of one engine repeats, and the plan's engine (the first
   // arena) no longer sees every call. The planner stops for good (routing is never cleared).
@@ -126,15 +126,8 @@ AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, S
     }
     p.planner.placement_failed();
   }
-  // The engine serves it, without the planner's lock: its growth calls the driver, and another
-  // thread's call must not wait for that (Note [Engine locking]). The request's event is handed
-  // back with its address: another thread's request may be asked about in between.
-  const StepPlanner::Request request = p.planner.take_request();
-  lock.unlock();
   AllocResult r = allocate_engine(size_bytes, stream);
-  if (r.ptr == nullptr) return r;
-  lock.lock();
-  p.planner.note_allocated(reinterpret_cast<std::uintptr_t>(r.ptr), request);
+  if (r.ptr != nullptr) p.planner.note_allocated(reinterpret_cast<std::uintptr_t>(r.ptr));
   return r;
 }
 
