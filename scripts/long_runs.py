@@ -59,13 +59,6 @@ def find_trace(name, corpora):
     return None
 
 
-def lengthen(trace, out, marker, per_step, steps):
-    """Writes trace lengthened by `steps` repetitions of its last whole step; None when written, else why not."""
-    status = repeat_steps.main([trace, out, '--marker', str(marker), '--per-step', str(per_step),
-                                '--repeat', str(steps)], quiet=True)
-    return None if status == 0 else f"repeat_steps.py exit {status}"
-
-
 def row_for(name, steps, j, ours):
     """One JSON row: the run's peak requested and, per policy, peak reserved, ratio, VMM share and whether
     it is over the expandable model."""
@@ -133,9 +126,10 @@ def main(argv=None):
             # Not NAME.trace.csv.gz: gpumem replay would read a NAME.json beside it as PyTorch's
             # measured peaks, and none belongs to a lengthened run.
             longer = os.path.join(tmp, f"{name}.plus{a.steps}.csv.gz")
-            why = lengthen(trace, longer, marker, per_step, a.steps)
-            if why:
-                skipped.append(f"{name}: {why}")
+            try:
+                repeat_steps.write_longer(trace, longer, marker, per_step, a.steps)
+            except repeat_steps.TraceError as e:
+                skipped.append(f"{name}: {e}")
                 continue
             j = corpus_table.replay(a.gpumem, longer, ours + [EXPANDABLE])
             os.remove(longer)

@@ -67,8 +67,30 @@ def find_step(rows, marker, per_step, path):
     return lo, hi
 
 
-def main(argv=None, quiet=False):
-    """The command; quiet: no line on success (scripts/long_runs.py calls it per trace)."""
+def write_longer(trace, out, marker, per_step, repeat):
+    """Writes trace lengthened by `repeat` more repetitions of its last whole closed step to out;
+    returns (entries kept before the repetitions, entries of the step, the step's length in us).
+    TraceError when the trace cannot be read, has no closed step, or its step takes no time."""
+    header, rows = read_trace(trace)
+    lo, hi = find_step(rows, marker, per_step, trace)
+    step = rows[lo:hi]
+    period_us = int(rows[hi][4]) - int(step[0][4])
+    if period_us <= 0:
+        raise TraceError(f"the step found in {trace} takes no time (times must increase)")
+    with open_text(out, "w") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows[:hi])
+        for k in range(1, repeat + 1):
+            shift = k * period_us
+            for r in step:
+                shifted = list(r)
+                shifted[4] = str(int(r[4]) + shift)
+                w.writerow(shifted)
+    return hi, len(step), period_us
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace", help="CSV trace (.csv or .csv.gz): action,addr,size,stream,time_us,where")
     ap.add_argument("out", help="where to write the longer trace (.csv or .csv.gz)")
@@ -78,31 +100,13 @@ def main(argv=None, quiet=False):
     args = ap.parse_args(argv)
     if args.marker <= 0 or args.per_step <= 0 or args.repeat < 0:
         ap.error("--marker and --per-step must be positive, --repeat at least 0")
-
     try:
-        header, rows = read_trace(args.trace)
-        lo, hi = find_step(rows, args.marker, args.per_step, args.trace)
+        hi, step_entries, period_us = write_longer(args.trace, args.out, args.marker, args.per_step, args.repeat)
     except TraceError as e:
         print(f"repeat_steps.py: {e}", file=sys.stderr)
         return 1
-    step = rows[lo:hi]
-    period_us = int(rows[hi][4]) - int(step[0][4])
-    if period_us <= 0:
-        print(f"repeat_steps.py: the step found in {args.trace} takes no time (times must increase)", file=sys.stderr)
-        return 1
-    with open_text(args.out, "w") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(header)
-        w.writerows(rows[:hi])
-        for k in range(1, args.repeat + 1):
-            shift = k * period_us
-            for r in step:
-                shifted = list(r)
-                shifted[4] = str(int(r[4]) + shift)
-                w.writerow(shifted)
-    if not quiet:
-        print(f"{args.out}: {hi} entries of {args.trace}, then its last whole step ({len(step)} entries, "
-              f"{period_us / 1e3:.1f} ms) {args.repeat} more times")
+    print(f"{args.out}: {hi} entries of {args.trace}, then its last whole step ({step_entries} entries, "
+          f"{period_us / 1e3:.1f} ms) {args.repeat} more times")
     return 0
 
 
