@@ -783,6 +783,17 @@ void StepPlanner::note(const StepEvent& e, std::uintptr_t addr, bool served) {
   record(e, ordinal);
 }
 
+StepPlanner::Request StepPlanner::take_request() noexcept {
+  planned_addr_ = 0;  // the engine serves it: not at a planned address
+  return {std::exchange(pending_size_, 0), std::exchange(pending_stream_, 0)};
+}
+
+void StepPlanner::note_allocated(std::uintptr_t addr, Request request) {
+  pending_size_ = request.size_bytes;
+  pending_stream_ = request.stream;
+  note_allocated(addr);
+}
+
 void StepPlanner::note_allocated(std::uintptr_t addr) {
   const std::uintptr_t planned = std::exchange(planned_addr_, 0);
   if (mode_ == Mode::stopped || pending_size_ == 0) return;  // a zero-byte request is no event

@@ -107,27 +107,36 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
 
 AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, StreamId stream) {
   detail::StepPlanning& p = *planning_;
-  std::lock_guard lock(p);
-  // With arenas, once a thread has moved to an arena of its own the threads allocate at the same
-  // time in engines of their own: no step of one engine repeats, and the plan's engine (the first
-  // arena) no longer sees every call. The planner stops for good (routing is never cleared).
-  if (arenas_ && arenas_->routing() && !p.planner.stopped()) [[unlikely]]
-    p.planner.stop("a thread moved to an arena of its own: threads that allocate at the same time give the "
-                   "steps no order to repeat");
-  if (const auto at = p.planner.allocate(size_bytes, stream)) {
-    const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
-    void* ptr = reinterpret_cast<void*>(*at);
-    if (allocate_at_impl(ptr, block, size_bytes, stream, p.planner.placement_hint()) == FreeStatus::ok) {
-      p.planner.note_allocated(*at);
-      AllocResult r;
-      r.ptr = ptr;
-      r.size_bytes = block;
-      return r;
+  StepPlanner::Request request;
+  {
+    std::lock_guard lock(p);
+    // With arenas, once a thread has moved to an arena of its own the threads allocate at the same
+    // time in engines of their own: no step of one engine repeats, and the plan's engine (the first
+    // arena) no longer sees every call. The planner stops for good (routing is never cleared).
+    if (arenas_ && arenas_->routing() && !p.planner.stopped()) [[unlikely]]
+      p.planner.stop("a thread moved to an arena of its own: threads that allocate at the same time give the "
+                     "steps no order to repeat");
+    if (const auto at = p.planner.allocate(size_bytes, stream)) {
+      const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
+      void* ptr = reinterpret_cast<void*>(*at);
+      if (allocate_at_impl(ptr, block, size_bytes, stream, p.planner.placement_hint()) == FreeStatus::ok) {
+        p.planner.note_allocated(*at);
+        AllocResult r;
+        r.ptr = ptr;
+        r.size_bytes = block;
+        return r;
+      }
+      p.planner.placement_failed();
     }
-    p.planner.placement_failed();
+    // The engine serves it, without the planner's lock: its growth calls the driver, and another
+    // thread's call must not wait for that (Note [Engine locking]). The request's event is handed
+    // back with its address: another thread's request may be asked about in between.
+    request = p.planner.take_request();
   }
   AllocResult r = allocate_engine(size_bytes, stream);
-  if (r.ptr != nullptr) p.planner.note_allocated(reinterpret_cast<std::uintptr_t>(r.ptr));
+  if (r.ptr == nullptr || request.size_bytes == 0) return r;  // a zero-byte request is no event
+  std::lock_guard again(p.again);
+  p.planner.note_allocated(reinterpret_cast<std::uintptr_t>(r.ptr), request);
   return r;
 }
 

@@ -8,7 +8,10 @@
 // simply free memory.
 //
 // Locking: the planner's mutex is taken before the engine's (allocate_planned holds it across
-// allocate_at and the arena's allocation); free() shows the free to the planner under it, then
+// allocate_at and the arena's allocation). A request the plan does not place goes to the engine
+// without it, whose growth may call the driver: its event is taken from the planner before and
+// handed back with the block's address after (take_request, note_allocated(addr, request)), other
+// threads' calls perhaps in between. free() shows the free to the planner under it, then
 // frees in the engine without it. Another thread may then be given the planned address of a block
 // whose engine free has not happened yet: allocate_at refuses it and the plan falls back (a missed
 // plan, never a shared block). Planning is bypassed while a CUDA graph is captured.
@@ -50,10 +53,13 @@ struct StepPlanning final : StepArenaHost {
   void unmap_arena(std::uintptr_t, std::size_t) override {}  // the engine's memory: it keeps it
 
   // The planner's lock, taken by allocate_planned and free_planned. Threads that allocate at the
-  // same time make the order of the events a matter of timing: no step repeats, and each call
-  // would wait for this lock. So when kContendedStop acquisitions within a window of
-  // kContentionWindow calls find it held, the planner is stopped; once it is, `off` is set and
-  // every call goes straight to the engine (frees too: a stopped planner has no arena).
+  // same time make the order of the events a matter of timing: no step repeats. So within each
+  // window of kContentionWindow calls, when kContendedStop acquisitions find the lock held or
+  // kSwitchStop calls come from another thread than the call before, the planner is stopped; once
+  // it is, `off` is set and every call goes straight to the engine (frees too: a stopped planner
+  // has no arena). The switches are what tells threads that take turns: the lock is not held
+  // across the engine's call (allocate_through_planner), so they seldom find it held. A training
+  // loop whose backward pass runs on autograd's thread switches a few times a step.
   void lock() {
     lock_only();
     // Dormant, and the calls it sleeps for have gone by without the lock (bypass_left): awake.
@@ -77,7 +83,19 @@ struct StepPlanning final : StepArenaHost {
                                  "the same time give the steps no order to repeat",
                                  kContendedStop, kContentionWindow));
     }
-    if (++calls % kContentionWindow == 0) contended = 0;
+    // A thread's own address among thread-locals names it while it lives.
+    const void* const thread = &t_bypass_credit;
+    if (thread != last_thread) [[unlikely]] {
+      last_thread = thread;
+      if (++switches == kSwitchStop)
+        planner.stop(fmt::format("{} calls in {} came from another thread than the call before: threads that "
+                                 "allocate at the same time give the steps no order to repeat",
+                                 kSwitchStop, kContentionWindow));
+    }
+    if (++calls % kContentionWindow == 0) {
+      contended = 0;
+      switches = 0;
+    }
   }
   void unlock() {
     if (planner.stopped()) off.store(true, std::memory_order_relaxed);
@@ -114,7 +132,16 @@ struct StepPlanning final : StepArenaHost {
     t_bypass_credit = BypassCredit{id, now, std::min(before, kBypassChunk) - 1};
     return true;
   }
+  // The lock again after the engine's call (allocate_through_planner): no wake, not a call of the
+  // contention count; released as any acquisition is (unlock()).
+  struct Again {
+    StepPlanning& p;
+    void lock() { p.mutex.lock(); }
+    void unlock() { p.unlock(); }
+  };
+
   static constexpr std::uint32_t kContendedStop = 16;
+  static constexpr std::uint32_t kSwitchStop = 2048;
   static constexpr std::uint64_t kContentionWindow = 4096;
   static constexpr std::int64_t kBypassChunk = 256;
 
@@ -125,7 +152,10 @@ struct StepPlanning final : StepArenaHost {
   std::atomic<std::int64_t> bypass_left{0};
   std::atomic<std::uint64_t> epoch{0};  // times bypassing ended (end_bypass): older credits are void
   const std::uint64_t id;               // this planning's number for BypassCredit
+  Again again{*this};
   std::uint32_t contended = 0;  // under mutex
+  std::uint32_t switches = 0;   // under mutex
+  const void* last_thread = nullptr;  // under mutex: the thread of the last counted call
   std::uint64_t calls = 0;      // under mutex
 };
 

@@ -204,6 +204,15 @@ class StepPlanner {
   // After allocate() gave an address: a neighbour to start looking from (StepPlacementHint).
   StepPlacementHint placement_hint() const noexcept { return hint_; }
   void note_allocated(std::uintptr_t addr);
+  // The request allocate() was last asked about, for an owner that serves it without the planner's
+  // lock (another thread's allocate() may come in between): taken right after an allocate() that
+  // gave no address, handed back with the block's address. Taking it leaves no request pending.
+  struct Request {
+    std::uint64_t size_bytes = 0;  // rounded; 0: no event (a zero-byte request)
+    StreamId stream = 0;
+  };
+  Request take_request() noexcept;
+  void note_allocated(std::uintptr_t addr, Request request);
   // Before the owner frees a block: true if the plan placed it in the arena (a block the owner
   // placed itself in the arena's range, after a fallback, is not the arena's).
   bool free(std::uintptr_t addr);
