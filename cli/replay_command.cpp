@@ -67,8 +67,9 @@ std::string help_text() {
       "  --device-memory SIZE the simulated device's memory (default 139.8 GiB, an H200)\n"
       "  --step-marker BYTES  a training step starts at the first request of exactly BYTES bytes\n"
       "                       and at every K-th one after it (--per-step K, default 1), as if the\n"
-      "                       program told the allocator: gpumem+plan then learns the steps from\n"
-      "                       the marks instead of finding their length itself\n"
+      "                       program told the allocator: a gpumem policy with its step planner\n"
+      "                       (the default) then learns the steps from the marks instead of\n"
+      "                       finding their length itself\n"
       "  -h, --help           show this help\n"
       "\n"
       "A progress bar is drawn on stderr while replaying, only when stderr is a terminal.\n"
@@ -109,20 +110,18 @@ int run_replay(const std::vector<std::string_view>& argv) {
     return 2;
   }
   if (a.policies.empty()) a.policies = fx::default_policy_names();
-  if (a.step_marker && std::none_of(a.policies.begin(), a.policies.end(), [](const std::string& p) {
-        return p == "gpumem+plan" || p.starts_with("gpumem+plan:");
-      })) {
-    std::fputs("gpumem replay: --step-marker marks steps for the step planner, and no policy uses it; add --policy "
-               "gpumem+plan\n",
-               stderr);
-    return 2;
-  }
-
   // Policies first: a bad name should not wait for a large trace to load.
+  bool any_plans = false;
   try {
-    for (const auto& p : a.policies) (void)fx::parse_policy_spec(p, a.env);
+    for (const auto& p : a.policies) any_plans |= fx::parse_policy_spec(p, a.env).step_plan;
   } catch (const fx::ForensicsError& e) {
     std::fputs(fmt::format("gpumem replay: {}\n", e.what()).c_str(), stderr);
+    return 2;
+  }
+  if (a.step_marker && !any_plans) {
+    std::fputs("gpumem replay: --step-marker marks steps for the step planner, and no policy uses it; add --policy "
+               "gpumem (its planner is on unless the policy says step_plan:False)\n",
+               stderr);
     return 2;
   }
   try {

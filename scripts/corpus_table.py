@@ -34,7 +34,8 @@ that has one, beyond what --known-over allows. The known-over file (default
 traces/corpus/known_over.txt) lists `NAME MAX_RATIO` lines (`#` starts a comment): gpumem may
 exceed the measurement on NAME by at most MAX_RATIO (gpumem reserved / expandable reserved).
 A listed trace that is now within the measurement is reported, so the entry can go.
-A gpumem+plan policy (the step planner's what-if) finds the steps itself. With --step-markers FILE
+A policy with the step planner (gpumem, whose default has it on, or gpumem+plan; not one that says
+step_plan:False) finds the steps itself. With --step-markers FILE
 (`NAME BYTES PER_STEP` lines, such as traces/corpus/step_markers.txt) a listed trace is replayed
 with `--step-marker BYTES --per-step K` instead (its ratio is followed by 'm'): the program's marks.
 
@@ -96,11 +97,17 @@ def load_step_markers(path):
 
 
 def is_plan(policy):
-    return policy == 'gpumem+plan' or policy.startswith('gpumem+plan:')
+    """A gpumem policy with the step planner: gpumem+plan, or gpumem (the planner is on by default)
+    unless its configuration says step_plan:False."""
+    family, _, conf = policy.partition(':')
+    if family == 'gpumem+plan':
+        return True
+    return family == 'gpumem' and 'step_plan:false' not in conf.lower().replace(' ', '')
 
 
 def replay(gpumem, trace, policies, marker=None):
-    """Replays trace through policies; a gpumem+plan policy gets the step marks when there is a marker."""
+    """Replays trace through policies; a policy with the step planner gets the step marks when there is a
+    marker."""
     args = [gpumem, 'replay', trace, '--json', '--top', '0']
     for p in policies:
         args += ['--policy', p]

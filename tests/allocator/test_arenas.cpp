@@ -455,9 +455,10 @@ TEST_CASE("arenas: the stats observer stays exact when a second arena is made", 
   CHECK(stats->stats().allocated_bytes[0].peak == peak);
 }
 
-// The default, arenas:auto: arenas (up to kAutoArenas), caches off until a lock is contended; with
-// step_plan:True the same arenas, and the planner in front of them.
-TEST_CASE("arenas: arenas:auto is arenas by default, with step_plan too", "[arenas]") {
+// The default, arenas:auto: arenas (up to kAutoArenas), caches off until a lock is contended, and
+// the step planner (step_plan:True, the default) in front of them; step_plan:False the same arenas
+// without it.
+TEST_CASE("arenas: arenas:auto is arenas by default, the step planner in front of them", "[arenas]") {
   SimSource source;
   ManualStreamEvents events;
   CachingAllocator fresh(source, events, Config{});
@@ -465,24 +466,26 @@ TEST_CASE("arenas: arenas:auto is arenas by default, with step_plan too", "[aren
   CHECK(fresh.config().arenas == kArenasAuto);
   CHECK(fresh.arenas() == 1);  // a thread moves only once it waits for the lock
   CHECK_FALSE(fresh.thread_caches_on());
-  CHECK_FALSE(fresh.step_plan_counters().has_value());
-
-  Config plan;
-  plan.step_plan = true;
-  plan.step_plan_layout_thread = false;
-  CachingAllocator planned(source, events, plan);
-  REQUIRE(Arenas::of(planned) != nullptr);
-  CHECK(planned.config().arenas == kArenasAuto);
-  CHECK(planned.arenas() == 1);
-  CHECK(planned.step_plan_counters().has_value());
+  CHECK(fresh.step_plan_counters().has_value());
   // The planner is the arenas' one, not each arena's.
-  CHECK_FALSE(Arenas::of(planned)->first_arena().step_plan_counters().has_value());
+  CHECK_FALSE(Arenas::of(fresh)->first_arena().step_plan_counters().has_value());
+
+  Config unplanned;
+  unplanned.step_plan = false;
+  CachingAllocator plain(source, events, unplanned);
+  REQUIRE(Arenas::of(plain) != nullptr);
+  CHECK(plain.config().arenas == kArenasAuto);
+  CHECK(plain.arenas() == 1);
+  CHECK_FALSE(plain.step_plan_counters().has_value());
 
   Config one;
   one.arenas = 1;
   CachingAllocator single(source, events, one);
   CHECK(Arenas::of(single) == nullptr);
-  CHECK_FALSE(single.step_plan_counters().has_value());
+  CHECK(single.step_plan_counters().has_value());  // one engine, the planner in front of it
+  one.step_plan = false;
+  CachingAllocator single_plain(source, events, one);
+  CHECK_FALSE(single_plain.step_plan_counters().has_value());
 }
 
 // step_plan with arenas: while every thread allocates in the first arena, the planner lays the

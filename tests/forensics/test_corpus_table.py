@@ -55,7 +55,8 @@ def main():
     check(len(shipped) == 10, f"shipped markers: {sorted(shipped)}")
     check(set(shipped) - corpus <= {"resnet50", "vit"}, f"markers for unknown traces: {set(shipped) - corpus}")
 
-    # The command for a gpumem+plan column: the marks only when there is a marker, and only then.
+    # The command for a column with the step planner (gpumem+plan, or gpumem, whose default has it): the
+    # marks only when there is a marker, and only then.
     seen = []
 
     class Done:
@@ -68,13 +69,18 @@ def main():
     try:
         corpus_table.replay("gpumem", "t.csv.gz", ["gpumem+plan", "pytorch"], (1000, 4))
         corpus_table.replay("gpumem", "t.csv.gz", ["gpumem+plan", "pytorch"], None)
+        corpus_table.replay("gpumem", "t.csv.gz", ["gpumem:step_plan:False", "pytorch"], (1000, 4))
         corpus_table.replay("gpumem", "t.csv.gz", ["gpumem", "pytorch"], (1000, 4))
     finally:
         subprocess.run = real
     check(seen[0][-4:] == ["--step-marker", "1000", "--per-step", "4"], f"marked: {seen[0]}")
     check("--step-marker" not in seen[1] and "gpumem+plan" in seen[1], f"detected: {seen[1]}")
     check("--step-marker" not in seen[2], f"no planner, no marks: {seen[2]}")
-    check(corpus_table.is_plan("gpumem+plan:recycle:False") and not corpus_table.is_plan("gpumem"), "is_plan")
+    check(seen[3][-4:] == ["--step-marker", "1000", "--per-step", "4"], f"the default plans, marked: {seen[3]}")
+    check(corpus_table.is_plan("gpumem+plan:recycle:False") and corpus_table.is_plan("gpumem")
+          and corpus_table.is_plan("gpumem:recycle:False") and not corpus_table.is_plan("gpumem:step_plan:False")
+          and not corpus_table.is_plan("gpumem:recycle:False,step_plan:False") and not corpus_table.is_plan("pytorch"),
+          "is_plan")
 
     for f in failures:
         print("FAILED:", f)

@@ -120,10 +120,11 @@ PytorchModelOptions pytorch_options_from(std::string_view conf, std::string_view
 std::vector<std::string> default_policy_names() { return {"gpumem", "pytorch", "pytorch:expandable"}; }
 
 std::string policy_forms_help() {
-  return "  gpumem               gpumem's engine, default configuration\n"
+  return "  gpumem               gpumem's engine, default configuration (its step planner on: a step\n"
+         "                       that repeats is found, or taken from --step-marker, and served from\n"
+         "                       one range laid out once; gpumem:step_plan:False without it)\n"
          "  gpumem:CONF          gpumem's engine with configuration CONF (GPUMEM_ALLOC_CONF syntax)\n"
-         "  gpumem+plan[:CONF]   the same behind a step planner: a step that repeats is found (or taken\n"
-         "                       from --step-marker) and served from one arena laid out once\n"
+         "  gpumem+plan[:CONF]   gpumem[:CONF] with step_plan:True\n"
          "  pytorch              model of PyTorch 2.11's native allocator, default settings\n"
          "  pytorch:expandable   the same with expandable_segments:True\n"
          "  pytorch:CONF         the same with PYTORCH_CUDA_ALLOC_CONF string CONF, e.g.\n"
@@ -165,6 +166,7 @@ PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env
                                       ? env.memory_limit_bytes
                                       : std::min(config.memory_limit_bytes, env.memory_limit_bytes);
     }
+    spec.step_plan = config.step_plan;
     spec.make = [name = spec.name, config, total = env.device_total_bytes] {
       return make_gpumem_policy(name, config, total);
     };

@@ -162,7 +162,7 @@ struct Config {
   // steps that repeat it there (no driver call); at the first request that differs the engine
   // serves as usual. With arenas it plans the first arena's steps, and stops for good once a thread
   // moves to an arena of its own (docs/notes/thread-caches.md, "The step planner with arenas").
-  bool step_plan = false;
+  bool step_plan = true;
   // step_plan's layout runs on a thread of its own (StepPlanOptions::layout_thread), so that the
   // allocating thread never waits for it. No key: tests set it false to have each plan at the
   // event its step is found.

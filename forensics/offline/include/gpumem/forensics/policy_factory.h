@@ -34,6 +34,7 @@ struct ReplayEnvironment {
 struct PolicySpec {
   std::string name;
   PolicyFactory make;
+  bool step_plan = false;  // a gpumem policy whose engine has the step planner (it uses step marks)
 };
 
 PolicySpec parse_policy_spec(std::string_view text, const ReplayEnvironment& env = {});
