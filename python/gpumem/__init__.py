@@ -311,7 +311,7 @@ def stats(device: DeviceLike = "cuda") -> Dict[str, int]:
     with arenas (``arenas:auto``, the default) threads that keep meeting in an engine's lock get
     engines of their own, up to four, and threads that share one share its caches. ``gpumem.engine_lock.acquisitions`` /
     ``.contended`` count the allocations and frees that took an engine's lock, and those that found
-    another thread holding it (summed over the engines). ``gpumem.step_plan.on`` is 1 with ``step_plan:True``, and ``gpumem.step_plan.*`` say what
+    another thread holding it (summed over the engines). ``gpumem.step_plan.on`` is 1 with ``step_plan:True`` (the default), and ``gpumem.step_plan.*`` say what
     the step planner did: steps found, plans, fallbacks, allocations and steps served from its
     layout, the arena in use.
     """
@@ -339,9 +339,9 @@ def record_ops(enabled: bool = True) -> bool:
 def step(device: DeviceLike = "cuda") -> None:
     """Tells gpumem's step planner that a training step starts (call it at the top of each step).
 
-    Only with ``step_plan:True``: the planner then learns the step from these marks instead of
-    finding its length itself (the first call turns its own detection off). Without it, or before
-    gpumem serves ``device``, it does nothing. ``stats()`` has the planner's ``gpumem.step_plan.*``
+    With ``step_plan:True`` (the default) the planner then learns the step from these marks
+    instead of finding its length itself (the first call turns its own detection off). With
+    ``step_plan:False``, or before gpumem serves ``device``, it does nothing. ``stats()`` has the planner's ``gpumem.step_plan.*``
     keys (docs/torch_adapter.md).
     """
     load()

@@ -156,7 +156,7 @@ struct Config {
   // the first.
   // auto (kArenasAuto, the default): kAutoArenas (engines_per_device).
   unsigned arenas = kArenasAuto;
-  // step_plan:True|False: a step planner in front of the engine (gpumem/alloc/step_plan.h;
+  // step_plan:True|False (True, the default): a step planner in front of the engine (step_plan.h;
   // docs/notes/allocation-policy.md, "A step plan, replayed"). It finds a training step that
   // repeats on one stream, lays it out once in a range of the engine's memory, and places the
   // steps that repeat it there (no driver call); at the first request that differs the engine
