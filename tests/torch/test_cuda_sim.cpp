@@ -332,8 +332,9 @@ TEST_CASE("sim 7: the driver and wait keys are present and zero when the source 
   CHECK(keys.at("gpumem.engine_lock.contended") == 0);
   CHECK(keys.at("gpumem.arenas") == 1);
   CHECK(keys.at("gpumem.recycle_churn.openings") == 0);  // on by default; one allocation never churns
-  // No step planner in this configuration: its keys are there, zero.
-  for (const char* key : {"on", "plans", "served_allocations", "stopped", "dormant", "dormant_periods", "layouts",
+  // The step planner is on by default; one allocation is no step: it found, planned and served nothing.
+  CHECK(keys.at("gpumem.step_plan.on") == 1);
+  for (const char* key : {"plans", "served_allocations", "stopped", "dormant", "dormant_periods", "layouts",
                           "last_layout_us", "laying_out"}) {
     INFO(key);
     CHECK(keys.at(std::string("gpumem.step_plan.") + key) == 0);
