@@ -77,13 +77,19 @@ bool busy_elsewhere(CachingAllocator& engine, std::size_t size, StreamId stream)
 
 }  // namespace
 
-TEST_CASE("locking: another thread allocates and frees while a grower waits in the source's create",
-          "[engine][locking]") {
+// A grower waits in the source's create (the driver, on a GPU) while another thread allocates and
+// frees: the other thread must not wait for the grower.
+static void another_thread_runs_while_a_grower_waits(const Config& c) {
   SimSource sim;
   SlowSource slow(sim, 0us);
   auto events = make_immediate_events();
-  CachingAllocator engine(slow, *events, locking_config());
+  CachingAllocator engine(slow, *events, c);
   engine.free(engine.allocate(MiB, 0).ptr);  // a small-pool piece with free memory in it
+  if (c.step_plan) {
+    REQUIRE(engine.step_plan_counters().has_value());
+    REQUIRE_FALSE(engine.step_plan_counters()->stopped);
+    REQUIRE_FALSE(engine.step_plan_counters()->dormant);  // awake: every call goes through its lock
+  }
 
   slow.gate(SlowSource::Op::create).close();
   auto grower = std::async(std::launch::async, [&] { return engine.allocate(100 * MiB, 0); });
@@ -98,31 +104,21 @@ TEST_CASE("locking: another thread allocates and frees while a grower waits in t
   CHECK(sim.physical_bytes() == 0);
 }
 
+TEST_CASE("locking: another thread allocates and frees while a grower waits in the source's create",
+          "[engine][locking]") {
+  Config c = locking_config();
+  c.step_plan = false;  // the engine alone
+  another_thread_runs_while_a_grower_waits(c);
+}
+
 TEST_CASE("locking: with the step planner awake, another thread allocates while a grower waits in the driver",
           "[engine][locking][step_plan]") {
-  // The planner's lock is held only around the planner's own work, not across the engine's call:
-  // a request the plan does not place goes to the engine, whose growth calls the driver.
-  SimSource sim;
-  SlowSource slow(sim, 0us);
-  auto events = make_immediate_events();
+  // The planner (on by default) holds its lock only around its own work, not across the engine's
+  // call: a request the plan does not place goes to the engine, whose growth calls the driver.
   Config c = locking_config();
   c.step_plan = true;
   c.step_plan_layout_thread = false;
-  CachingAllocator engine(slow, *events, c);
-  engine.free(engine.allocate(MiB, 0).ptr);
-  REQUIRE(engine.step_plan_counters().has_value());
-  REQUIRE_FALSE(engine.step_plan_counters()->stopped);
-  REQUIRE_FALSE(engine.step_plan_counters()->dormant);  // awake: every call goes through its lock
-
-  slow.gate(SlowSource::Op::create).close();
-  auto grower = std::async(std::launch::async, [&] { return engine.allocate(100 * MiB, 0); });
-  REQUIRE(slow.gate(SlowSource::Op::create).wait_for_waiters(1));
-  CHECK(runs_meanwhile([&] { return busy_elsewhere(engine, 512 * KiB, 0); },
-                       [&] { slow.gate(SlowSource::Op::create).open(); }));
-  const AllocResult r = grower.get();
-  REQUIRE(r.ok());
-  REQUIRE(engine.free(r.ptr) == FreeStatus::ok);
-  engine.check_invariants();
+  another_thread_runs_while_a_grower_waits(c);
 }
 
 TEST_CASE("locking: empty_cache synchronizes streams without the engine lock", "[engine][locking]") {

@@ -427,6 +427,19 @@ TEST_CASE("engine step plan: no arena that needs memory the device does not have
   CHECK(oom->ooms == 0);
 }
 
+// One call of a thread that allocates and frees at random: up to 32 blocks of 512 B-32 KiB live.
+static void random_call(CachingAllocator& engine, std::mt19937& rng, std::vector<void*>& live) {
+  if (live.size() < 32 && (live.empty() || rng() % 2 == 0)) {
+    const AllocResult r = engine.allocate(512 * (1 + rng() % 64), 0);
+    CHECK(r.ptr != nullptr);
+    if (r.ptr != nullptr) live.push_back(r.ptr);
+  } else {
+    std::swap(live[rng() % live.size()], live.back());
+    CHECK(engine.free(live.back()) == FreeStatus::ok);
+    live.pop_back();
+  }
+}
+
 TEST_CASE_METHOD(PlanEngine, "engine step plan: threads that take turns call by call stop the planner",
                  "[step_plan][engine][threads]") {
   // Two threads whose calls alternate one by one (an atomic turn): the order of their events is a
@@ -440,14 +453,7 @@ TEST_CASE_METHOD(PlanEngine, "engine step plan: threads that take turns call by 
     std::vector<void*> live;
     for (int i = 0; i < kCalls; ++i) {
       while (turn.load(std::memory_order_acquire) % 2 != self) std::this_thread::yield();
-      if (live.size() < 32 && (live.empty() || rng() % 2 == 0)) {
-        const AllocResult r = engine.allocate(512 * (1 + rng() % 64), 0);
-        if (r.ptr != nullptr) live.push_back(r.ptr);
-      } else {
-        std::swap(live[rng() % live.size()], live.back());
-        CHECK(engine.free(live.back()) == FreeStatus::ok);
-        live.pop_back();
-      }
+      random_call(engine, rng, live);
       turn.fetch_add(1, std::memory_order_release);
     }
     for (void* p : live) CHECK(engine.free(p) == FreeStatus::ok);
@@ -482,17 +488,7 @@ TEST_CASE_METHOD(PlanEngine, "engine step plan: threads that allocate at the sam
     std::vector<void*> live;
     ready.fetch_add(1);
     while (ready.load() < 4) std::this_thread::yield();
-    for (int i = 0; i < 3000; ++i) {
-      if (live.size() < 32 && (live.empty() || rng() % 2 == 0)) {
-        const AllocResult r = engine.allocate(512 * (1 + rng() % 64), 0);
-        CHECK(r.ptr != nullptr);
-        if (r.ptr != nullptr) live.push_back(r.ptr);
-      } else {
-        std::swap(live[rng() % live.size()], live.back());
-        CHECK(engine.free(live.back()) == FreeStatus::ok);
-        live.pop_back();
-      }
-    }
+    for (int i = 0; i < 3000; ++i) random_call(engine, rng, live);
     for (void* p : live) CHECK(engine.free(p) == FreeStatus::ok);
   };
   std::vector<std::thread> threads;
