@@ -95,6 +95,19 @@ void* CachingAllocator::take_arena_range(std::size_t size_bytes, StreamId stream
   return at;
 }
 
+namespace {
+
+// With arenas, once a thread has moved to an arena of its own the threads allocate at the same time
+// in engines of their own: no step of one engine repeats, and the plan's engine (the first arena) no
+// longer sees every call. The planner stops for good (routing is never cleared). Under its lock.
+void stop_planner_if_threads_moved(const detail::Arenas* arenas, StepPlanner& planner) {
+  if (arenas != nullptr && arenas->routing() && !planner.stopped()) [[unlikely]]
+    planner.stop("a thread moved to an arena of its own: threads that allocate at the same time give the steps no "
+                 "order to repeat");
+}
+
+}  // namespace
+
 // A call that bypasses the planner (it rests or stopped) pays for this test and a jump: the
 // planner's own path, with its lock and its stack, is a function of its own.
 AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId stream) {
@@ -107,15 +120,11 @@ AllocResult CachingAllocator::allocate_planned(std::size_t size_bytes, StreamId 
 
 AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, StreamId stream) {
   detail::StepPlanning& p = *planning_;
+  if (p.recording.load(std::memory_order_relaxed)) return allocate_while_recording(size_bytes, stream);
   StepPlanner::Request request;
   {
     std::lock_guard lock(p);
-    // With arenas, once a thread has moved to an arena of its own the threads allocate at the same
-    // time in engines of their own: no step of one engine repeats, and the plan's engine (the first
-    // arena) no longer sees every call. The planner stops for good (routing is never cleared).
-    if (arenas_ && arenas_->routing() && !p.planner.stopped()) [[unlikely]]
-      p.planner.stop("a thread moved to an arena of its own: threads that allocate at the same time give the "
-                     "steps no order to repeat");
+    stop_planner_if_threads_moved(arenas_.get(), p.planner);
     if (const auto at = p.planner.allocate(size_bytes, stream)) {
       const std::size_t block = policy::round_up(size_bytes, policy::kMinBlockBytes);
       void* ptr = reinterpret_cast<void*>(*at);
@@ -140,6 +149,23 @@ AllocResult CachingAllocator::allocate_through_planner(std::size_t size_bytes, S
   return r;
 }
 
+// While the planner only records, it places nothing: the engine serves the request first and the
+// planner's lock is taken once, after, to show it the request and its block (one acquisition where
+// the general path takes two). Only this thread's calls change a planner that records, so one
+// thread's events are recorded as on the general path. Another thread may have moved it on
+// meanwhile (a step found, a plan armed): an address it gives now is a missed plan.
+AllocResult CachingAllocator::allocate_while_recording(std::size_t size_bytes, StreamId stream) {
+  detail::StepPlanning& p = *planning_;
+  AllocResult r = allocate_engine(size_bytes, stream);
+  if (r.ptr == nullptr) return r;
+  std::lock_guard lock(p);
+  stop_planner_if_threads_moved(arenas_.get(), p.planner);
+  if (p.planner.allocate(size_bytes, stream)) [[unlikely]]
+    p.planner.placement_failed();
+  p.planner.note_allocated(reinterpret_cast<std::uintptr_t>(r.ptr));
+  return r;
+}
+
 void CachingAllocator::free_planned(void* ptr) {
   // Frees are shown even while a graph is captured (allocations then bypass the planner): a planned
   // block freed during a capture must still leave the arena's count.
@@ -157,6 +183,7 @@ void CachingAllocator::mark_step() {
   std::lock_guard lock(planning_->mutex);
   planning_->planner.mark_step();  // wakes a dormant planner: marks replace detection
   planning_->end_bypass();
+  planning_->publish_mode();  // a mark may arm a plan
 }
 
 std::optional<StepPlanCounters> CachingAllocator::step_plan_counters() const {

@@ -97,7 +97,10 @@ struct StepPlanning final : StepArenaHost {
       switches = 0;
     }
   }
+  // Under the lock, after the planner may have changed mode: what calls read without the lock.
+  void publish_mode() { recording.store(planner.only_records(), std::memory_order_relaxed); }
   void unlock() {
+    publish_mode();
     if (planner.stopped()) off.store(true, std::memory_order_relaxed);
     // Detection rests (StepPlanOptions::dormant_events): the calls it rests for go straight to the
     // engine, counted here without the lock, and the call after them wakes it (lock()).
@@ -149,6 +152,9 @@ struct StepPlanning final : StepArenaHost {
   mutable std::mutex mutex;
   StepPlanner planner;
   std::atomic<bool> off{false};
+  // The planner only records (StepPlanner::only_records), as of the last release of the lock: an
+  // allocation then goes to the engine first and takes the lock once, after (allocate_through_planner).
+  std::atomic<bool> recording{false};
   std::atomic<std::int64_t> bypass_left{0};
   std::atomic<std::uint64_t> epoch{0};  // times bypassing ended (end_bypass): older credits are void
   const std::uint64_t id;               // this planning's number for BypassCredit

@@ -256,6 +256,7 @@ class CachingAllocator {
   AllocResult allocate_planned(std::size_t size_bytes, StreamId stream);
   void free_planned(void* ptr);
   [[gnu::noinline]] AllocResult allocate_through_planner(std::size_t size_bytes, StreamId stream);
+  AllocResult allocate_while_recording(std::size_t size_bytes, StreamId stream);
   [[gnu::noinline]] void free_through_planner(void* ptr);
   // The engine allocate() and free() call while one engine serves every thread: impl_, or with
   // arenas the first arena's (until a second is made, its calls cost what one engine's cost).

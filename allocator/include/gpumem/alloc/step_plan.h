@@ -223,6 +223,9 @@ class StepPlanner {
   // returns false at once (an owner may stop calling it).
   void stop(const std::string& why);
   bool stopped() const noexcept { return mode_ == Mode::stopped; }
+  // Whether it only records (looks for a step, no plan armed or served): allocate() then gives no
+  // address, whatever the request, until an event of the owner's changes that.
+  bool only_records() const noexcept { return mode_ == Mode::recording; }
   // Dormancy (StepPlanOptions::dormant_events): whether detection rests, and the events left until
   // it wakes. An owner may count those events itself and not call the planner meanwhile, then
   // wake() it (the planner then starts afresh, as after counting them itself).
