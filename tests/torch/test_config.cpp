@@ -409,4 +409,13 @@ TEST_CASE("config: docs/config.md documents every key", "[config][docs]") {
     INFO(k);
     CHECK(doc.find("`" + std::string(k)) != std::string::npos);
   }
+  // Its section "The canonical string" shows to_string of the defaults, exactly: the first line of
+  // the code block after that heading.
+  const std::size_t heading = doc.find("## The canonical string");
+  REQUIRE(heading != std::string::npos);
+  const std::size_t block = doc.find("```\n", heading);
+  REQUIRE(block != std::string::npos);
+  const std::size_t line = block + 4;
+  const std::string shown = doc.substr(line, doc.find('\n', line) - line);
+  CHECK(shown == to_string(Config{}));
 }
