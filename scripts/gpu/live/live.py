@@ -1120,6 +1120,10 @@ def write_summary(path, header, results, order):
     if dt:
         text += ["", "driver calls and stream waits per timed step (gpumem modes; host wall time in the calls, "
                  "outside them nothing; share = of the summed step time):", dt]
+    wr = report.whole_run_table(results, order)
+    if wr:
+        text += ["", "whole runs, warm-up steps included (median (min..max) over repetitions; driver time of "
+                 "the gpumem modes):", wr]
     text += ["", "where the time went (means per run):", report.phase_table(results)]
     body = "\n".join(text) + "\n"
     tmp = path + ".tmp"

@@ -301,6 +301,49 @@ def driver_table(rows):
     return "\n".join(out)
 
 
+def whole_run_table(results, order=None):
+    """Every step of each run, warm-up included, where the timed-step tables leave the warm-up out:
+    per (workload, mode), median and min..max over repetitions of the first step's time, of the
+    summed time of all steps, and of that sum against native's in the same repetition; for the
+    gpumem modes also the driver time of the first step, of the later steps, and of all steps as a
+    share of the summed step time. The first step builds the footprint (and a gpumem step that
+    reaches a new high, or takes the step planner's arena, makes calls later): this is what a run
+    pays once, which the timed steps' medians do not show. Empty when no run kept its step times."""
+    runs = index_runs(results)
+    keys = []
+    for (w, m, _rep), r in sorted(runs.items(), key=lambda kv: kv[0][2]):
+        if r.get("step_s_all") and (w, m) not in keys:
+            keys.append((w, m))
+    if order:  # summarize's: (workload, [modes]) pairs
+        rank = {(w, m): i for i, (w, m) in enumerate((w, m) for w, modes in order for m in modes)}
+        keys.sort(key=lambda k: rank.get(k, len(rank)))
+    if not keys:
+        return ""
+    head = ("workload", "mode", "runs", "first step s", "all steps s", "all steps vs native",
+            "driver ms: first step", "later steps", "share of all steps")
+    lines = []
+    for w, m in keys:
+        rs = [r for (ww, mm, _rep), r in runs.items() if ww == w and mm == m and r.get("step_s_all")]
+        total = lambda r: sum(r["step_s_all"])  # noqa: E731
+        ratios = []
+        for (ww, mm, rep), r in runs.items():
+            base = runs.get((w, NATIVE, rep))
+            if ww == w and mm == m and r.get("step_s_all") and base and base.get("step_s_all"):
+                ratios.append(total(r) / total(base))
+        drv = [r for r in rs if r.get("driver_ns_all")]
+        first_ms = spread([r["driver_ns_all"][0] / 1e6 for r in drv])
+        later_ms = spread([sum(r["driver_ns_all"][1:]) / 1e6 for r in drv])
+        share = spread([sum(r["driver_ns_all"]) / 1e9 / total(r) for r in drv if total(r) > 0])
+        lines.append((w, m, str(len(rs)), fmt_spread(spread([r["step_s_all"][0] for r in rs])),
+                      fmt_spread(spread([total(r) for r in rs])),
+                      "-" if m == NATIVE else fmt_spread(spread(ratios)),
+                      fmt_spread(first_ms, digits=1), fmt_spread(later_ms, digits=1), pct(share)))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = ["  ".join(str(x).ljust(wd) for x, wd in zip(line, widths)).rstrip() for line in [head] + lines]
+    out.insert(1, "  ".join("-" * wd for wd in widths))
+    return "\n".join(out)
+
+
 def verdict(s, limit):
     """Whether a spread of ratios meets a target ratio <= limit (e.g. 1.01: at most 1% slower) by
     its median, said to be inconclusive when the repetitions straddle the limit."""

@@ -177,6 +177,28 @@ class ReportTest(unittest.TestCase):
         text = report.phase_table(res)
         self.assertRegex(text, r"w\s+1\s+1\.1\s+0\.5\s+4\.0\s+0\.5\s+6\.2\s+6")
 
+    def test_whole_run_table(self):
+        # Two repetitions; gpumem's first step builds (100 / 120 ms of driver time) and a later one
+        # takes the arena (50 ms); native's steps are 1.0 + 0.5 + 0.5 s.
+        res = [run_result("w", "native", 0, 0.5, step_s_all=[1.0, 0.5, 0.5]),
+               run_result("w", "native", 1, 0.5, step_s_all=[1.2, 0.5, 0.5]),
+               run_result("w", "gpumem", 0, 0.5, step_s_all=[1.1, 0.6, 0.5],
+                          driver_ns_all=[100_000_000, 50_000_000, 0]),
+               run_result("w", "gpumem", 1, 0.5, step_s_all=[1.3, 0.5, 0.6],
+                          driver_ns_all=[120_000_000, 0, 50_000_000]),
+               run_result("w", "expandable", 0, 0.5, step_s_all=None),  # kept no step times: no row
+               run_result("w", "gpumem", 2, 0.5, step_s_all=[1.0, 0.5, 0.5], status="failed")]
+        text = report.whole_run_table(res, [("w", ["native", "gpumem", "expandable"])])
+        lines = text.splitlines()
+        self.assertEqual(len(lines), 4, text)  # head, rule, native, gpumem
+        self.assertRegex(lines[2], r"^w\s+native\s+2\s+1\.100 \(1\.000\.\.1\.200\)\s+2\.100 \(2\.000\.\.2\.200\)\s+-")
+        # gpumem: all steps 2.2 and 2.4 s, against native's 2.0 and 2.2 of the same repetitions
+        # (1.100 and 1.091); driver 150 / 170 ms over 2.2 / 2.4 s (6.82%, 7.08%).
+        self.assertRegex(lines[3], r"^w\s+gpumem\s+2\s+1\.200 \(1\.100\.\.1\.300\)\s+2\.300 \(2\.200\.\.2\.400\)"
+                                   r"\s+1\.095 \(1\.091\.\.1\.100\)\s+110\.0 \(100\.0\.\.120\.0\)\s+50\.0"
+                                   r"\s+6\.95% \(6\.82\.\.7\.08\)")
+        self.assertEqual(report.whole_run_table([run_result("w", "native", 0, 0.5)]), "")
+
     def test_run_line_says_whether_thread_caches_came_on(self):
         spec = {"index": 0, "rep": 0, "workload": "w", "mode": "gpumem"}
         base = run_result("w", "gpumem", 0, 0.2, steps=5, warmup=1)
