@@ -51,15 +51,17 @@ def index_runs(results):
 
 
 def per_rep_ratios(runs, workload, mode, ref, key="step_s"):
-    """The ratio run/ref of `key` for every repetition in which both ran and have the value."""
+    """The ratio run/ref of `key` (a result's field, or a function of the result that gives None
+    where it has no value) for every repetition in which both ran and have the value."""
+    value = key if callable(key) else (lambda r: r.get(key))
     out = []
     for (w, m, rep), r in sorted(runs.items(), key=lambda kv: kv[0][2]):
         if w != workload or m != mode:
             continue
         base = runs.get((workload, ref, rep))
-        if base is None or r.get(key) is None or not base.get(key):
+        if base is None or value(r) is None or not value(base):
             continue
-        out.append(r[key] / base[key])
+        out.append(value(r) / value(base))
     return out
 
 
@@ -259,6 +261,19 @@ def format_table(rows):
     return "\n".join(out)
 
 
+def aligned(head, lines):
+    """A table's lines: the head, a rule, then the rows, each column as wide as its widest cell."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head] + lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def all_steps_s(run):
+    """The summed time of all of a run's steps, warm-up included (None when it kept none)."""
+    return sum(run["step_s_all"]) if run.get("step_s_all") else None
+
+
 def pct(s):
     return "-" if s is None else fmt_spread(s, 100.0, 2, "%")
 
@@ -282,12 +297,7 @@ def driver_table(rows):
                       fmt_spread(r.get("wait_calls_per_step"), digits=1),
                       fmt_spread(r.get("event_s"), 1000.0, 3),
                       fmt_spread(r.get("event_calls_per_step"), digits=1)))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-    out = []
-    for i, line in enumerate([head] + lines):
-        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
-        if i == 0:
-            out.append("  ".join("-" * w for w in widths))
+    out = aligned(head, lines)
     kinds = []
     for r in have:
         for kind, c in sorted((r.get("calls_timed") or {}).items()):
@@ -324,24 +334,16 @@ def whole_run_table(results, order=None):
     lines = []
     for w, m in keys:
         rs = [r for (ww, mm, _rep), r in runs.items() if ww == w and mm == m and r.get("step_s_all")]
-        total = lambda r: sum(r["step_s_all"])  # noqa: E731
-        ratios = []
-        for (ww, mm, rep), r in runs.items():
-            base = runs.get((w, NATIVE, rep))
-            if ww == w and mm == m and r.get("step_s_all") and base and base.get("step_s_all"):
-                ratios.append(total(r) / total(base))
+        ratios = per_rep_ratios(runs, w, m, NATIVE, all_steps_s)
         drv = [r for r in rs if r.get("driver_ns_all")]
         first_ms = spread([r["driver_ns_all"][0] / 1e6 for r in drv])
         later_ms = spread([sum(r["driver_ns_all"][1:]) / 1e6 for r in drv])
-        share = spread([sum(r["driver_ns_all"]) / 1e9 / total(r) for r in drv if total(r) > 0])
+        share = spread([sum(r["driver_ns_all"]) / 1e9 / all_steps_s(r) for r in drv if all_steps_s(r) > 0])
         lines.append((w, m, str(len(rs)), fmt_spread(spread([r["step_s_all"][0] for r in rs])),
-                      fmt_spread(spread([total(r) for r in rs])),
+                      fmt_spread(spread([all_steps_s(r) for r in rs])),
                       "-" if m == NATIVE else fmt_spread(spread(ratios)),
                       fmt_spread(first_ms, digits=1), fmt_spread(later_ms, digits=1), pct(share)))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-    out = ["  ".join(str(x).ljust(wd) for x, wd in zip(line, widths)).rstrip() for line in [head] + lines]
-    out.insert(1, "  ".join("-" * wd for wd in widths))
-    return "\n".join(out)
+    return "\n".join(aligned(head, lines))
 
 
 def verdict(s, limit):
@@ -428,10 +430,7 @@ def phase_table(results):
         lines.append((w, str(len(rs)), "%.1f" % statistics.fmean(ready) if ready else "-",
                       mean("phases", "build_s"), mean("phases", "steps_s"), mean("timing", "exit_s"),
                       mean("timing", "wall_s"), "%.0f" % total))
-    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
-    out = ["  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head] + lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return "\n".join(aligned(head, lines))
 
 
 def problems(results):
